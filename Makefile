@@ -1,0 +1,52 @@
+# prove — the user's front door. `make help` lists every target.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# CPU wheel where no GPU is present; the default (CUDA) build where nvidia-smi answers.
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+TORCH ?= $(if $(HAS_GPU),torch,torch==2.13.0)
+STAMP := $(VENV)/.prove-installed
+export HF_HUB_OFFLINE ?= 1
+export WANDB_MODE ?= offline
+export TOKENIZERS_PARALLELISM ?= false
+
+# Training launch (make train-proposer): RECIPE, NNODES, GPUS_PER_NODE, HOSTFILE / MASTER_ADDR, MASTER_PORT.
+RECIPE ?= tiny
+NNODES ?= 1
+GPUS_PER_NODE ?= $(if $(HAS_GPU),$(shell nvidia-smi -L 2>/dev/null | wc -l),1)
+ARGS ?=
+
+.PHONY: help install test test-fast lint typecheck demo decode clean
+
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@echo "  variables: VENV=$(VENV) TORCH=$(TORCH) RECIPE=$(RECIPE) NNODES=$(NNODES) GPUS_PER_NODE=$(GPUS_PER_NODE) ARGS='...'"
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip setuptools wheel
+	$(PIP) install -q "$(TORCH)"
+	$(PIP) install -q -e ".[dev,eval]"
+	# DeepSpeed's sdist imports torch while building: build it against the torch just installed.
+	$(PIP) install -q --no-build-isolation "deepspeed>=0.16"
+	@touch $(STAMP)
+
+install: $(STAMP) ## create $(VENV) and install prove with torch, transformers, deepspeed, lm-eval, dev tools
+
+test: install ## run the whole test suite (slow tests included, as CI does)
+	$(PY) -m pytest -q tests
+
+test-fast: install ## the suite without tests marked slow
+	$(PY) -m pytest -q -m "not slow" tests
+
+lint: install ## ruff over the packages and tests
+	$(VENV)/bin/ruff check decode train data tests
+
+typecheck: install ## mypy over the three packages
+	$(VENV)/bin/mypy decode train data
+
+clean: ## remove caches and run outputs (keeps $(VENV))
+	rm -rf outputs multirun runs wandb .pytest_cache .ruff_cache .mypy_cache

@@ -1,0 +1,1 @@
+"""Hydra configs shipped inside the wheel (pkg://prove.conf)."""

@@ -1,0 +1,1 @@
+"""prove.decode — one cycle engine, proposers, verifiers, pure acceptance rules, CLI and bench."""

@@ -1,0 +1,1 @@
+"""Whole-pipeline recipe overlays shipped inside the wheel (pkg://prove.recipes)."""

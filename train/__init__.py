@@ -1,0 +1,1 @@
+"""prove.train — stages (sft, mars, distill), Trainer subclass, losses and block masks."""
