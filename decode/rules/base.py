@@ -1,0 +1,22 @@
+"""What every acceptance rule returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Accept:
+    """The verdict of a rule on one proposed block y_1..y_k.
+
+    ``n`` leading proposed tokens are committed (0 ≤ n ≤ k), then ``extra`` if it is not ``None``:
+    the correction token (n < k) or the bonus token (n = k) that rules with a target distribution add.
+    Mean accepted length as reported counts ``extra`` too.
+    """
+
+    n: int
+    extra: int | None = None
+
+    @property
+    def committed(self) -> int:
+        return self.n + (self.extra is not None)

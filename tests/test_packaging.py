@@ -1,0 +1,39 @@
+"""The wheel layout of DESIGN §1: every package folder is listed in pyproject and is importable as prove.*."""
+
+from __future__ import annotations
+
+import importlib
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MAPPING = {"decode": "prove.decode", "train": "prove.train", "data": "prove.data", "conf": "prove.conf", "recipes": "prove.recipes"}
+
+
+def _package_folders() -> dict[str, Path]:
+    found = {}
+    for folder, pkg in MAPPING.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            name = ".".join([pkg, *rel.parts]) if rel.parts else pkg
+            found[name] = init.parent
+    return found
+
+
+def test_every_package_folder_is_listed_in_pyproject():
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = set(_package_folders())
+    assert found - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
+    assert listed - found == set(), "these are listed in pyproject.toml but have no __init__.py"
+
+
+def test_yaml_folders_are_packages():
+    """Hydra's pkg:// search needs an __init__.py in every folder that holds configs."""
+    for top in ("conf", "recipes"):
+        for yaml in (ROOT / top).rglob("*.yaml"):
+            assert (yaml.parent / "__init__.py").is_file(), f"{yaml.parent} needs an __init__.py"
+
+
+def test_packages_import():
+    for name in _package_folders():
+        importlib.import_module(name)
