@@ -7,6 +7,7 @@ checkpoint contract of DESIGN §2.2 without a hub download.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from transformers import PreTrainedTokenizerFast
@@ -16,15 +17,20 @@ CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 # Qwen2.5's template without the tool-calling branches: a default system turn, ChatML turns, and the
 # generation prompt on request.
-CHATML_TEMPLATE = (
+_DEFAULT_SYSTEM_TURN = (
     "{%- if messages[0]['role'] != 'system' %}"
     "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
     "{%- endif %}"
+)
+_CHATML_TURNS = (
     "{%- for message in messages %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+CHATML_TEMPLATE = _DEFAULT_SYSTEM_TURN + _CHATML_TURNS
+# The same without the default system turn: the tiny recipe's template (11 fewer tokens per example).
+CHATML_TEMPLATE_NO_SYSTEM = _CHATML_TURNS
 
 
 def train_chatml_bpe(
@@ -63,3 +69,46 @@ def train_chatml_bpe(
     )
     fast.model_max_length = 4096
     return fast
+
+
+def render_chatml(
+    messages: list[dict[str, str]], *, add_generation_prompt: bool = False, default_system: bool = True
+) -> str:
+    """What ``CHATML_TEMPLATE`` (``default_system=False``: ``CHATML_TEMPLATE_NO_SYSTEM``) renders, in plain
+    Python — for training a tokenizer before one exists."""
+    parts = []
+    if default_system and (not messages or messages[0]["role"] != "system"):
+        parts.append("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n")
+    parts += [f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages]
+    if add_generation_prompt:
+        parts.append("<|im_start|>assistant\n")
+    return "".join(parts)
+
+
+def build_tiny_tokenizer(
+    rows: Iterable[dict],
+    vocab_size: int = 512,
+    *,
+    with_mask: bool = True,
+    default_system: bool = False,
+) -> PreTrainedTokenizerFast:
+    """The tiny recipe's tokenizer (DESIGN §5): byte-level BPE trained on the rows' ChatML renders.
+
+    ``rows`` carry a ``messages`` list (e.g. :func:`prove.data.synthetic.generate_arithmetic`). The BPE
+    sees each rendered conversation with the special tokens cut out, so it learns the role headers as
+    well as the task text. The chat template is ChatML; by default without Qwen's default system turn
+    ("You are a helpful assistant.", 11 tokens a conversation that a 1M-parameter model has no use for).
+    On the arithmetic task the default 512-token vocabulary gives ~77 tokens per tokenized training
+    example (measured over 20k rows; tests/data/test_tokenizer.py checks the range).
+    """
+    splitter = re.compile("|".join(re.escape(s) for s in CHATML_SPECIALS + [MASK_TOKEN]))
+
+    def pieces():
+        for row in rows:
+            for piece in splitter.split(render_chatml(row["messages"], default_system=default_system)):
+                if piece:
+                    yield piece
+
+    tok = train_chatml_bpe(pieces(), vocab_size, with_mask=with_mask)
+    tok.chat_template = CHATML_TEMPLATE if default_system else CHATML_TEMPLATE_NO_SYSTEM
+    return tok
