@@ -44,6 +44,10 @@ def build_tokenized_dataset(
             f"the dataset has no {messages_field!r} column (columns: {dataset.column_names}): "
             "rows must follow the Dolci chat schema, messages=[{role, content}, ...]"
         )
+    if len(dataset) == 0:
+        raise ValueError(
+            "no usable rows to train on: the dataset is empty; check data.path and data.num_rows"
+        )
     features = datasets.Features(
         {
             "input_ids": datasets.List(datasets.Value("int32")),
@@ -58,7 +62,7 @@ def build_tokenized_dataset(
         fn_kwargs={"tokenizer": tokenizer, "max_len": max_len, "messages_field": messages_field},
         remove_columns=dataset.column_names,
         features=features,
-        num_proc=max(1, min(num_proc, len(dataset))) if len(dataset) else None,
+        num_proc=max(1, min(num_proc, len(dataset))),
         load_from_cache_file=load_from_cache_file,
         desc="Tokenizing conversations",
     )
@@ -75,7 +79,9 @@ def build_tokenized_dataset(
     return kept.remove_columns(["skip_reason", "truncated"]), report
 
 
-def _encode_batch(batch: dict[str, list], tokenizer: Any, max_len: int, messages_field: str) -> dict[str, list]:
+def _encode_batch(
+    batch: dict[str, list], tokenizer: Any, max_len: int, messages_field: str
+) -> dict[str, list]:
     out: dict[str, list] = {"input_ids": [], "labels": [], "skip_reason": [], "truncated": []}
     for messages in batch[messages_field]:
         encoded, reason, truncated = encode_conversation(tokenizer, messages, max_len)

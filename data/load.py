@@ -62,7 +62,9 @@ def _load(source: str, split: str, name: str | None) -> datasets.Dataset:
     if any(ch in source for ch in "*?["):
         files = [f for f in sorted(glob.glob(str(Path(source).expanduser()), recursive=True)) if _suffix(f)]
         if not files:
-            raise ValueError(f"no dataset at {source!r}: the pattern matches no .jsonl/.json/.parquet file; {_FIX}")
+            raise ValueError(
+                f"no dataset at {source!r}: the pattern matches no .jsonl/.json/.parquet file; {_FIX}"
+            )
         return _load_files(files)
 
     path = Path(source).expanduser()
@@ -101,7 +103,7 @@ def _suffix(path: str | Path) -> str | None:
 def _load_files(files: list[str]) -> datasets.Dataset:
     import datasets
 
-    builders = {BUILDERS[_suffix(f)] for f in files}
+    builders = {BUILDERS[Path(f).suffix.lower()] for f in files}
     if len(builders) > 1:
         raise ValueError(f"cannot mix JSON and parquet files in one dataset ({len(files)} files); {_FIX}")
     return datasets.load_dataset(builders.pop(), data_files={"train": files}, split="train")
@@ -113,7 +115,9 @@ def _load_saved(path: Path, split: str) -> datasets.Dataset:
     ds = datasets.load_from_disk(str(path))
     if isinstance(ds, datasets.DatasetDict):
         if split not in ds:
-            raise ValueError(f"{str(path)!r} has splits {sorted(ds)}, not {split!r}: set data.split to one of them")
+            raise ValueError(
+                f"{str(path)!r} has splits {sorted(ds)}, not {split!r}: set data.split to one of them"
+            )
         ds = ds[split]
     return ds
 

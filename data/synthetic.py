@@ -126,7 +126,9 @@ def split_rows(
     """``(train, test)``: ``test_size`` distinct questions held out; no question is in both."""
     questions = list(dict.fromkeys(question_of(r) for r in rows))
     if not 0 <= test_size <= len(questions):
-        raise ValueError(f"test_size must be between 0 and {len(questions)} distinct questions (got {test_size})")
+        raise ValueError(
+            f"test_size must be between 0 and {len(questions)} distinct questions (got {test_size})"
+        )
     held_out = set(random.Random(seed).sample(questions, test_size))
     train = [r for r in rows if question_of(r) not in held_out]
     test = [r for r in rows if question_of(r) in held_out]
@@ -167,7 +169,9 @@ def score(completion: str, answer: str | int) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m prove.data.synthetic", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m prove.data.synthetic", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--out", required=True, help="folder for train.jsonl and test.jsonl")
     parser.add_argument("--n", type=int, default=20000, help="training rows")
     parser.add_argument("--test-size", type=int, default=500, help="held-out prompts (distinct questions)")
@@ -178,7 +182,9 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     write_jsonl(train, out / "train.jsonl")
     write_jsonl((as_prompt(r) for r in test), out / "test.jsonl")
-    print(f"wrote {len(train)} training rows to {out / 'train.jsonl'} and {len(test)} prompts to {out / 'test.jsonl'}")
+    print(
+        f"wrote {len(train)} training rows to {out / 'train.jsonl'} and {len(test)} prompts to {out / 'test.jsonl'}"
+    )
 
 
 if __name__ == "__main__":

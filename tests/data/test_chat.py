@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 
 import pytest
-
 from prove.data.chat import (
     EMPTY_CONVERSATION,
     EMPTY_RESPONSE,

@@ -1,0 +1,63 @@
+"""The tiny recipe's tokenizer (DESIGN §5): ChatML + <|mask|>, ~500 tokens, ~77 tokens per example."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+from prove.data.chat import tokenize_conversation
+from prove.data.synthetic import generate_arithmetic
+from prove.data.tokenizer import (
+    CHATML_TEMPLATE,
+    CHATML_TEMPLATE_NO_SYSTEM,
+    MASK_TOKEN,
+    build_tiny_tokenizer,
+    render_chatml,
+)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return generate_arithmetic(3000, seed=0)
+
+
+@pytest.fixture(scope="module")
+def tiny(rows):
+    return build_tiny_tokenizer(rows[:2500])
+
+
+def test_vocab_and_specials(tiny, rows):
+    assert len(tiny) == 512
+    assert tiny.eos_token == "<|im_end|>" and tiny.pad_token == "<|endoftext|>"
+    assert tiny.convert_tokens_to_ids(MASK_TOKEN) != tiny.unk_token_id
+    assert tiny.chat_template == CHATML_TEMPLATE_NO_SYSTEM
+    stock = build_tiny_tokenizer(rows[:200], 400, with_mask=False)
+    assert len(stock) == 400 and MASK_TOKEN not in stock.get_vocab()
+
+
+def test_tokens_per_example(tiny, rows):
+    """Held-out rows: DESIGN §5 sized the tiny model for ~77 tokens per example."""
+    lengths = [len(tokenize_conversation(tiny, r["messages"], 512)["input_ids"]) for r in rows[2500:]]
+    assert 70 <= statistics.mean(lengths) <= 85 and max(lengths) < 128
+
+
+def test_roundtrip(tiny, rows):
+    text = render_chatml(rows[-1]["messages"], default_system=False)
+    assert tiny.decode(tiny(text, add_special_tokens=False)["input_ids"]) == text
+
+
+@pytest.mark.parametrize("generation_prompt", [False, True])
+@pytest.mark.parametrize("default_system", [False, True])
+def test_render_chatml_matches_the_template(tokenizer, generation_prompt, default_system):
+    template = CHATML_TEMPLATE if default_system else CHATML_TEMPLATE_NO_SYSTEM
+    for messages in (
+        [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+    ):
+        expected = tokenizer.apply_chat_template(
+            messages, chat_template=template, tokenize=False, add_generation_prompt=generation_prompt
+        )
+        assert (
+            render_chatml(messages, add_generation_prompt=generation_prompt, default_system=default_system)
+            == expected
+        )
