@@ -105,7 +105,12 @@ def build_tiny_tokenizer(
 
     def pieces():
         for row in rows:
-            for piece in splitter.split(render_chatml(row["messages"], default_system=default_system)):
+            messages = row["messages"]
+            if not all(
+                isinstance(m.get("content"), str) and isinstance(m.get("role"), str) for m in messages
+            ):
+                continue  # a malformed row: the data step skips it too
+            for piece in splitter.split(render_chatml(messages, default_system=default_system)):
                 if piece:
                     yield piece
 

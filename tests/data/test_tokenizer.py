@@ -61,3 +61,21 @@ def test_render_chatml_matches_the_template(tokenizer, generation_prompt, defaul
             render_chatml(messages, add_generation_prompt=generation_prompt, default_system=default_system)
             == expected
         )
+
+
+def test_saved_tokenizer_keeps_the_template(tmp_path, rows):
+    """The trainer builds it from a datasets.Dataset and saves it with the checkpoint; decode reloads it."""
+    import datasets
+    from transformers import AutoTokenizer
+
+    ds = datasets.Dataset.from_list(
+        rows[:300] + [{"id": "x", "messages": [{"role": "user", "content": None}], "answer": ""}]
+    )
+    build_tiny_tokenizer(ds, 400).save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert loaded.chat_template == CHATML_TEMPLATE_NO_SYSTEM and len(loaded) == 400
+    assert loaded.eos_token == "<|im_end|>" and MASK_TOKEN in loaded.get_vocab()
+    messages = rows[-1]["messages"]
+    assert loaded.apply_chat_template(messages, tokenize=False) == render_chatml(
+        messages, default_system=False
+    )
