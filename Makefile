@@ -19,7 +19,7 @@ NNODES ?= 1
 GPUS_PER_NODE ?= $(if $(HAS_GPU),$(shell nvidia-smi -L 2>/dev/null | wc -l),1)
 ARGS ?=
 
-.PHONY: help install test test-fast lint typecheck demo decode clean
+.PHONY: help install test test-fast lint typecheck demo decode clean train train-proposer
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -47,6 +47,27 @@ lint: install ## ruff over the packages and tests
 
 typecheck: install ## mypy over the three packages
 	$(VENV)/bin/mypy decode train data
+
+# prove-train launcher: the deepspeed launcher with a HOSTFILE, torchrun for several processes
+# (rendezvous: MASTER_ADDR, MASTER_PORT, NODE_RANK on each node), else one plain process (CPU, 1 GPU).
+MASTER_ADDR ?= 127.0.0.1
+MASTER_PORT ?= 29500
+NODE_RANK ?= 0
+ifneq ($(HOSTFILE),)
+TRAIN_LAUNCH = $(VENV)/bin/deepspeed --hostfile $(HOSTFILE) --num_nodes $(NNODES) --num_gpus $(GPUS_PER_NODE) \
+	--master_addr $(MASTER_ADDR) --master_port $(MASTER_PORT) --no_local_rank --module prove.train.cli
+else ifneq ($(NNODES)x$(GPUS_PER_NODE),1x1)
+TRAIN_LAUNCH = $(VENV)/bin/torchrun --nnodes $(NNODES) --nproc_per_node $(GPUS_PER_NODE) --node_rank $(NODE_RANK) \
+	--master_addr $(MASTER_ADDR) --master_port $(MASTER_PORT) -m prove.train.cli
+else
+TRAIN_LAUNCH = $(VENV)/bin/prove-train
+endif
+
+train-proposer: install ## train the block proposer: sft then mars -> runs/<recipe>/{sft,mars} (RECIPE, NNODES, GPUS_PER_NODE, HOSTFILE, ARGS)
+	$(TRAIN_LAUNCH) recipe=$(RECIPE) stage=sft $(ARGS)
+	$(TRAIN_LAUNCH) recipe=$(RECIPE) stage=mars $(ARGS)
+
+train: train-proposer ## the whole training pipeline for RECIPE (proposer; verifier distillation comes with stage=distill)
 
 clean: ## remove caches and run outputs (keeps $(VENV))
 	rm -rf outputs multirun runs wandb .pytest_cache .ruff_cache .mypy_cache

@@ -1,0 +1,1 @@
+"""Hydra config group `data` of prove-train (pkg://prove.conf/data)."""

@@ -1,0 +1,1 @@
+"""Hydra config group `deepspeed` of prove-train (pkg://prove.conf/deepspeed)."""

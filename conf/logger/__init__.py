@@ -1,0 +1,1 @@
+"""Hydra config group `logger` of prove-train (pkg://prove.conf/logger)."""

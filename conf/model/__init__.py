@@ -1,0 +1,1 @@
+"""Hydra config group `model` of prove-train (pkg://prove.conf/model)."""

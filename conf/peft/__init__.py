@@ -1,0 +1,1 @@
+"""Hydra config group `peft` of prove-train (pkg://prove.conf/peft)."""

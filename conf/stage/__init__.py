@@ -1,0 +1,1 @@
+"""Hydra config group `stage` of prove-train (pkg://prove.conf/stage)."""

@@ -1,0 +1,1 @@
+"""Hydra config group `trainer` of prove-train (pkg://prove.conf/trainer)."""

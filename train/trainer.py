@@ -1,0 +1,104 @@
+"""``MarsTrainer``: the Hugging Face Trainer with MARS's block-training loss (DESIGN §2.1), and the wall-clock cap."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from prove.train.losses import mars_loss
+from prove.train.masks import block_attention_bias, block_inputs, block_mask_mod
+from transformers import Trainer, TrainerCallback
+
+
+class MarsTrainer(Trainer):
+    """Trains an ordinary causal LM to fill K placeholders in one pass.
+
+    Batches hold ``input_ids`` / ``labels`` ``(B, L)`` with L a multiple of K (see
+    :class:`prove.train.collate.Collator`). ``compute_loss`` turns them into the 2L input
+    ``[noisy | clean]`` with position ids ``[0..L-1, 0..L-1]`` and the block attention mask, and lets
+    ``Trainer.compute_loss`` run the forward with :func:`prove.train.losses.mars_loss` as its loss.
+    The mask is a float additive 4D tensor for eager/sdpa, or a FlexAttention ``BlockMask`` when the
+    model runs ``attn_implementation="flex_attention"``.
+    """
+
+    # mars_loss is a per-batch mean (of per-sequence means): the Trainer divides it by the accumulation steps.
+    loss_is_scaled_for_ga = False
+
+    def __init__(self, *args: Any, mask_token_id: int, block_size: int, ar_weight: float = 1.0, **kwargs: Any):
+        super().__init__(*args, compute_loss_func=self._loss, **kwargs)
+        self.mask_token_id = mask_token_id
+        self.block_size = block_size
+        self.ar_weight = ar_weight
+        self._masks: dict[tuple, Any] = {}
+        self._terms = torch.zeros(3)  # running (noisy, clean, batches) for logging
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        ids, labels = inputs["input_ids"], inputs["labels"]  # (B, L)
+        x, pos = block_inputs(ids, labels, self.mask_token_id)  # (B, 2L) each
+        block_inputs_2l = {
+            "input_ids": x,
+            "position_ids": pos,
+            "attention_mask": self._attention_mask(model, ids.shape[1], ids.device),
+            "labels": labels,
+            "use_cache": False,
+        }
+        return super().compute_loss(model, block_inputs_2l, return_outputs, num_items_in_batch)
+
+    def _loss(self, outputs, labels, num_items_in_batch=None):
+        out = mars_loss(outputs.logits, labels, self.ar_weight)  # logits (B, 2L, V)
+        self._terms += torch.tensor([out.noisy.item(), out.clean.item(), 1.0])
+        return out.loss
+
+    def _attention_mask(self, model, length: int, device: torch.device):
+        unwrapped = self.accelerator.unwrap_model(model)
+        impl = getattr(unwrapped.config, "_attn_implementation", None)
+        dtype = unwrapped.get_input_embeddings().weight.dtype
+        key = (length, impl, dtype, str(device))
+        if key not in self._masks:
+            if len(self._masks) > 64:
+                self._masks.clear()
+            if impl == "flex_attention":
+                from torch.nn.attention.flex_attention import create_block_mask
+
+                self._masks[key] = create_block_mask(
+                    block_mask_mod(length, self.block_size), None, None, 2 * length, 2 * length, device=device
+                )
+            else:
+                self._masks[key] = block_attention_bias(length, self.block_size, dtype=dtype, device=device)
+        return self._masks[key]
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        if "loss" in logs and self._terms[2] > 0:
+            logs["loss_noisy"] = round(float(self._terms[0] / self._terms[2]), 4)
+            logs["loss_clean"] = round(float(self._terms[1] / self._terms[2]), 4)
+            self._terms.zero_()
+        super().log(logs, *args, **kwargs)
+
+
+class WallClockCallback(TrainerCallback):
+    """Stops training (and saves) once it has run ``max_minutes``; the step cap still applies.
+
+    Under several processes rank 0's clock decides, broadcast every step, so all ranks stop together.
+    """
+
+    def __init__(self, max_minutes: float):
+        self.max_seconds = max_minutes * 60.0
+        self.start: float | None = None
+        self.stopped_at_step: int | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        assert self.start is not None
+        over = torch.tensor([float(time.monotonic() - self.start > self.max_seconds)])
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            if torch.distributed.get_backend() == "nccl":
+                over = over.cuda()
+            torch.distributed.broadcast(over, src=0)
+        if over.item() > 0:
+            self.stopped_at_step = state.global_step
+            control.should_training_stop = True
+            control.should_save = True
+        return control
