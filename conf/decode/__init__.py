@@ -1,0 +1,1 @@
+"""prove-decode configs: decode.yaml (the primary config) and method/ (one YAML per method)."""

@@ -1,0 +1,119 @@
+"""Structured configs of decoding (DESIGN §3.1): dataclasses registered with Hydra's ConfigStore.
+
+``DecodeParams`` is what a method reads (the Python API takes the same names as keyword arguments);
+``DecodeConfig`` adds what the ``prove-decode`` CLI needs (paths, prompt file, output file, device).
+A typo in a key fails when Hydra composes the config, before any model loads. This module imports
+neither torch nor transformers, so ``prove-decode --help`` stays instant.
+
+Defaults of ``None`` mean "the method's default" (``prove.decode.methods``; mirrored, and checked by a
+test, in ``conf/method/<name>.yaml``), or, for ``block_size``, the block size the checkpoint was trained
+with (``prove.json``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+
+@dataclass
+class DecodeParams:
+    """Parameters of a decoding method. ``None`` = the method's default."""
+
+    theta: float | None = None
+    """ProVe threshold θ on p̃_i·q_i (proposer confidence × verifier probability), or NSD's nucleus mass."""
+    tau: float | None = None
+    """MARS confidence threshold τ on p̃_i (MARS: 0.95)."""
+    block_size: int | None = None
+    """K, placeholders per block pass. ``None`` = the trained block size (prove.json); must not exceed it."""
+    k: int | None = None
+    """Draft lookahead of the speculative-decoding family (draft proposer: k sequential passes)."""
+    temperature: float = 0.0
+    """0 = greedy. > 0 samples (proposers draw from, and rules read, the tempered distributions)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (with temperature > 0); 1 = off."""
+    top_k: int = 0
+    """Top-k sampling (with temperature > 0); 0 = off."""
+    seed: int = 0
+    """Seed of the torch.Generator that sampling draws from."""
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} is negative; use 0 for greedy or a value > 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p={self.top_p} must lie in (0, 1]; use 1 to switch it off")
+        if self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k} is negative; use 0 to switch it off")
+        if self.block_size is not None and self.block_size < 1:
+            raise ValueError(f"block_size={self.block_size} must be ≥ 1")
+        if self.k is not None and self.k < 1:
+            raise ValueError(f"k={self.k} must be ≥ 1")
+        if self.tau is not None and self.tau < 0:
+            raise ValueError(f"tau={self.tau} must be ≥ 0 (τ > 1 never accepts beyond y_1, i.e. AR)")
+        if self.theta is not None and self.theta < 0:
+            raise ValueError(f"theta={self.theta} must be ≥ 0 (θ = 0 commits whole blocks)")
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def with_defaults(self, defaults: dict[str, Any]) -> DecodeParams:
+        """A copy where every ``None`` field takes its value from ``defaults``."""
+        updates = {k: v for k, v in defaults.items() if getattr(self, k) is None}
+        return dataclasses.replace(self, **updates)
+
+
+@dataclass
+class DecodeConfig(DecodeParams):
+    """``prove-decode``: decode a prompt file with one method, writing one JSONL record per prompt.
+
+    Launch: ``prove-decode model=PATH method=prove verifier=PATH theta=0.1 block_size=16
+    prompts=prompts.jsonl output=out.jsonl max_new_tokens=256``.
+    """
+
+    model: str = "???"
+    """Checkpoint directory (or hub id) of the model being accelerated: the block proposer for
+    mars / prove / prove-lossless, the target for the speculative-decoding family, the model for ar."""
+    verifier: str | None = None
+    """ProVe's small scorer (method=prove). With prove-lossless it is an optional probe recorded by the trace."""
+    draft: str | None = None
+    """The small AR proposer of the speculative-decoding family."""
+    method: str = "prove-lossless"
+    """A name from ``prove.decode.methods.METHODS`` (selects conf/method/<name>.yaml)."""
+    prompts: str = "???"
+    """JSONL with a ``prompt`` (raw text) or ``messages`` (chat) field per line, or a plain-text file (one prompt a line)."""
+    output: str = "???"
+    """JSONL written one record per prompt as each finishes; an existing file is resumed (finished ids are skipped)."""
+    max_new_tokens: int = 256
+    """New tokens per prompt at most."""
+    stop: list[str] = field(default_factory=list)
+    """Stop strings: output ends at the token that completes the first one (that token included), as AR would."""
+    chat: bool = True
+    """Render ``prompt`` fields and plain lines as one user turn with the model's chat template (``messages``
+    always are). False feeds them as raw text."""
+    trace: bool = False
+    """Record per-position proposer confidence / verifier probability / greedy match in each record's stats."""
+    device: str = "cpu"
+    """torch device, e.g. ``cuda`` or ``cuda:1``."""
+    dtype: str = "float32"
+    """Weights dtype: float32, bfloat16, float16, or auto (the checkpoint's)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be ≥ 1")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} is not one of {DTYPES}")
+
+    def params(self) -> DecodeParams:
+        return DecodeParams(**{name: getattr(self, name) for name in DecodeParams.field_names()})
+
+
+def register_configs() -> None:
+    """Register the schema the primary config ``conf/decode.yaml`` extends (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="decode_schema", node=DecodeConfig)

@@ -1,0 +1,317 @@
+"""``prove.decode.Decoder``: the Python front door of decoding (DESIGN §3.1).
+
+>>> dec = Decoder.from_pretrained("ckpt/mars", method="prove", verifier="ckpt/verifier", theta=0.1)
+>>> out = dec.generate([{"role": "user", "content": "2 + 3?"}], max_new_tokens=64)
+>>> out.text, out.stats.tokens_per_cycle
+
+Every check of the checkpoint contract (DESIGN §2.2) happens here, at construction, so a bad
+combination is a ``ValueError`` that says what to change, never a crash inside a forward pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from prove.decode import engine
+from prove.decode.checkpoint import MASK_TOKEN, ProveMeta, read_prove_json
+from prove.decode.config import DecodeParams
+from prove.decode.engine import CycleEvent, ModelRunner, Models, Stats, Stopper
+from prove.decode.methods import Method, get_method
+from prove.decode.proposers import PROPOSERS
+from prove.decode.verifiers import ModelVerifier, build_verifier
+
+Prompt = str | list[dict[str, str]] | list[int] | torch.Tensor
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    token_ids: list[int]
+    """The new tokens only (EOS included when generation ended on it)."""
+    text: str
+    """Their decoding with special tokens skipped ("" without a tokenizer)."""
+    stats: Stats
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
+
+
+def _load(path: str, device: str | torch.device, dtype: str) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
+    return model.to(device).eval()
+
+
+def _load_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def _name(model: Any) -> str:
+    if isinstance(model, str):
+        return model
+    return str(getattr(model, "name_or_path", "") or type(model).__name__)
+
+
+def _meta(path: str) -> ProveMeta | None:
+    return read_prove_json(path) if Path(path).is_dir() else None
+
+
+class Decoder:
+    """Decode with one method: ``ar``, ``mars``, ``prove``, ``prove-lossless`` (``prove.decode.methods``).
+
+    ``model`` (the model being accelerated), ``verifier`` (ProVe's small scorer) and ``draft`` (the SD
+    family's small proposer) are loaded Hugging Face causal LMs or checkpoint paths. ``tokenizer``
+    defaults to the one saved with ``model`` when it is a path. ``params`` are ``DecodeParams`` fields
+    (theta, tau, block_size, k, temperature, top_p, top_k, seed); ``None`` takes the method's default,
+    and ``block_size`` the trained one. Greedy by default.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any = None,
+        *,
+        method: str | Method = "prove-lossless",
+        verifier: Any = None,
+        draft: Any = None,
+        device: str | torch.device | None = None,
+        dtype: str = "float32",
+        mask_token_id: int | None = None,
+        trace: bool = False,
+        **params: Any,
+    ) -> None:
+        unknown = set(params) - set(DecodeParams.field_names())
+        if unknown:
+            raise ValueError(f"unknown parameter(s) {sorted(unknown)}; known: {DecodeParams.field_names()}")
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype={dtype!r} is not one of {sorted(_DTYPES)}")
+        self.method = get_method(method)
+        given = {k: v for k, v in params.items() if v is not None}
+        self.params = DecodeParams(**given).with_defaults(dict(self.method.defaults))
+        if self.method.greedy_only and self.params.temperature > 0:
+            raise ValueError(
+                f"method {self.method.name} is greedy (exactly the model's greedy output): set temperature=0, "
+                "or use a sampling method such as sd"
+            )
+        ignored = {"theta", "tau", "block_size", "k"} & set(given) - set(self.method.uses)
+        if ignored:
+            warnings.warn(f"method {self.method.name} does not read {sorted(ignored)}; ignoring", stacklevel=2)
+        self.trace = trace
+
+        if device is None:
+            device = "cpu" if isinstance(model, str) else next(model.parameters()).device
+        self.device = torch.device(device)
+        self.model_name = _name(model)
+        model_meta = _meta(model) if isinstance(model, str) else None
+        if model_meta is None and not isinstance(model, str) and getattr(model, "name_or_path", ""):
+            model_meta = _meta(model.name_or_path)
+        if tokenizer is None and isinstance(model, str):
+            tokenizer = _load_tokenizer(model)
+        self.tokenizer = tokenizer
+        target = _load(model, self.device, dtype) if isinstance(model, str) else model.eval()
+
+        self.verifier_name = None if verifier is None else _name(verifier)
+        self.draft_name = None if draft is None else _name(draft)
+        needs_verifier = self.method.verifier == "small"
+        needs_draft = self.method.proposer == "draft"
+        if needs_verifier and verifier is None:
+            raise ValueError(f"method={self.method.name} needs a verifier: pass verifier=PATH (ProVe's small scorer)")
+        if needs_draft and draft is None:
+            raise ValueError(f"method={self.method.name} needs a draft model: pass draft=PATH (a small AR model)")
+        if verifier is not None and not needs_verifier and not trace:
+            warnings.warn(
+                f"method {self.method.name} does not use the verifier (with trace=True it is recorded as a probe)",
+                stacklevel=2,
+            )
+        if draft is not None and not needs_draft:
+            warnings.warn(f"method {self.method.name} does not use the draft model; ignoring it", stacklevel=2)
+            draft = None
+
+        mask_id = self._check_mask(target, model_meta, mask_token_id) if self.method.needs_mask else mask_token_id
+        if self.method.needs_mask:
+            self.params = dataclasses.replace(self.params, block_size=self._check_block_size(model_meta))
+        aux = {}
+        for role, other, other_name in (("verifier", verifier, self.verifier_name), ("draft", draft, self.draft_name)):
+            if other is None:
+                continue
+            if isinstance(other, str):
+                self._check_same_vocab(role, _load_tokenizer(other), other_name)
+                other = _load(other, self.device, dtype)
+            self._check_vocab_rows(role, other, other_name)
+            aux[role] = ModelRunner(other.eval(), role)
+
+        self.models = Models(
+            target=ModelRunner(target, "model"),
+            verifier=aux.get("verifier"),
+            draft=aux.get("draft"),
+            mask_token_id=mask_id,
+        )
+        self._build()
+
+    def _build(self) -> None:
+        self.generator = torch.Generator(device=self.device).manual_seed(self.params.seed)
+        factory = self.method.proposer if callable(self.method.proposer) else PROPOSERS[self.method.proposer]
+        self.proposer = factory(self.models, self.params, self.generator)
+        self.verifier = build_verifier(self.method.verifier, self.models)
+        probe_wanted = self.trace and self.models.verifier is not None and self.method.verifier != "small"
+        self.probe = ModelVerifier(self.models.verifier, is_target=False) if probe_wanted else None
+
+    @property
+    def model(self) -> Any:
+        """The model being accelerated (``model=``)."""
+        return self.models.target.model
+
+    def to(self, device: str | torch.device) -> Decoder:
+        """Move every model (and the sampling generator, reseeded) to ``device``."""
+        self.device = torch.device(device)
+        for runner in self.models.runners():
+            runner.model.to(self.device)
+        self._build()
+        return self
+
+    @classmethod
+    def from_pretrained(cls, path: str, **kwargs: Any) -> Decoder:
+        return cls(path, **kwargs)
+
+    # -- the checkpoint contract (DESIGN §2.2) ---------------------------------------------------------------
+
+    def _check_mask(self, model: Any, meta: ProveMeta | None, mask_token_id: int | None) -> int:
+        if mask_token_id is None and self.tokenizer is not None and MASK_TOKEN in self.tokenizer.get_vocab():
+            mask_token_id = self.tokenizer.convert_tokens_to_ids(MASK_TOKEN)
+        if mask_token_id is None and meta is not None and meta.mask_token_id is not None and self.tokenizer is None:
+            mask_token_id = meta.mask_token_id
+        if mask_token_id is None:
+            raise ValueError(
+                f"checkpoint {self.model_name} has no {MASK_TOKEN} token: train it with `prove-train stage=mars` "
+                "or pick method=ar/sd"
+            )
+        rows = model.get_input_embeddings().weight.shape[0]
+        if not 0 <= mask_token_id < rows:
+            raise ValueError(
+                f"checkpoint {self.model_name}: {MASK_TOKEN} id {mask_token_id} has no embedding row (the model has "
+                f"{rows}); re-save the checkpoint with `prove-train stage=mars`, which resizes the embeddings"
+            )
+        return int(mask_token_id)
+
+    def _check_block_size(self, meta: ProveMeta | None) -> int:
+        trained = meta.block_size if meta is not None else None
+        k = self.params.block_size
+        if trained is None:
+            if k is None:
+                raise ValueError(
+                    f"checkpoint {self.model_name} records no trained block size (no prove.json with block_size): "
+                    "pass block_size=K"
+                )
+            warnings.warn(
+                f"checkpoint {self.model_name} records no trained block size (no prove.json); using block_size={k} "
+                "as given",
+                stacklevel=3,
+            )
+            return k
+        if k is None:
+            return trained
+        if k > trained:
+            raise ValueError(
+                f"block_size={k} exceeds the block size {trained} that {self.model_name} was trained with "
+                f"(prove.json): pass block_size={trained} or less"
+            )
+        return k
+
+    def _check_same_vocab(self, role: str, other_tokenizer: Any, other_name: str | None) -> None:
+        if self.tokenizer is None:
+            return
+        mine = {t: i for t, i in self.tokenizer.get_vocab().items() if t != MASK_TOKEN}
+        theirs = {t: i for t, i in other_tokenizer.get_vocab().items() if t != MASK_TOKEN}
+        if mine != theirs:
+            diff = len(set(mine.items()) ^ set(theirs.items()))
+            raise ValueError(
+                f"the {role} {other_name}'s tokenizer differs from model {self.model_name}'s ({diff} entries differ): "
+                f"the {role} must share the model's vocabulary (apart from {MASK_TOKEN}); pick a {role} of the "
+                "same model family"
+            )
+
+    def _check_vocab_rows(self, role: str, other: Any, other_name: str | None) -> None:
+        if self.tokenizer is None:
+            return
+        rows = other.get_output_embeddings().weight.shape[0]
+        needed = len(self.tokenizer) - (MASK_TOKEN in self.tokenizer.get_vocab())
+        if rows < needed:
+            raise ValueError(
+                f"the {role} {other_name} scores {rows} tokens but model {self.model_name}'s tokenizer has "
+                f"{needed}: pick a {role} of the same model family"
+            )
+
+    # -- generation ---------------------------------------------------------------------------------------------
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """Token ids of a prompt: raw text, chat messages (chat template + generation prompt), or ids."""
+        if isinstance(prompt, torch.Tensor):
+            return [int(t) for t in prompt.reshape(-1).tolist()]
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        if self.tokenizer is None:
+            raise ValueError("text and chat prompts need a tokenizer: pass tokenizer= to the Decoder")
+        if isinstance(prompt, str):
+            return list(self.tokenizer(prompt)["input_ids"])
+        if isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise ValueError(
+                    f"the tokenizer of {self.model_name} has no chat template: give raw text (chat=false) instead"
+                )
+            text = self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        raise ValueError("a prompt is a string, a list of chat messages ({'role', 'content'}), or token ids")
+
+    def eos_ids(self, eos_token_id: int | Sequence[int] | None = None) -> list[int]:
+        if eos_token_id is None:
+            eos_token_id = getattr(getattr(self.models.target.model, "generation_config", None), "eos_token_id", None)
+        if eos_token_id is None and self.tokenizer is not None:
+            eos_token_id = self.tokenizer.eos_token_id
+        if eos_token_id is None:
+            return []
+        return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(t) for t in eos_token_id]
+
+    def generate(
+        self,
+        prompt: Prompt,
+        max_new_tokens: int = 256,
+        stop: Sequence[str] | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        *,
+        seed: int | None = None,
+        on_cycle: Callable[[CycleEvent], None] | None = None,
+    ) -> GenerationResult:
+        """Decode one prompt. ``stop`` strings and EOS end the output exactly where AR decoding would (the
+        stopping token included); ``seed`` reseeds sampling for this request; ``on_cycle`` is called
+        after every cycle (a debugging hook: caches are synced to the committed sequence by then)."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be ≥ 1")
+        ids = self.encode(prompt)
+        if seed is not None:
+            self.generator.manual_seed(seed)
+        tok = self.tokenizer
+        decode = None if tok is None else (lambda t: tok.decode(t, skip_special_tokens=False))
+        stopper = Stopper(max_new_tokens, self.eos_ids(eos_token_id), list(stop or ()), decode)
+        new, stats = engine.run(
+            ids,
+            models=self.models,
+            method=self.method,
+            proposer=self.proposer,
+            verifier=self.verifier,
+            probe=self.probe,
+            params=self.params,
+            stopper=stopper,
+            generator=self.generator,
+            trace=self.trace,
+            on_cycle=on_cycle,
+        )
+        text = "" if tok is None else tok.decode(new, skip_special_tokens=True)
+        return GenerationResult(token_ids=new, text=text, stats=stats)

@@ -1,0 +1,350 @@
+"""The cycle engine (DESIGN §3): propose → score → accept → commit, for every method.
+
+One loop serves every method; a method differs only in its proposer, its verifier and its pure rule
+(``prove.decode.methods``). AR is the method whose proposer proposes nothing and whose verifier (the
+model itself) yields the next token, so the speed baseline runs through this same loop.
+
+KV-cache invariant. Each model is wrapped in a ``ModelRunner`` that records which token was fed at every
+cache position. A cache entry is valid iff every token fed up to it equals the committed sequence
+there (causal attention: the entry depends on nothing later). After every cycle each runner crops its
+cache to that valid prefix, so it holds exactly the KV that AR decoding over the committed tokens would
+hold; entries computed from placeholders (``<|mask|>``) or from rejected tokens are dropped, and
+committed tokens without valid KV are "pending": fed at the front of the runner's next pass.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers import DynamicCache
+
+if TYPE_CHECKING:
+    from prove.decode.methods import Method
+    from prove.decode.proposers.base import Proposal, Proposer
+    from prove.decode.rules.base import Accept
+    from prove.decode.verifiers import Verifier
+
+
+class ModelRunner:
+    """A causal LM, its DynamicCache, and the tokens its cache entries were computed from."""
+
+    def __init__(self, model: torch.nn.Module, name: str = "model") -> None:
+        self.model = model
+        self.name = name
+        self.passes = 0
+        params = inspect.signature(model.forward).parameters
+        # transformers ≥ 5.x renames past_key_values → cache (the old name still works, with a warning).
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._logits_to_keep = "logits_to_keep" in params
+        self.reset()
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    def reset(self) -> None:
+        """Forget everything (a new request)."""
+        self.cache = DynamicCache(config=self.model.config)
+        self.fed: list[int] = []  # token fed at each cache position
+        self.valid = 0  # fed[:valid] is known to equal the committed sequence
+
+    @property
+    def cached(self) -> int:
+        return self.cache.get_seq_length()
+
+    def _valid_prefix(self, seq: Sequence[int]) -> int:
+        v = self.valid
+        limit = min(len(self.fed), len(seq))
+        while v < limit and self.fed[v] == seq[v]:
+            v += 1
+        return v
+
+    def _crop(self, keep: int) -> None:
+        drop = len(self.fed) - keep
+        if drop > 0:
+            self.cache.crop(-drop)
+            del self.fed[keep:]
+        self.valid = keep
+
+    def sync(self, seq: Sequence[int]) -> None:
+        """Crop the cache to the entries valid for the committed sequence ``seq``."""
+        self._crop(self._valid_prefix(seq))
+
+    @torch.no_grad()
+    def forward(self, seq: Sequence[int], extra: Sequence[int] = ()) -> torch.Tensor:
+        """One pass over ``[pending, extra]`` with a plain causal mask, where pending = the committed
+        tokens of ``seq`` without valid KV (at least the last one, so that row 0 of the result predicts
+        the token after ``seq``).
+
+        Returns logits (len(extra) + 1, V): row i predicts the token after ``seq + extra[:i]``.
+        """
+        keep = min(self._valid_prefix(seq), len(seq) - 1)
+        self._crop(keep)
+        new = list(seq[keep:]) + list(extra)
+        ids = torch.tensor([new], dtype=torch.long, device=self.device)  # (1, L)
+        positions = torch.arange(keep, keep + len(new), device=self.device)[None]  # (1, L)
+        kwargs: dict[str, Any] = {self._cache_kw: self.cache, "position_ids": positions, "use_cache": True}
+        rows = len(extra) + 1
+        if self._logits_to_keep:
+            kwargs["logits_to_keep"] = rows
+        out = self.model(input_ids=ids, **kwargs)
+        self.passes += 1
+        self.fed.extend(new)
+        self.valid = len(seq)
+        assert self.cached == len(self.fed), "cache length and fed tokens disagree"
+        return out.logits[0, -rows:]  # (len(extra)+1, V)
+
+
+@dataclass
+class Models:
+    """The runners a method may use. ``target`` is the model being accelerated (``model=``)."""
+
+    target: ModelRunner
+    verifier: ModelRunner | None = None
+    draft: ModelRunner | None = None
+    mask_token_id: int | None = None
+
+    def runners(self) -> list[ModelRunner]:
+        return [r for r in (self.target, self.verifier, self.draft) if r is not None]
+
+
+class Stopper:
+    """Ends the output exactly where AR decoding would: at the first EOS (included), at the token that
+    completes a stop string (included), or at ``max_new_tokens``."""
+
+    def __init__(
+        self,
+        max_new_tokens: int,
+        eos_token_ids: Sequence[int] = (),
+        stop: Sequence[str] = (),
+        decode: Callable[[list[int]], str] | None = None,
+    ) -> None:
+        if stop and decode is None:
+            raise ValueError("stop strings need a tokenizer: pass tokenizer= to the Decoder")
+        self.max_new_tokens = max_new_tokens
+        self.eos = set(eos_token_ids)
+        self.stop = [s for s in stop if s]
+        self.decode = decode
+        self._text_len = 0
+
+    def commit(self, new: list[int], tokens: Sequence[int]) -> bool:
+        """Append ``tokens`` to ``new`` one by one until a stop condition; True if generation is over."""
+        for t in tokens:
+            new.append(int(t))
+            if int(t) in self.eos or len(new) >= self.max_new_tokens or self._hit_stop(new):
+                return True
+        return False
+
+    def _hit_stop(self, new: list[int]) -> bool:
+        if not self.stop:
+            return False
+        assert self.decode is not None
+        text = self.decode(new)
+        start = max(0, self._text_len - max(len(s) for s in self.stop))
+        self._text_len = len(text)
+        return any(s in text[start:] for s in self.stop)
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Per-request statistics (DESIGN §3).
+
+    ``tokens_per_cycle`` = new_tokens / cycles: the mean committed length, which counts the correction
+    or bonus token of rules that add one (so AR is 1.0). ``model_passes`` counts every forward pass of
+    ``model`` (block passes and self-verification passes alike), ``verifier_passes`` those of a separate
+    verifier model, ``draft_passes`` those of a draft model. ``accepted_by_depth[i]`` is the number of
+    cycles in which proposed position i (0-based) was accepted by the rule, ``proposed_by_depth[i]`` the
+    number in which it was proposed. ``trace`` (only when asked for) has one dict per cycle with, per
+    proposed position, ``conf`` (p̃), ``verifier_prob`` (q, from the verifier model when there is one),
+    ``target_prob`` and ``matched`` (y_i equals the target's greedy token; only when the target scored
+    the block), and ``accepted``.
+    """
+
+    new_tokens: int
+    cycles: int
+    tokens_per_cycle: float
+    model_passes: int
+    verifier_passes: int
+    draft_passes: int
+    accepted_by_depth: list[int]
+    proposed_by_depth: list[int]
+    committed_per_cycle: list[int]
+    wall_s: float
+    trace: list[dict[str, Any]] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if d["trace"] is None:
+            del d["trace"]
+        return d
+
+    # Read-only mapping access, so ``dict(stats)`` and ``stats["new_tokens"]`` work too.
+    def keys(self) -> list[str]:
+        return list(self.to_dict())
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_dict()[key]
+
+
+@dataclass(frozen=True)
+class CycleView:
+    """What a method's rule adapter sees in one cycle."""
+
+    proposal: Proposal
+    target_logits: torch.Tensor | None
+    """(k+1, V) teacher-forced logits of the target (verifier ``self``) over y_1..y_k, or None."""
+    verifier_logits: torch.Tensor | None
+    """(k+1, V) teacher-forced logits of a separate verifier model (verifier ``small``), or None."""
+    params: Any
+    """The resolved ``DecodeParams``."""
+    generator: torch.Generator | None
+    state: dict[str, Any]
+    """Mutable per-request state for rules with budgets that span cycles (e.g. ASD's regret budget)."""
+
+
+@dataclass(frozen=True)
+class CycleEvent:
+    """Passed to ``on_cycle`` after each commit (and cache sync): a debugging/observation hook."""
+
+    cycle: int
+    seq: list[int]
+    """The whole committed sequence (prompt + new tokens)."""
+    prompt_len: int
+    proposal: Proposal
+    accept: Accept
+    committed: list[int]
+    models: Models
+    done: bool
+
+
+@dataclass
+class _Tally:
+    committed_per_cycle: list[int] = field(default_factory=list)
+    accepted_by_depth: list[int] = field(default_factory=list)
+    proposed_by_depth: list[int] = field(default_factory=list)
+    trace: list[dict[str, Any]] = field(default_factory=list)
+
+    def count(self, k: int, accepted: int) -> None:
+        grow = k - len(self.proposed_by_depth)
+        if grow > 0:
+            self.proposed_by_depth += [0] * grow
+            self.accepted_by_depth += [0] * grow
+        for i in range(k):
+            self.proposed_by_depth[i] += 1
+            self.accepted_by_depth[i] += i < accepted
+
+
+def _trace_row(view: CycleView, accept: Accept) -> dict[str, Any]:
+    prop = view.proposal
+    tokens = prop.tokens
+    k = tokens.shape[0]
+    row: dict[str, Any] = {"tokens": tokens.tolist(), "conf": prop.conf.tolist(), "accepted": accept.n}
+    row["verifier_prob"] = None
+    row["target_prob"] = None
+    row["matched"] = None
+    if view.verifier_logits is not None:
+        q = torch.softmax(view.verifier_logits[:k].float(), -1).gather(-1, tokens[:, None])[:, 0]
+        row["verifier_prob"] = q.tolist()
+    if view.target_logits is not None:
+        p = torch.softmax(view.target_logits[:k].float(), -1).gather(-1, tokens[:, None])[:, 0]
+        row["target_prob"] = p.tolist()
+        row["matched"] = (view.target_logits[:k].argmax(-1) == tokens).tolist()
+    return row
+
+
+def run(
+    prompt_ids: Sequence[int],
+    *,
+    models: Models,
+    method: Method,
+    proposer: Proposer,
+    verifier: Verifier,
+    probe: Verifier | None,
+    params: Any,
+    stopper: Stopper,
+    generator: torch.Generator | None = None,
+    trace: bool = False,
+    on_cycle: Callable[[CycleEvent], None] | None = None,
+) -> tuple[list[int], Stats]:
+    """Decode one request; returns the new token ids and the request's stats.
+
+    ``probe`` is an optional extra verifier (a separate verifier model on a method that does not use
+    one) that only the trace reads: it runs on its own cache, so it never changes the output.
+    """
+    if len(prompt_ids) == 0:
+        raise ValueError("the prompt is empty: give at least one token")
+    for runner in models.runners():
+        runner.reset()
+    start_passes = {id(r): r.passes for r in models.runners()}
+    seq = [int(t) for t in prompt_ids]
+    new: list[int] = []
+    tally = _Tally()
+    state: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    done = False
+    cycle = 0
+    while not done:
+        budget = stopper.max_new_tokens - len(new)
+        # 1) propose
+        proposal = proposer.propose(seq, budget)
+        # 2) score: one teacher-forced pass of the verifier over [pending, y_1..y_k]
+        scored = verifier.score(seq, proposal.tokens)
+        probed = probe.score(seq, proposal.tokens) if probe is not None else None
+        view = CycleView(
+            proposal=proposal,
+            target_logits=scored if verifier.is_target else None,
+            verifier_logits=scored if not verifier.is_target else probed,
+            params=params,
+            generator=generator,
+            state=state,
+        )
+        # 3) accept: a pure rule
+        accept = method.accept(view)
+        assert 0 <= accept.n <= proposal.tokens.shape[0], f"rule accepted {accept.n} of {proposal.tokens.shape[0]}"
+        tokens = proposal.tokens[: accept.n].tolist() + ([accept.extra] if accept.extra is not None else [])
+        # 4) commit, stopping where AR would; crop every cache to the committed prefix
+        before = len(new)
+        done = stopper.commit(new, tokens)
+        committed = new[before:]
+        seq.extend(committed)
+        for runner in models.runners():
+            runner.sync(seq)
+        tally.committed_per_cycle.append(len(committed))
+        tally.count(proposal.tokens.shape[0], accept.n)
+        if trace:
+            tally.trace.append(_trace_row(view, accept))
+        if on_cycle is not None:
+            on_cycle(
+                CycleEvent(cycle, list(seq), len(prompt_ids), proposal, accept, committed, models, done)
+            )
+        cycle += 1
+        if not committed and not done:
+            raise RuntimeError(f"method {method.name} committed nothing in a cycle; its rule must commit ≥ 1 token")
+    wall = time.perf_counter() - t0
+
+    def passes(r: ModelRunner | None) -> int:
+        return 0 if r is None else r.passes - start_passes[id(r)]
+
+    stats = Stats(
+        new_tokens=len(new),
+        cycles=cycle,
+        tokens_per_cycle=len(new) / max(cycle, 1),
+        model_passes=passes(models.target),
+        verifier_passes=passes(models.verifier) if models.verifier is not models.target else 0,
+        draft_passes=passes(models.draft),
+        accepted_by_depth=tally.accepted_by_depth,
+        proposed_by_depth=tally.proposed_by_depth,
+        committed_per_cycle=tally.committed_per_cycle,
+        wall_s=wall,
+        trace=tally.trace if trace else None,
+    )
+    return new, stats

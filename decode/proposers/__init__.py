@@ -1,0 +1,40 @@
+"""Proposers (DESIGN §3): each returns a ``Proposal`` of k candidate tokens per cycle.
+
+``PROPOSERS`` maps a method's proposer name to a factory ``(models, params, generator) -> Proposer``;
+a new proposer (draft model, n-gram, ...) is a new class plus one entry here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from prove.decode.proposers.base import Proposal, Proposer
+
+ProposerFactory = Callable[[Any, Any, Any], Proposer]
+
+
+def _none(models, params, generator) -> Proposer:
+    from prove.decode.proposers.block import NoProposer
+
+    return NoProposer(models.target.device)
+
+
+def _block(models, params, generator) -> Proposer:
+    from prove.decode.proposers.block import BlockProposer
+
+    assert models.mask_token_id is not None, "the Decoder checks the mask token before building a block proposer"
+    return BlockProposer(
+        models.target,
+        models.mask_token_id,
+        params.block_size,
+        temperature=params.temperature,
+        top_k=params.top_k,
+        top_p=params.top_p,
+        generator=generator,
+    )
+
+
+PROPOSERS: dict[str, ProposerFactory] = {"none": _none, "block": _block}
+
+__all__ = ["PROPOSERS", "Proposal", "Proposer", "ProposerFactory"]

@@ -1,0 +1,47 @@
+"""What a proposer returns and the interface every proposer implements."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A block of candidate tokens y_1..y_k (k may be 0: AR proposes nothing).
+
+    ``conf`` is p̃_i, the proposer's probability of the token it proposed; ``probs`` the proposer's
+    distribution at each position (``prove.decode.sampling.logits_to_probs``: the tempered, filtered
+    distribution y_i was drawn from when sampling, the plain softmax when greedy), which the
+    speculative-sampling rules compare with the target's.
+    """
+
+    tokens: torch.Tensor  # (k,) long
+    conf: torch.Tensor  # (k,) float
+    probs: torch.Tensor | None = None  # (k, V) float
+
+    @property
+    def k(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @classmethod
+    def empty(cls, device: torch.device | str = "cpu") -> Proposal:
+        return cls(
+            tokens=torch.zeros(0, dtype=torch.long, device=device),
+            conf=torch.zeros(0, device=device),
+            probs=None,
+        )
+
+
+class Proposer(Protocol):
+    """Proposes a block given the committed sequence (prompt + new tokens so far).
+
+    A proposer owns no cache bookkeeping beyond calling its ``ModelRunner``'s ``forward``: the engine
+    syncs every runner to the committed sequence after each cycle. ``budget`` is how many new tokens
+    the request may still take; proposing more is wasted work, never wrong.
+    """
+
+    def propose(self, seq: Sequence[int], budget: int) -> Proposal: ...

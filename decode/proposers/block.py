@@ -1,0 +1,53 @@
+"""The MARS block proposer: the model reads ``[pending, M×K]`` with a plain causal mask in one pass.
+
+The outputs at [last committed token, M_1 … M_{K-1}] are y_1..y_K (DESIGN §2.1); y_1 is ordinary
+next-token prediction. K at decode time may be smaller than the trained block size: under the causal
+mask, placeholders after position i do not change the output at i.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from prove.decode.engine import ModelRunner
+from prove.decode.proposers.base import Proposal
+from prove.decode.sampling import logits_to_probs, pick
+
+
+class BlockProposer:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        mask_token_id: int,
+        block_size: int,
+        *,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self.runner = runner
+        self.mask_token_id = mask_token_id
+        self.block_size = block_size
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        self.generator = generator
+
+    def propose(self, seq: Sequence[int], budget: int) -> Proposal:
+        k = max(1, min(self.block_size, budget))
+        # Row i of the pass over [pending, M_1..M_k] predicts y_{i+1}; row k (at M_k) is unused.
+        logits = self.runner.forward(seq, [self.mask_token_id] * k)[:k]  # (k, V)
+        probs = logits_to_probs(logits, self.temperature, self.top_k, self.top_p)  # (k, V)
+        tokens = pick(probs, self.temperature, self.generator)  # (k,)
+        conf = probs.gather(-1, tokens[:, None])[:, 0]  # (k,)
+        return Proposal(tokens=tokens, conf=conf, probs=probs)
+
+
+class NoProposer:
+    """Proposes nothing: the verifier's own next token is the whole cycle (AR)."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = device
+
+    def propose(self, seq: Sequence[int], budget: int) -> Proposal:
+        return Proposal.empty(self.device)

@@ -1,0 +1,59 @@
+"""Acceptance rules of the block methods (DESIGN §3): pure functions of one proposed block.
+
+Notation, kept explicit because speculative-decoding papers swap p and q:
+
+- ``proposer_conf`` (k,): p̃_i, the proposer's probability of the token y_i it proposed.
+- ``verifier_probs`` (k,): q_i, a verifier's probability of y_i, teacher-forced on y_<i.
+- ``target_logits`` (k+1, V): the model being accelerated, teacher-forced over y_1..y_k; row i scores
+  position i+1, row k is the bonus position after y_k.
+"""
+
+from __future__ import annotations
+
+import torch
+from prove.decode.rules.base import Accept
+
+
+def _leading_run(ok: torch.Tensor) -> int:
+    """Length of the leading run of True in a 1-D bool tensor."""
+    if ok.numel() == 0:
+        return 0
+    return int(ok.to(torch.int64).cumprod(0).sum())
+
+
+def mars_rule(proposer_conf: torch.Tensor, tau: float) -> Accept:
+    """MARS confidence rule (Jin et al., arXiv 2604.07023): commit y_1, then y_i while p̃_i ≥ τ.
+
+    y_1 is the model's ordinary next-token prediction, so it is always committed; τ > 1 is AR.
+    """
+    k = proposer_conf.shape[0]
+    if k == 0:
+        return Accept(0)
+    return Accept(1 + _leading_run(proposer_conf[1:] >= tau))
+
+
+def prove_rule(proposer_conf: torch.Tensor, verifier_probs: torch.Tensor, theta: float) -> Accept:
+    """ProVe rule: the longest leading run with p̃_i · q_i ≥ θ, and y_1 always.
+
+    y_1 is the block proposer's exact next-token prediction, committed even if it fails the test.
+    θ = 0 commits whole blocks; θ > 1 commits y_1 only (AR).
+    """
+    k = proposer_conf.shape[0]
+    if k == 0:
+        return Accept(0)
+    score = proposer_conf * verifier_probs  # (k,)
+    return Accept(max(1, _leading_run(score >= theta)))
+
+
+def greedy_match(tokens: torch.Tensor, target_logits: torch.Tensor) -> Accept:
+    """Greedy verification: the prefix of y equal to the target's greedy tokens, then the greedy
+    correction (at the first mismatch) or bonus (after y_k) token.
+
+    Exactly greedy decoding of the target, whatever the proposer (ProVe-lossless, greedy SD, AR with
+    k = 0). ``tokens`` (k,), ``target_logits`` (k+1, V).
+    """
+    k = tokens.shape[0]
+    assert target_logits.shape[0] == k + 1, "target_logits needs a row per proposed token plus the bonus row"
+    greedy = target_logits.argmax(-1)  # (k+1,)
+    n = _leading_run(tokens == greedy[:k])
+    return Accept(n, int(greedy[n]))

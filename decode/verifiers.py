@@ -1,0 +1,56 @@
+"""Verifiers (DESIGN §3): one teacher-forced pass of a causal LM over the proposed block.
+
+``score(seq, tokens)`` returns logits (k+1, V): row i is the verifier's prediction for position i+1 of
+the block given the committed sequence and y_1..y_i; row k is the bonus position after y_k. Methods
+name a verifier by role:
+
+- ``self``: the model being accelerated (``model=``) scores its own proposals: its logits are the
+  target logits that greedy / speculative rules check against (ProVe-lossless, SD, NSD, ASD, AR).
+- ``small``: a separate, smaller model (``verifier=``) whose probabilities q_i ProVe multiplies with p̃_i.
+- ``none``: no pass (MARS's confidence rule).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+from prove.decode.engine import ModelRunner, Models
+
+
+class Verifier(Protocol):
+    is_target: bool
+    """True if the scores are the target's (the model being accelerated)."""
+
+    def score(self, seq: Sequence[int], tokens: torch.Tensor) -> torch.Tensor | None: ...
+
+
+class ModelVerifier:
+    def __init__(self, runner: ModelRunner, *, is_target: bool) -> None:
+        self.runner = runner
+        self.is_target = is_target
+
+    def score(self, seq: Sequence[int], tokens: torch.Tensor) -> torch.Tensor:
+        return self.runner.forward(seq, tokens.tolist())  # (k+1, V)
+
+
+class NoVerifier:
+    is_target = False
+
+    def score(self, seq: Sequence[int], tokens: torch.Tensor) -> None:
+        return None
+
+
+def build_verifier(role: str, models: Models) -> Verifier:
+    if role == "none":
+        return NoVerifier()
+    if role == "self":
+        return ModelVerifier(models.target, is_target=True)
+    if role == "small":
+        assert models.verifier is not None, "the Decoder checks that a verifier model is given"
+        return ModelVerifier(models.verifier, is_target=False)
+    raise ValueError(f"unknown verifier role {role!r}; one of: none, self, small")
+
+
+VERIFIER_ROLES = ("none", "self", "small")

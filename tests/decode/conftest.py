@@ -1,0 +1,81 @@
+"""Decode-test fixtures: tiny random Qwen2 models whose greedy output is varied (not one repeated token),
+and a saved checkpoint that satisfies the checkpoint contract (model + tokenizer + prove.json)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from prove.decode.checkpoint import MASK_TOKEN, ProveMeta, write_prove_json
+
+TRAINED_BLOCK = 4
+
+
+def varied(model: torch.nn.Module, std: float = 0.3, seed: int = 0) -> torch.nn.Module:
+    """Re-draw every weight matrix with a larger std: a random Qwen2 at the default init (0.02) greedily
+    repeats one token forever, which would hide cache bugs."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, std, generator=g)
+    return model
+
+
+@pytest.fixture(scope="session")
+def make_lm(qwen2_factory, tokenizer):
+    def make(seed: int = 0, std: float = 0.3, vocab: int | None = None, **kw):
+        return varied(qwen2_factory(vocab or len(tokenizer), seed=seed, **kw), std=std, seed=seed)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def lm(make_lm):
+    """The model being accelerated (a random 'MARS' model: its <|mask|> row is just another embedding)."""
+    return make_lm(seed=0)
+
+
+@pytest.fixture(scope="session")
+def small(make_lm):
+    """A different random model of the same vocabulary: ProVe's verifier."""
+    return make_lm(seed=1, std=0.2)
+
+
+@pytest.fixture(scope="session")
+def prompts(tokenizer) -> list[list[int]]:
+    texts = ["Ana has 3 apples", "How many coins does Ben have?", "7"]
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Cleo has 4 pens and gets 5 more."}], tokenize=False, add_generation_prompt=True
+    )
+    return [tokenizer(t)["input_ids"] for t in texts] + [tokenizer(chat, add_special_tokens=False)["input_ids"]]
+
+
+def save_checkpoint(path, model, tok, *, stage: str = "mars", block_size: int | None = TRAINED_BLOCK):
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    mask_id = tok.convert_tokens_to_ids(MASK_TOKEN) if MASK_TOKEN in tok.get_vocab() else None
+    meta = ProveMeta(
+        stage=stage,
+        base_model="tiny-random",
+        block_size=block_size if stage == "mars" else None,
+        mask_token=MASK_TOKEN if mask_id is not None else None,
+        mask_token_id=mask_id,
+    )
+    write_prove_json(path, meta)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory, lm, small, tokenizer, stock_tokenizer, make_lm, corpus):
+    """Saved checkpoints: ``mars`` (mask token, K=4), ``verifier`` (stock tokenizer), ``stock`` (no mask
+    token), ``alien`` (a verifier with a different vocabulary)."""
+    from prove.data.tokenizer import train_chatml_bpe
+
+    root = tmp_path_factory.mktemp("ckpt")
+    alien_tok = train_chatml_bpe([c.upper() for c in corpus], vocab_size=280)
+    return {
+        "mars": save_checkpoint(root / "mars", lm, tokenizer),
+        "verifier": save_checkpoint(root / "verifier", small, stock_tokenizer, stage="sft"),
+        "stock": save_checkpoint(root / "stock", make_lm(seed=2, vocab=len(stock_tokenizer)), stock_tokenizer, stage="sft"),
+        "alien": save_checkpoint(root / "alien", make_lm(seed=3, vocab=len(alien_tok)), alien_tok, stage="sft"),
+    }
