@@ -19,7 +19,7 @@ NNODES ?= 1
 GPUS_PER_NODE ?= $(if $(HAS_GPU),$(shell nvidia-smi -L 2>/dev/null | wc -l),1)
 ARGS ?=
 
-.PHONY: help install test test-fast lint typecheck demo decode clean train train-proposer
+.PHONY: help install test test-fast lint typecheck demo decode clean train train-proposer eval
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -68,6 +68,25 @@ train-proposer: install ## train the block proposer: sft then mars -> runs/<reci
 	$(TRAIN_LAUNCH) recipe=$(RECIPE) stage=mars $(ARGS)
 
 train: train-proposer ## the whole training pipeline for RECIPE (proposer; verifier distillation comes with stage=distill)
+
+# make eval: a method against AR through lm-evaluation-harness (prove-eval, conf/eval/eval.yaml); ARGS adds any
+# key, e.g. ARGS="verifier=runs/tiny/verifier tasks=[gsm8k] limit=100 device=cuda dtype=bfloat16".
+EVAL_MODEL ?= runs/$(RECIPE)/mars
+EVAL_METHOD ?= prove-lossless
+eval: install ## accuracy (Δ pts vs AR) and speed of EVAL_METHOD on lm-eval tasks -> outputs/eval (EVAL_MODEL, EVAL_METHOD, ARGS)
+	$(VENV)/bin/prove-eval model=$(EVAL_MODEL) method=$(EVAL_METHOD) $(ARGS)
+
+demo: install ## interim demo: a tiny random checkpoint decoded with ar and prove-lossless; prints stats
+	@set -e; d=$$(mktemp -d); trap 'rm -rf "$$d"' EXIT; \
+	$(PY) -m prove.decode.demo build $$d; \
+	for m in ar prove-lossless; do \
+	  echo "prove-decode model=$$d/model method=$$m prompts=$$d/prompts.jsonl output=$$d/$$m.jsonl max_new_tokens=48"; \
+	  $(VENV)/bin/prove-decode model=$$d/model method=$$m prompts=$$d/prompts.jsonl output=$$d/$$m.jsonl max_new_tokens=48; \
+	done; \
+	$(PY) -m prove.decode.demo report $$d/ar.jsonl $$d/prove-lossless.jsonl
+
+decode: install ## decode a prompt file: make decode ARGS='model=PATH method=prove verifier=PATH prompts=FILE output=FILE'
+	$(VENV)/bin/prove-decode $(ARGS)
 
 clean: ## remove caches and run outputs (keeps $(VENV))
 	rm -rf outputs multirun runs wandb .pytest_cache .ruff_cache .mypy_cache

@@ -40,7 +40,7 @@ class EvalConfig(DecodeParams):
     tasks: list[str] = field(default_factory=lambda: ["prove_arith"])
     """lm-eval task (or group) names: ``prove_arith`` ships with prove; gsm8k, bbh, ... are lm-eval's."""
     data: str | None = None
-    """JSONL test file for ``prove_arith`` (default: the file its YAML names, ``data/tiny/test.jsonl``)."""
+    """JSONL test file for ``prove_arith`` (null: the tiny recipe's ``runs/data/arithmetic/test.jsonl``)."""
     include_path: list[str] = field(default_factory=list)
     """Extra folders of task YAML (local copies of benchmarks, see docs/eval.md)."""
     apply_chat_template: bool = True
@@ -114,7 +114,9 @@ def main() -> None:
 
     @hydra.main(version_base=None, config_path="../conf/eval", config_name="eval")
     def _main(dcfg) -> None:
-        run(OmegaConf.to_object(dcfg))
+        cfg = OmegaConf.to_object(dcfg)
+        assert isinstance(cfg, EvalConfig)
+        run(cfg)
 
     _main()
 

@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_DATA = "runs/data/arithmetic/test.jsonl"
+"""The tiny recipe's held-out prompts (conf/data/arithmetic.yaml), ``prove_arith``'s default data."""
+
 # Stats the Decoder reports per request that add up across requests.
 _SUMMED = ("new_tokens", "cycles", "model_passes", "verifier_passes", "draft_passes", "wall_s")
 
@@ -76,7 +79,6 @@ class ProveLM(HFLM):
         **params: Any,
     ) -> None:
         import torch
-
         from prove.decode import Decoder
 
         if device is not None and device.startswith("cuda") and not torch.cuda.is_available():
@@ -85,7 +87,14 @@ class ProveLM(HFLM):
         if isinstance(tokenizer, str):
             tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer)
         self.decoder = Decoder(
-            model, tokenizer, method=method, verifier=verifier, draft=draft, device=device, dtype=dtype, **params
+            model,
+            tokenizer,
+            method=method,
+            verifier=verifier,
+            draft=draft,
+            device=device,
+            dtype=dtype,
+            **params,
         )
         super().__init__(
             pretrained=self.decoder.models.target.model,
@@ -123,7 +132,9 @@ class ProveLM(HFLM):
             max_gen_toks = int(kwargs.pop("max_gen_toks"))
             max_ctx_len = self.max_length - max_gen_toks
             if max_ctx_len <= 0:
-                raise ValueError(f"max_gen_toks={max_gen_toks} leaves no room for a prompt in max_length={self.max_length}")
+                raise ValueError(
+                    f"max_gen_toks={max_gen_toks} leaves no room for a prompt in max_length={self.max_length}"
+                )
             ids = self.tok_encode(context, left_truncate_len=max_ctx_len)
             # As lm-eval's hf model: the model's EOS ids (generation config) end it, and so does any `until`
             # string (the tokenizer's EOS string among them), the completing token included.
@@ -137,8 +148,13 @@ class ProveLM(HFLM):
             task = getattr(req, "task_name", None) or "_"
             _accumulate(self._totals[task], stats)
             self.outputs.append(
-                {"task": task, "doc_id": getattr(req, "doc_id", None), "completion": text,
-                 "token_ids": token_ids, "stats": _jsonable(stats)}
+                {
+                    "task": task,
+                    "doc_id": getattr(req, "doc_id", None),
+                    "completion": text,
+                    "token_ids": token_ids,
+                    "stats": _jsonable(stats),
+                }
             )
         self._write_stats()
         return out
@@ -217,18 +233,20 @@ def _jsonable(obj: Any) -> Any:
 def task_manager(cfg: EvalConfig) -> Any:
     """lm-eval's TaskManager over prove's tasks, ``cfg.include_path`` and (only if needed) lm-eval's own.
 
-    With ``cfg.data`` set, ``prove_arith`` is an overlay written to ``<output>/tasks`` that includes the
-    shipped YAML and points ``data_files`` at that file.
+    ``prove_arith`` is an overlay written to ``<output>/tasks`` that includes the shipped YAML and points its
+    ``data_files`` at ``cfg.data`` (default: the tiny recipe's ``runs/data/arithmetic/test.jsonl``).
     """
     from lm_eval.tasks import TaskManager
-
     from prove.decode.tasks import TASKS_DIR
 
     paths = [str(Path(p).resolve()) for p in cfg.include_path]
-    if cfg.data is not None:
-        data = Path(cfg.data).resolve()
+    if "prove_arith" in cfg.tasks or cfg.data is not None:
+        data = Path(cfg.data or DEFAULT_DATA).resolve()
         if not data.is_file():
-            raise ValueError(f"data={cfg.data} is not a file; generate it with `python -m prove.data.synthetic --out DIR`")
+            raise ValueError(
+                f"data={cfg.data or DEFAULT_DATA} is not a file: pass data=PATH (JSONL rows with `messages` or `prompt` "
+                "and `answer`), or write it with `make train-proposer RECIPE=tiny` / `python -m prove.data.synthetic`"
+            )
         overlay = Path(cfg.output).resolve() / "tasks"
         overlay.mkdir(parents=True, exist_ok=True)
         (overlay / "prove_arith.yaml").write_text(
@@ -236,13 +254,10 @@ def task_manager(cfg: EvalConfig) -> Any:
             f"dataset_kwargs:\n  data_files:\n    test: {json.dumps(str(data))}\n"
         )
         paths.append(str(overlay))
-    else:
-        paths.append(str(TASKS_DIR))
-    local = TaskManager(include_path=paths, include_defaults=False)
-    known = set(local.all_tasks)
-    if all(t in known for t in cfg.tasks):
-        return local
-    return TaskManager(include_path=paths)
+    local = TaskManager(include_path=paths, include_defaults=False) if paths else None
+    if local is not None and all(t in set(local.all_tasks) for t in cfg.tasks):
+        return local  # indexing lm-eval's ~10k bundled YAML files takes seconds: skip it when not needed
+    return TaskManager(include_path=paths or None)
 
 
 def evaluate_method(cfg: EvalConfig, method: str, tasks: Any = None) -> tuple[dict[str, Any], ProveLM]:
@@ -290,7 +305,9 @@ def compare_methods(cfg: EvalConfig) -> dict[str, Any]:
         folder = out / method
         folder.mkdir(parents=True, exist_ok=True)
         samples = results.pop("samples", None) or {}
-        (folder / "results.json").write_text(json.dumps(results, indent=2, default=handle_non_serializable) + "\n")
+        (folder / "results.json").write_text(
+            json.dumps(results, indent=2, default=handle_non_serializable) + "\n"
+        )
         for task, rows in samples.items():
             with (folder / f"samples_{task}.jsonl").open("w") as f:
                 for row in rows:
@@ -328,7 +345,12 @@ def comparison_rows(
         wall_b, wall_m = sb.get("wall_s"), sm.get("wall_s")
         for key, value in metrics.items():
             # lm-eval's scores are keyed "metric,filter" ("alias", "sample_len", ... are not scores)
-            if "," not in key or "_stderr," in key or not isinstance(value, int | float) or isinstance(value, bool):
+            if (
+                "," not in key
+                or "_stderr," in key
+                or not isinstance(value, int | float)
+                or isinstance(value, bool)
+            ):
                 continue
             a, b = float(value), other.get(key)
             b = float(b) if isinstance(b, int | float) else None

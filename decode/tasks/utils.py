@@ -16,7 +16,9 @@ def doc_to_text(doc: dict[str, Any]) -> str:
     messages = doc.get("messages") or []
     users = [m["content"] for m in messages if m.get("role") == "user"]
     if not users:
-        raise ValueError(f"prove_arith rows need a `prompt` or a user turn in `messages`; got keys {sorted(doc)}")
+        raise ValueError(
+            f"prove_arith rows need a `prompt` or a user turn in `messages`; got keys {sorted(doc)}"
+        )
     return str(users[-1])
 
 

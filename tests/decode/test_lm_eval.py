@@ -16,8 +16,6 @@ pytest.importorskip("lm_eval")
 
 from lm_eval import simple_evaluate  # noqa: E402
 from lm_eval.api.instance import Instance  # noqa: E402
-from lm_eval.tasks import TaskManager  # noqa: E402
-
 from prove.decode.checkpoint import MASK_TOKEN, ProveMeta, write_prove_json  # noqa: E402
 from prove.decode.eval_cli import EvalConfig  # noqa: E402
 from prove.decode.lm_eval_model import ProveLM, compare_methods, task_manager  # noqa: E402
@@ -45,7 +43,9 @@ def checkpoint(tmp_path_factory, tokenizer, qwen2_factory):
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
-    write_prove_json(path, ProveMeta("mars", "tiny-random", block_size=4, mask_token=MASK_TOKEN, mask_token_id=mask_id))
+    write_prove_json(
+        path, ProveMeta("mars", "tiny-random", block_size=4, mask_token=MASK_TOKEN, mask_token_id=mask_id)
+    )
     return path
 
 
@@ -85,7 +85,10 @@ def test_prove_eval_lossless_matches_ar_per_document(checkpoint, data, tmp_path)
     stats = json.loads((tmp_path / "prove_stats.json").read_text())
     assert stats["ar"]["tasks"]["prove_arith"]["requests"] == N_DOCS
     assert stats["ar"]["tasks"]["prove_arith"]["tokens_per_cycle"] == pytest.approx(1.0)
-    assert stats["prove-lossless"]["tasks"]["prove_arith"]["new_tokens"] == stats["ar"]["tasks"]["prove_arith"]["new_tokens"]
+    assert (
+        stats["prove-lossless"]["tasks"]["prove_arith"]["new_tokens"]
+        == stats["ar"]["tasks"]["prove_arith"]["new_tokens"]
+    )
     table = (tmp_path / "comparison.md").read_text()
     assert "| prove_arith | exact_match,answer |" in table and "speedup" in table
     # lm-eval's results are there too, with the decode stats inside its config block
@@ -158,7 +161,9 @@ def test_loglikelihood_equals_direct_computation(checkpoint):
         assert ll == pytest.approx(want_ll, abs=1e-4) and greedy == want_greedy
 
     text = "Dev has 9 pens and gets 1 more."
-    (rolling,) = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)], disable_tqdm=True)
+    (rolling,) = lm.loglikelihood_rolling(
+        [Instance("loglikelihood_rolling", {}, (text,), 0)], disable_tqdm=True
+    )
     assert rolling == pytest.approx(direct([tokenizer.eos_token_id], tokenizer.encode(text))[0], abs=1e-4)
 
 
@@ -166,7 +171,6 @@ def test_eval_config_composes(tmp_path):
     """conf/eval/eval.yaml composes onto EvalConfig; a typo fails at composition."""
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
-
     from prove.decode.eval_cli import register_configs
 
     register_configs()
@@ -184,6 +188,38 @@ def test_data_overlay_points_prove_arith_at_the_file(data, tmp_path):
     loaded = tasks.load(["prove_arith"])["tasks"]
     (task,) = loaded.values()
     docs = list(task.test_docs())
-    assert len(docs) == N_DOCS and task.doc_to_text(docs[0]).startswith(docs[0]["messages"][0]["content"][:10])
+    assert len(docs) == N_DOCS and task.doc_to_text(docs[0]).startswith(
+        docs[0]["messages"][0]["content"][:10]
+    )
     with pytest.raises(ValueError, match="not a file"):
         task_manager(EvalConfig(model="m", data=str(tmp_path / "missing.jsonl"), output=str(tmp_path)))
+
+
+@pytest.mark.slow
+def test_prove_eval_lm_eval_passthrough_cli(checkpoint, data, tmp_path):
+    """``prove-eval lm-eval --model prove ...``: lm-eval's own CLI, offline, with the model registered."""
+    import os
+    import subprocess
+    import sys
+
+    overlay = tmp_path / "tasks"
+    overlay.mkdir()
+    from prove.decode.tasks import TASKS_DIR
+
+    (overlay / "prove_arith.yaml").write_text(
+        f"include: {TASKS_DIR / 'prove_arith.yaml'}\ndataset_kwargs:\n  data_files:\n    test: {data}\n"
+    )
+    stats = tmp_path / "out" / "prove_stats.json"
+    cmd = [
+        sys.executable, "-m", "prove.decode.eval_cli", "lm-eval", "--model", "prove",
+        "--model_args", f"model={checkpoint},method=prove-lossless,stats_path={stats}",
+        "--tasks", "prove_arith", "--include_path", str(overlay), "--apply_chat_template",
+        "--gen_kwargs", f"max_gen_toks={MAX_GEN}", "--limit", "2", "--output_path", str(tmp_path / "out"),
+    ]  # fmt: skip
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "prove_arith" in proc.stdout and "exact_match" in proc.stdout
+    (results,) = (tmp_path / "out").rglob("results_*.json")
+    assert json.loads(results.read_text())["config"]["prove"]["tasks"]["prove_arith"]["requests"] == 2
+    assert json.loads(stats.read_text())["method"] == "prove-lossless"
