@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import hydra
 from omegaconf import DictConfig, OmegaConf
 from prove.train.config import TrainConfig, register_configs
@@ -16,9 +18,24 @@ register_configs()
 
 def to_config(cfg: DictConfig) -> TrainConfig:
     """The composed DictConfig as dataclasses (runs the cross-field checks in ``__post_init__``)."""
+    _reject_unknown_keys(cfg)
     obj = OmegaConf.to_object(cfg)
     assert isinstance(obj, TrainConfig)
     return obj
+
+
+def _reject_unknown_keys(node: DictConfig, path: str = "") -> None:
+    """``+group.typo=1`` forces a key into a structured node, and ``to_object`` would drop it silently."""
+    kind = OmegaConf.get_type(node)
+    if dataclasses.is_dataclass(kind):
+        unknown = set(node.keys()) - {f.name for f in dataclasses.fields(kind)} - {"hydra"}
+        if unknown:
+            raise ValueError(f"unknown config key(s) {sorted(path + str(k) for k in unknown)}: check the spelling "
+                             f"(`prove-train --cfg job` prints every key)")
+        for key in node.keys():
+            child = node._get_node(key)
+            if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+                _reject_unknown_keys(child, f"{path}{key}.")
 
 
 @hydra.main(config_path="../conf", config_name="train", version_base="1.3")

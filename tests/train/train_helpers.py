@@ -45,6 +45,8 @@ def tiny_overrides(run_dir: Path, data: Path, **kw) -> list[str]:
         "trainer.warmup_steps": 0,
         "trainer.seed": 0,
     }
+    if "model" in kw:  # another model group: no scratch architecture to shrink
+        base = {k: v for k, v in base.items() if not k.startswith("model.scratch.")}
     base.update(kw)
     return [f"{k}={v}" for k, v in base.items()]
 

@@ -1,0 +1,57 @@
+"""Bad input is a ValueError that names the fix, raised before any training step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from prove.train.pipeline import train
+from train_helpers import tiny_overrides, train_config
+
+
+def _hf_dir(tmp_path, tokenizer, qwen2_factory, name="base"):
+    out = tmp_path / name
+    qwen2_factory(len(tokenizer), eos_token_id=tokenizer.eos_token_id).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def test_missing_dataset_path(tmp_path):
+    with pytest.raises(ValueError, match="data.path"):
+        train(train_config(tiny_overrides(tmp_path, tmp_path / "nowhere" / "train.jsonl")))
+
+
+def test_dataset_without_usable_rows(tmp_path, tokenizer, qwen2_factory):
+    data = tmp_path / "bad.jsonl"
+    rows = [{"messages": [{"role": "user", "content": "hi"}]}, {"messages": []}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = _hf_dir(tmp_path, tokenizer, qwen2_factory)
+    over = tiny_overrides(tmp_path, data, model="hf", **{"model.name_or_path": str(base)})
+    with pytest.raises(ValueError, match="no usable rows"):
+        train(train_config(over))
+
+
+def test_tokenizer_without_chat_template(tmp_path, stock_tokenizer, qwen2_factory, arithmetic_jsonl):
+    import copy
+
+    tok = copy.deepcopy(stock_tokenizer)
+    tok.chat_template = None
+    base = _hf_dir(tmp_path, tok, qwen2_factory)
+    (base / "chat_template.jinja").unlink(missing_ok=True)
+    over = tiny_overrides(tmp_path, arithmetic_jsonl, model="hf", **{"model.name_or_path": str(base)})
+    with pytest.raises(ValueError, match="no chat template.*data.chat_template=chatml"):
+        train(train_config(over))
+
+
+def test_mars_before_sft(tmp_path, arithmetic_jsonl):
+    with pytest.raises(ValueError, match="run stage=sft first"):
+        train(train_config(tiny_overrides(tmp_path, arithmetic_jsonl, stage="mars")))
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [({"block_size": 0}, "block_size=0.*K must be"), ({"block_size": 200, "max_len": 128}, "exceeds max_len")],
+)
+def test_bad_block_size(tmp_path, arithmetic_jsonl, kw, match):
+    with pytest.raises(ValueError, match=match):
+        train_config(tiny_overrides(tmp_path, arithmetic_jsonl, stage="mars", **kw))
