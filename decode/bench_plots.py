@@ -1,0 +1,167 @@
+"""The plots of ``prove-bench`` (matplotlib, Agg backend, PNG), drawn from bench.json's report alone.
+
+- ``acceptance_by_position.png``: per block position i, the share of cycles in which the rule accepted
+  position i (a leading run, so it decays with i); with the trace, the share of cycles whose position i
+  matched the target's greedy token (ProVe's decay curve).
+- ``tokens_per_cycle.png``: mean tokens committed per cycle along the response.
+- ``roc.png``: ROC curves and AUC of p̃, q and p̃·q for predicting "matches greedy".
+- ``speed_accuracy.png``: speedup over AR against accuracy (or agreement with AR), sweeps joined by lines.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from prove.decode.bench import SYMBOLS
+
+LABELS = {"p_tilde": "p̃ (proposer)", "q": "q (verifier)", "p_tilde_q": "p̃·q"}
+
+
+def _figure(title: str) -> tuple[Any, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8.5, 4.5), dpi=110)
+    ax.set_title(title, fontsize=11)
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _legend(ax: Any) -> None:
+    """Outside the axes, on the right: curves of a sweep crowd every corner."""
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+
+
+def _finite(xs: list[Any]) -> list[float]:
+    return [math.nan if x is None else float(x) for x in xs]
+
+
+def plot_acceptance(report: Mapping[str, Any], path: Path) -> Path:
+    fig, ax = _figure("Acceptance by block position")
+    for row in report["rows"]:
+        acc = row.get("acceptance_by_depth") or []
+        if acc:
+            ax.plot(range(1, len(acc) + 1), _finite(acc), marker="o", ms=3, label=f"{row['name']}: accepted")
+    trace = report.get("trace") or {}
+    match = trace.get("match_by_depth") or []
+    if match:
+        ax.plot(
+            range(1, len(match) + 1), _finite(match), "k--", marker="s", ms=3,
+            label=f"position i matched greedy (trace, K={trace.get('block_size')})",
+        )  # fmt: skip
+    ax.set_xlabel("position in the proposed block (1 = next token)")
+    ax.set_ylabel("share of cycles")
+    ax.set_ylim(-0.02, 1.02)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    if ax.lines:
+        _legend(ax)
+    else:
+        ax.text(0.5, 0.5, "no method proposed blocks", ha="center", va="center", transform=ax.transAxes)
+    return _save(fig, path)
+
+
+def plot_tokens_per_cycle(report: Mapping[str, Any], path: Path) -> Path:
+    fig, ax = _figure("Tokens committed per cycle along the response")
+    bin_size = 1
+    for row in report["rows"]:
+        curve = row.get("tokens_per_cycle_by_position") or {}
+        if curve.get("start"):
+            bin_size = curve["bin_size"]
+            centers = [s + bin_size / 2 for s in curve["start"]]
+            ax.plot(centers, _finite(curve["mean"]), marker="o", ms=3, label=row["name"])
+    ax.set_xlabel(f"response position (bins of {bin_size} tokens)")
+    ax.set_ylabel("tokens per cycle (incl. correction/bonus)")
+    ax.set_ylim(bottom=0)
+    if ax.lines:
+        _legend(ax)
+    return _save(fig, path)
+
+
+def plot_roc(report: Mapping[str, Any], path: Path) -> Path:
+    trace = report.get("trace") or {}
+    roc = trace.get("roc") or {}
+    title = "ROC: predicting “matches greedy”"
+    if roc:
+        title += f" (K={trace.get('block_size')}, {trace.get('positions')} positions)"
+    fig, ax = _figure(title)
+    ax.plot([0, 1], [0, 1], color="0.6", lw=1, ls=":", label="chance (AUC 0.5)")
+    for name, curve in roc.items():
+        ax.plot(curve["fpr"], curve["tpr"], lw=1.8, label=f"{LABELS.get(name, name)}: AUC {curve['auc']:.3f}")
+    if not roc:
+        why = trace.get("skipped") or "no trace (needs a block model and both classes)"
+        ax.text(0.5, 0.5, why[:80], ha="center", va="center", transform=ax.transAxes, fontsize=8)
+    ax.set_xlabel("false-positive rate")
+    ax.set_ylabel("true-positive rate")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.01)
+    ax.set_aspect("equal")
+    ax.legend(fontsize=8, loc="lower right")
+    return _save(fig, path)
+
+
+def plot_speed_accuracy(report: Mapping[str, Any], path: Path) -> Path:
+    with_answers = report["prompts"].get("with_answers", 0) > 0
+    key, ylabel = ("accuracy", "task accuracy") if with_answers else ("agreement", "agreement with AR")
+    fig, ax = _figure(f"Speed / {ylabel} trade-off")
+    families: dict[str, list[Mapping[str, Any]]] = {}
+    for row in report["rows"]:
+        families.setdefault(row["method"], []).append(row)
+    for method, rows in families.items():
+        pts = [
+            (r["speedup_total"], r[key], r)
+            for r in rows
+            if r.get("speedup_total") is not None and r[key] is not None
+        ]
+        pts = [p for p in pts if not math.isnan(p[0])]
+        if not pts:
+            continue
+        pts.sort(key=lambda p: p[0])
+        (line,) = ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", ms=5, label=method)
+        for x, y, r in pts:
+            note = " ".join(f"{SYMBOLS.get(k, k)}={v:g}" for k, v in r.get("swept", {}).items())
+            if note:
+                ax.annotate(
+                    note,
+                    (x, 100 * y),
+                    textcoords="offset points",
+                    xytext=(4, 4),
+                    fontsize=7,
+                    color=line.get_color(),
+                )
+    ax.axvline(1.0, color="0.6", lw=1, ls=":")
+    ax.set_xlabel("speedup over AR (total tokens / total time)")
+    ax.set_ylabel(f"{ylabel} (%)")
+    ax.set_ylim(-3, 103)
+    ax.set_xlim(left=0)
+    if ax.lines:
+        _legend(ax)
+    return _save(fig, path)
+
+
+PLOTS = {
+    "acceptance_by_position": plot_acceptance,
+    "tokens_per_cycle": plot_tokens_per_cycle,
+    "roc": plot_roc,
+    "speed_accuracy": plot_speed_accuracy,
+}
+
+
+def write_plots(report: Mapping[str, Any], output_dir: str | Path) -> dict[str, Path]:
+    """Every plot of :data:`PLOTS` as ``<name>.png`` in ``output_dir``."""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return {name: fn(report, out / f"{name}.png") for name, fn in PLOTS.items()}
