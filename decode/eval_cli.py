@@ -55,6 +55,8 @@ class EvalConfig(DecodeParams):
     """Documents per task (≥ 1) or a fraction (< 1); for smoke runs."""
     max_gen_toks: int | None = None
     """Overrides the tasks' generation length cap."""
+    confirm_run_unsafe_code: bool = False
+    """lm-eval's ``--confirm_run_unsafe_code``: tasks that execute generated code (humaneval) refuse to run without it."""
     batch_size: int = 1
     """Batch of the log-likelihood forwards (generation is one request at a time)."""
     output: str = "outputs/eval"

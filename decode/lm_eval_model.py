@@ -19,6 +19,7 @@ are added to lm-eval's results under ``config["prove"]`` and, with ``stats_path=
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
 from collections import defaultdict
@@ -286,6 +287,7 @@ def evaluate_method(cfg: EvalConfig, method: str, tasks: Any = None) -> tuple[di
         fewshot_as_multiturn=cfg.fewshot_as_multiturn,
         gen_kwargs={"max_gen_toks": cfg.max_gen_toks} if cfg.max_gen_toks else None,
         log_samples=cfg.log_samples,
+        confirm_run_unsafe_code=cfg.confirm_run_unsafe_code,
     )
     if results is None:
         raise RuntimeError("lm-eval returned no results (non-zero rank?)")
@@ -313,7 +315,8 @@ def compare_methods(cfg: EvalConfig) -> dict[str, Any]:
                 for row in rows:
                     f.write(json.dumps(row, default=handle_non_serializable) + "\n")
         runs[method] = (results, lm.summary())
-        del lm
+        del lm  # free the models before the next method loads its own
+        gc.collect()
     rows = comparison_rows(runs[cfg.baseline], runs[cfg.method])
     report = {
         "baseline": cfg.baseline,
