@@ -31,6 +31,8 @@ class StageResult:
     train_loss: float | None
     stopped_by_wall_clock: bool
     log_history: list[dict[str, Any]]
+    model: Any = dataclasses.field(default=None, repr=False, compare=False)
+    """The trained model as training left it (under DeepSpeed: the engine's module, still partitioned)."""
 
 
 def train(cfg: TrainConfig) -> StageResult:
@@ -116,6 +118,7 @@ def _run(cfg: TrainConfig, tracker) -> StageResult:
         train_loss=getattr(result, "training_loss", None),
         stopped_by_wall_clock=bool(wall and wall.stopped_at_step is not None),
         log_history=list(trainer.state.log_history),
+        model=trainer.model_wrapped,
     )
 
 

@@ -1,0 +1,31 @@
+"""Run under ``torchrun --nproc_per_node 2``: one mars stage with DeepSpeed ZeRO-3 on CPU (gloo), then the
+in-memory (still partitioned) model's logits on a fixed input, saved by rank 0 for the test to compare.
+
+    torchrun --nproc_per_node 2 tests/train/zero3_driver.py OUT.pt override=value ...
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from prove.train.pipeline import train
+from train_helpers import train_config
+
+
+def main() -> None:
+    out, overrides = sys.argv[1], sys.argv[2:]
+    res = train(train_config(overrides))
+    model = res.model
+    model.eval()
+    x = torch.arange(3, 23).view(2, 10)
+    with torch.no_grad():
+        logits = model(input_ids=x).logits  # every rank takes part: ZeRO-3 gathers each layer's weights
+    if torch.distributed.get_rank() == 0:
+        torch.save({"input_ids": x, "logits": logits, "global_step": res.global_step,
+                    "world_size": torch.distributed.get_world_size(), "losses": [h["loss"] for h in res.log_history if "loss" in h]}, out)
+    torch.distributed.barrier()
+
+
+if __name__ == "__main__":
+    main()
