@@ -67,15 +67,21 @@ def save_checkpoint(path, model, tok, *, stage: str = "mars", block_size: int | 
 
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory, lm, small, tokenizer, stock_tokenizer, make_lm, corpus):
-    """Saved checkpoints: ``mars`` (mask token, K=4), ``verifier`` (stock tokenizer), ``stock`` (no mask
-    token), ``alien`` (a verifier with a different vocabulary)."""
+    """Saved checkpoints: ``mars`` (mask token, K=4) and its ``verifier`` (same tokenizer); ``stock`` (no
+    mask token) and ``mars_on_stock`` (stock tokenizer + an added <|mask|>, as MARS training does: the
+    stock checkpoint is then a valid ProVe verifier for it); ``alien`` (a different vocabulary)."""
+    import copy
+
     from prove.data.tokenizer import train_chatml_bpe
 
     root = tmp_path_factory.mktemp("ckpt")
     alien_tok = train_chatml_bpe([c.upper() for c in corpus], vocab_size=280)
+    added = copy.deepcopy(stock_tokenizer)
+    added.add_special_tokens({"additional_special_tokens": [MASK_TOKEN]})
     return {
         "mars": save_checkpoint(root / "mars", lm, tokenizer),
-        "verifier": save_checkpoint(root / "verifier", small, stock_tokenizer, stage="sft"),
+        "verifier": save_checkpoint(root / "verifier", small, tokenizer, stage="distill"),
         "stock": save_checkpoint(root / "stock", make_lm(seed=2, vocab=len(stock_tokenizer)), stock_tokenizer, stage="sft"),
+        "mars_on_stock": save_checkpoint(root / "mars_on_stock", make_lm(seed=5, vocab=len(added)), added),
         "alien": save_checkpoint(root / "alien", make_lm(seed=3, vocab=len(alien_tok)), alien_tok, stage="sft"),
     }

@@ -1,0 +1,188 @@
+"""prove-decode end to end: config composition of every method YAML, the documented command line, prompt
+files, the JSONL output and resuming it, and the clear errors of bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+from prove.decode.cli import register_configs
+from prove.decode.config import DecodeConfig
+from prove.decode.methods import METHODS
+from prove.decode.prompts import read_prompts, run
+
+BIN = Path(sys.executable).parent
+METHOD_DIR = Path(__file__).resolve().parents[2] / "conf" / "decode" / "method"
+
+
+def config(*overrides: str) -> DecodeConfig:
+    register_configs()
+    with initialize_config_module(config_module="prove.conf.decode", version_base=None):
+        cfg = compose("decode", overrides=list(overrides))
+    return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+
+
+def read_jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+@pytest.fixture
+def prompt_file(tmp_path) -> Path:
+    rows = [
+        {"prompt": "Ana has 3 apples"},
+        {"id": "chat-1", "messages": [{"role": "user", "content": "Ben has 2 pens."}]},
+        {"prompt": "How many coins does Dev have?"},
+    ]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_cli_module_imports_no_torch_and_help_works():
+    code = "import sys, prove.decode.cli; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+    help_ = subprocess.run([BIN / "prove-decode", "--help"], capture_output=True, text=True, check=True)
+    line = next(ln for ln in help_.stdout.splitlines() if ln.startswith("method: "))
+    assert {"ar", "mars", "prove", "prove-lossless"} <= set(line[len("method: "):].split(", "))
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_method_has_a_yaml_that_mirrors_its_defaults(name):
+    cfg = config("model=M", "prompts=P", "output=O", f"method={name}")
+    assert cfg.method == name
+    for key, value in METHODS[name].defaults.items():
+        assert getattr(cfg, key) == value, f"conf/decode/method/{name}.yaml: {key} differs from prove.decode.methods"
+
+
+def test_method_yamls_and_registry_agree():
+    assert {p.stem for p in METHOD_DIR.glob("*.yaml")} == set(METHODS)
+
+
+def test_the_documented_command_line_composes():
+    cfg = config(
+        "model=PATH", "verifier=SMALL", "method=prove", "theta=0.3", "block_size=16",
+        "prompts=FILE", "output=OUT", "max_new_tokens=8",
+    )
+    assert (cfg.method, cfg.theta, cfg.block_size, cfg.verifier, cfg.max_new_tokens) == ("prove", 0.3, 16, "SMALL", 8)
+    assert config("model=M", "prompts=P", "output=O").method == "prove-lossless"
+    with pytest.raises(ConfigCompositionException):
+        config("model=M", "prompts=P", "output=O", "thetaa=0.1")
+    with pytest.raises(ConfigCompositionException):
+        config("model=M", "prompts=P", "output=O", "method=nope")
+    with pytest.raises(ValueError, match="max_new_tokens=0 must be ≥ 1"):
+        config("model=M", "prompts=P", "output=O", "max_new_tokens=0")
+
+
+def test_cli_end_to_end_lossless_equals_ar(checkpoints, prompt_file, tmp_path):
+    out = tmp_path / "lossless.jsonl"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    cmd = [
+        BIN / "prove-decode", f"model={checkpoints['mars']}", "method=prove-lossless", "block_size=4",
+        f"prompts={prompt_file}", f"output={out}", "max_new_tokens=16",
+    ]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / ".hydra").exists()
+    ar_out = run(config(f"model={checkpoints['mars']}", "method=ar", f"prompts={prompt_file}",
+                        f"output={tmp_path / 'ar.jsonl'}", "max_new_tokens=16"))
+    lossless, ar = read_jsonl(out), read_jsonl(ar_out)
+    assert [r["id"] for r in lossless] == [0, "chat-1", 2]
+    assert [r["token_ids"] for r in lossless] == [r["token_ids"] for r in ar]
+    assert [r["completion"] for r in lossless] == [r["completion"] for r in ar]
+    rec = lossless[1]
+    assert rec["prompt"] == [{"role": "user", "content": "Ben has 2 pens."}] and rec["method"] == "prove-lossless"
+    for key in ("new_tokens", "cycles", "tokens_per_cycle", "model_passes", "verifier_passes", "draft_passes",
+                "accepted_by_depth", "proposed_by_depth", "committed_per_cycle", "wall_s"):
+        assert key in rec["stats"]
+
+
+def test_prove_with_verifier_and_trace(checkpoints, prompt_file, tmp_path):
+    out = run(config(f"model={checkpoints['mars']}", f"verifier={checkpoints['verifier']}", "method=prove",
+                     "theta=0.05", f"prompts={prompt_file}", f"output={tmp_path / 'p.jsonl'}",
+                     "max_new_tokens=10", "trace=true"))
+    recs = read_jsonl(out)
+    assert len(recs) == 3
+    for r in recs:
+        s = r["stats"]
+        assert s["verifier_passes"] == s["cycles"] == len(s["trace"])
+        assert all(row["verifier_prob"] is not None for row in s["trace"])
+
+
+def test_resume_skips_finished_ids_and_drops_a_torn_line(checkpoints, prompt_file, tmp_path):
+    out = tmp_path / "out.jsonl"
+    first = {"id": 0, "prompt": "Ana has 3 apples", "completion": "KEEP", "token_ids": [], "stats": {}}
+    out.write_text(json.dumps(first) + "\n" + '{"id": "chat-1", "prompt": [{"ro')  # killed mid-write
+    run(config(f"model={checkpoints['mars']}", "method=ar", f"prompts={prompt_file}", f"output={out}",
+               "max_new_tokens=4"))
+    recs = read_jsonl(out)
+    assert [r["id"] for r in recs] == [0, "chat-1", 2]
+    assert recs[0]["completion"] == "KEEP"  # not decoded again
+    again = run(config(f"model={checkpoints['mars']}", "method=ar", f"prompts={prompt_file}", f"output={out}",
+                       "max_new_tokens=4"))
+    assert read_jsonl(again) == recs  # nothing left to do
+
+
+def test_plain_text_prompts_raw_and_chat(checkpoints, tmp_path, tokenizer):
+    path = tmp_path / "prompts.txt"
+    path.write_text("Ana has 3 apples\n\nBen has 2 pens\n")
+    assert [(r.id, r.prompt) for r in read_prompts(path)] == [(0, "Ana has 3 apples"), (1, "Ben has 2 pens")]
+    raw = read_jsonl(run(config(f"model={checkpoints['mars']}", "method=ar", f"prompts={path}",
+                                f"output={tmp_path / 'raw.jsonl'}", "max_new_tokens=5", "chat=false")))
+    chat = read_jsonl(run(config(f"model={checkpoints['mars']}", "method=ar", f"prompts={path}",
+                                 f"output={tmp_path / 'chat.jsonl'}", "max_new_tokens=5")))
+    from prove.decode import Decoder
+
+    dec = Decoder(checkpoints["mars"], method="ar")
+    assert raw[0]["token_ids"] == dec.generate("Ana has 3 apples", max_new_tokens=5).token_ids
+    messages = [{"role": "user", "content": "Ana has 3 apples"}]
+    assert chat[0]["token_ids"] == dec.generate(messages, max_new_tokens=5).token_ids
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        ('{"prompt": "a"}\n{"text": "b"}\n', r"prompts.jsonl:2 needs exactly one of the fields 'prompt' \(text\) or 'messages'"),
+        ('{"prompt": "a"}\n{"prompt": \n', "prompts.jsonl:2 is not valid JSON"),
+        ('{"messages": "hi"}\n', "'messages' must be a list of"),
+        ('{"id": 1, "prompt": "a"}\n{"id": 1, "prompt": "b"}\n', "repeats an id"),
+    ],
+)
+def test_bad_prompt_files(tmp_path, content, match):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=match):
+        read_prompts(path)
+
+
+def test_bad_runs_fail_before_decoding(checkpoints, prompt_file, tmp_path):
+    common = [f"prompts={prompt_file}", f"output={tmp_path / 'o.jsonl'}"]
+    with pytest.raises(ValueError, match="method=prove needs a verifier: pass verifier=PATH"):
+        run(config(f"model={checkpoints['mars']}", "method=prove", *common))
+    with pytest.raises(ValueError, match=r"train it with `prove-train stage=mars` or pick method=ar/sd"):
+        run(config(f"model={checkpoints['stock']}", "method=mars", *common))
+    with pytest.raises(ValueError, match="pass block_size=4 or less"):
+        run(config(f"model={checkpoints['mars']}", "block_size=16", *common))
+    with pytest.raises(ValueError, match="is not a file"):
+        run(config(f"model={checkpoints['mars']}", "prompts=/nonexistent.jsonl", f"output={tmp_path / 'o.jsonl'}"))
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_demo_checkpoint_decodes_losslessly(tmp_path, capsys):
+    """What `make demo` runs, minus the subprocesses."""
+    from prove.decode import demo
+
+    demo.build(tmp_path, n_prompts=2)
+    outs = [
+        run(config(f"model={tmp_path / 'model'}", f"method={m}", f"prompts={tmp_path / 'prompts.jsonl'}",
+                   f"output={tmp_path / (m + '.jsonl')}", "max_new_tokens=12"))
+        for m in ("ar", "prove-lossless")
+    ]
+    table = demo.report(outs)
+    assert "prove-lossless" in table and table.splitlines()[2].endswith("2/2")
