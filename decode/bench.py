@@ -39,7 +39,15 @@ SCHEMA = "prove-bench/1"
 REFERENCE = "ar"
 SWEEP_KEYS = ("theta", "tau", "block_size", "k")
 """Parameters that take a list (one row per value) from the command line: ``theta=[0.05,0.1]``."""
-SYMBOLS = {"theta": "θ", "tau": "τ", "block_size": "K", "k": "k"}
+SYMBOLS = {
+    "theta": "θ",
+    "tau": "τ",
+    "block_size": "K",
+    "k": "k",
+    "budget": "B",
+    "gate": "g",
+    "max_mismatches": "m",
+}
 LOSSLESS_GREEDY = frozenset({"ar", "prove-lossless", "sd", "hf-greedy", "hf-assisted"})
 """Methods whose greedy output is, by construction, exactly AR's (DESIGN §3 "Guarantees"; ASD with B=0
 too, which the bench does not assume)."""
@@ -307,27 +315,48 @@ def _fmt(v: Any) -> str:
 
 
 def expand_rows(
-    methods: Sequence[str], sweeps: Mapping[str, Any], uses: Mapping[str, Sequence[str]]
+    methods: Sequence[str],
+    sweeps: Mapping[str, Any],
+    uses: Mapping[str, Sequence[str]],
+    method_params: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[RowSpec]:
     """One row per method × point of the sweeps it reads (``uses[method]``); AR first, once.
 
-    ``sweeps`` maps a ``DecodeParams`` name to ``None``, a value, or a list of values. A row's name is
-    the method plus the swept values it was given (``prove θ=0.1``).
+    ``sweeps`` maps a ``DecodeParams`` name to ``None``, a value, or a list of values, for every method
+    that reads it; ``method_params[method]`` overrides or adds values for that method alone (θ is ProVe's
+    threshold and NSD's nucleus mass: sweep one of them with ``method_params={prove: {theta: [...]}}``).
+    A row's name is the method plus the swept values it was given (``prove θ=0.1``).
     """
     ordered = [REFERENCE] + [m for m in dict.fromkeys(methods) if m != REFERENCE]
+    method_params = method_params or {}
+    for m, given in method_params.items():
+        if m not in ordered:
+            raise ValueError(f"method_params names method {m!r}, which is not in methods={list(methods)}")
+        unread = set(given) - set(uses.get(m, ()))
+        if unread:
+            raise ValueError(f"method {m} does not read {sorted(unread)}; it reads {list(uses.get(m, ()))}")
     rows: list[RowSpec] = []
     for m in ordered:
-        keys = [k for k in sweeps if k in uses.get(m, ())]
-        grids = [as_values(sweeps[k]) for k in keys]
+        merged = {**sweeps, **method_params.get(m, {})}
+        keys = [k for k in merged if k in uses.get(m, ())]
+        grids = [as_values(merged[k]) for k in keys]
+        swept = [k for k, g in zip(keys, grids, strict=True) if len(g) > 1]
         for point in itertools.product(*grids):
             params = {k: v for k, v in zip(keys, point, strict=True) if v is not None}
-            swept = [k for k in keys if len(as_values(sweeps[k])) > 1]
             label = " ".join(f"{SYMBOLS.get(k, k)}={_fmt(params[k])}" for k in swept if k in params)
             rows.append(RowSpec(f"{m} {label}".strip(), m, params))
     names = [r.name for r in rows]
     if len(set(names)) != len(names):
         raise ValueError(f"the sweep repeats a row ({names}): give each value once")
     return rows
+
+
+def is_lossless(method: str, params: Mapping[str, Any]) -> bool:
+    """Whether a greedy row must reproduce AR token for token: AR, ProVe-lossless, greedy SD, transformers'
+    rows, and ASD with a zero budget, gate or mismatch count (DESIGN §3 "Guarantees")."""
+    if method in LOSSLESS_GREEDY:
+        return True
+    return method == "asd" and any(params.get(k) == 0 for k in ("budget", "gate", "max_mismatches"))
 
 
 def _num(v: Any, spec: str = ".2f", dash: str = "–") -> str:
@@ -408,6 +437,9 @@ class BenchConfig:
     """K: a value or a list to sweep (null = the trained block size)."""
     k: Any = None
     """The draft lookahead of the SD family: a value or a list to sweep."""
+    method_params: Any = None
+    """Per-method values or sweeps of any ``DecodeParams`` the method reads, overriding the shared ones:
+    ``method_params={prove:{theta:[0.05,0.1,0.3]},asd:{budget:[0,8]}}``."""
     n_prompts: int | None = None
     """Use the first N prompts (null = all)."""
     max_new_tokens: int = 128
@@ -443,6 +475,11 @@ class BenchConfig:
             raise ValueError("methods is empty: give e.g. methods=[ar,prove-lossless]")
         for key in SWEEP_KEYS:
             as_values(getattr(self, key))
+        mp = self.method_params or {}
+        if not isinstance(mp, Mapping) or not all(isinstance(v, Mapping) for v in mp.values()):
+            raise ValueError(
+                f"method_params={mp!r} must map a method to its params, e.g. method_params={{prove:{{theta:[0.05,0.1]}}}}"
+            )
 
     def sweeps(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in SWEEP_KEYS}
@@ -699,7 +736,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
 
     models = load_models(cfg)
     tokenizer = models["tokenizer"]
-    specs = expand_rows(cfg.methods, cfg.sweeps(), {name: m.uses for name, m in METHODS.items()})
+    uses = {name: m.uses for name, m in METHODS.items()}
+    specs = expand_rows(cfg.methods, cfg.sweeps(), uses, cfg.method_params)
     decoders = build_decoders(cfg, specs, models)
     ref = decoders[REFERENCE]
     hf_rows: dict[str, _HFRow] = {}
@@ -773,7 +811,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                 if spec
                 else ({"k": cfg.hf_assistant_tokens} if name == "hf-assisted" else {}),
                 "swept": dict(spec.params) if spec else {},
-                "lossless": (spec.method if spec else name) in LOSSLESS_GREEDY,
+                "lossless": is_lossless(spec.method, _resolved_params(decoders[name])) if spec else True,
                 **summary,
                 "per_prompt": [
                     {

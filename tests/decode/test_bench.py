@@ -15,6 +15,7 @@ from prove.decode.bench import (
     auc,
     expand_rows,
     first_divergence,
+    is_lossless,
     rate_by_depth,
     render_table,
     roc_curve,
@@ -189,6 +190,27 @@ def test_expand_rows_sweeps_and_ar_first():
         expand_rows(["prove"], {"theta": []}, USES)
 
 
+def test_expand_rows_method_params():
+    uses = {**USES, "nsd": ("k", "theta")}
+    rows = expand_rows(["prove", "nsd"], {"theta": 0.2, "k": None}, uses, {"prove": {"theta": [0.05, 0.1]}})
+    assert [(r.name, r.params) for r in rows] == [
+        ("ar", {}),
+        ("prove θ=0.05", {"theta": 0.05}),
+        ("prove θ=0.1", {"theta": 0.1}),
+        ("nsd", {"theta": 0.2}),  # the shared value still applies to the other reader of θ
+    ]
+    with pytest.raises(ValueError, match="does not read"):
+        expand_rows(["prove"], {}, uses, {"prove": {"tau": 0.9}})
+    with pytest.raises(ValueError, match="not in methods"):
+        expand_rows(["prove"], {}, uses, {"mars": {"tau": 0.9}})
+
+
+def test_is_lossless():
+    assert is_lossless("ar", {}) and is_lossless("prove-lossless", {"block_size": 4}) and is_lossless("sd", {"k": 5})
+    assert not is_lossless("prove", {"theta": 0.0}) and not is_lossless("mars", {})
+    assert is_lossless("asd", {"budget": 0.0, "gate": 0.25}) and not is_lossless("asd", {"budget": 8.0, "gate": 0.25})
+
+
 def table_row(name, agreement, lossless, **kw):
     row = {
         "name": name, "method": name, "params": {"theta": 0.1}, "swept": {}, "lossless": lossless,
@@ -219,13 +241,18 @@ def test_config_composes_with_list_overrides():
 
     register_configs()
     with initialize_config_module(config_module="prove.conf.decode", version_base=None):
-        cfg = compose("bench", ["model=m", "prompts=p.jsonl", "theta=[0.05,0.1]", "methods=[ar,prove]", "tau=0.9"])
+        cfg = compose(
+            "bench",
+            ["model=m", "prompts=p.jsonl", "theta=[0.05,0.1]", "methods=[ar,prove]", "tau=0.9",
+             "method_params={prove:{block_size:[2,4]}}"],
+        )  # fmt: skip
         bad = pytest.raises(Exception, match="thetta")
         with bad:
             compose("bench", ["model=m", "prompts=p", "thetta=0.1"])
     config = OmegaConf.to_object(cfg)
     assert isinstance(config, BenchConfig)
     assert config.theta == [0.05, 0.1] and config.tau == 0.9 and config.methods == ["ar", "prove"]
+    assert config.method_params == {"prove": {"block_size": [2, 4]}}
     assert config.sweeps() == {"theta": [0.05, 0.1], "tau": 0.9, "block_size": None, "k": None}
     with pytest.raises(ValueError, match="max_new_tokens"):
         BenchConfig(model="m", prompts="p", max_new_tokens=0)
