@@ -13,6 +13,10 @@ from collections.abc import Iterable
 from transformers import PreTrainedTokenizerFast
 
 MASK_TOKEN = "<|mask|>"
+# The split pattern of Qwen2 / Qwen2.5 tokenizers (a fact of their format, needed for compatibility).
+QWEN2_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 # Qwen2.5's template without the tool-calling branches: a default system turn, ChatML turns, and the
@@ -45,10 +49,19 @@ def train_chatml_bpe(
     ``with_mask=False`` builds a stock tokenizer without ``<|mask|>`` (what a checkpoint that was never
     block-trained looks like); MARS training adds the token itself.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Qwen2's normalizer and pre-tokenizer (digits split one by one): transformers 5.x reloads a
+    # checkpoint's tokenizer through the model type's class (Qwen2Tokenizer), which rebuilds the
+    # pipeline from vocab + merges; training with the same pipeline keeps save -> reload identical.
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     specials = CHATML_SPECIALS + ([MASK_TOKEN] if with_mask else [])
     trainer = trainers.BpeTrainer(
