@@ -325,6 +325,7 @@ def test_bench_end_to_end(bench_dir):
         methods=["prove-lossless", "prove", "mars"],
         theta=[0.0, 0.5],
         max_new_tokens=10,
+        repeats=2,
         output_dir=str(out),
         progress=False,
     )
