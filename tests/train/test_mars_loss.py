@@ -76,3 +76,26 @@ def test_loss_gradients_flow_and_empty_rows_are_ignored():
     out.loss.backward()
     assert torch.isfinite(out.loss)
     assert logits.grad[1].abs().sum() == 0 and logits.grad[0].abs().sum() > 0
+
+
+def _trainer_loss(model, batch, k, tmp_path):
+    from prove.train.trainer import MarsTrainer
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    trainer = MarsTrainer(model=model, args=args, mask_token_id=MASK, block_size=k)
+    with torch.no_grad():
+        loss = trainer.compute_loss(model, dict(batch))
+    (mask,) = trainer._masks.values()
+    return loss, type(mask).__name__
+
+
+@pytest.mark.slow
+def test_trainer_flex_attention_block_mask_matches_dense_mask(qwen2_factory, tmp_path):
+    """MarsTrainer's FlexAttention path (a sparse BlockMask from block_mask_mod) gives the dense-mask loss."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    batch = Collator(pad_token_id=PAD, eos_token_id=EOS, block_size=4)(_rows())
+    dense, dense_kind = _trainer_loss(qwen2_factory(VOCAB, attn="sdpa", seed=4), batch, 4, tmp_path)
+    flex, flex_kind = _trainer_loss(qwen2_factory(VOCAB, attn="flex_attention", seed=4), batch, 4, tmp_path)
+    assert (dense_kind, flex_kind) == ("Tensor", "BlockMask")
+    torch.testing.assert_close(flex, dense, rtol=1e-5, atol=1e-5)
