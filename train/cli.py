@@ -30,12 +30,12 @@ def _reject_unknown_keys(node: DictConfig, path: str = "") -> None:
     if dataclasses.is_dataclass(kind):
         unknown = set(node.keys()) - {f.name for f in dataclasses.fields(kind)} - {"hydra"}
         if unknown:
-            raise ValueError(f"unknown config key(s) {sorted(path + str(k) for k in unknown)}: check the spelling "
-                             f"(`prove-train --cfg job` prints every key)")
+            names = sorted(f"{path}{k!s}" for k in unknown)
+            raise ValueError(f"unknown config key(s) {names}: check the spelling (`prove-train --cfg job` prints every key)")
         for key in node.keys():
             child = node._get_node(key)
             if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
-                _reject_unknown_keys(child, f"{path}{key}.")
+                _reject_unknown_keys(child, f"{path}{key!s}.")
 
 
 @hydra.main(config_path="../conf", config_name="train", version_base="1.3")

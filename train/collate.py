@@ -34,17 +34,18 @@ class Collator:
             ids = [int(t) for t in row["input_ids"]]
             labels = [int(t) for t in row["labels"]]
             if self.block_size > 1:
+                assert self.eos_token_id is not None
                 extra = padded_length(len(ids), self.block_size) - len(ids)
                 ids += [self.eos_token_id] * extra
                 labels += [self.eos_token_id] * extra
             ids_list.append(ids)
             lab_list.append(labels)
         width = max(len(x) for x in ids_list)
-        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)  # (B, L)
-        labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)  # (B, L)
+        batch_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)  # (B, L)
+        batch_labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)  # (B, L)
         attention_mask = torch.zeros((len(rows), width), dtype=torch.long)  # (B, L)
         for i, (ids, lab) in enumerate(zip(ids_list, lab_list, strict=True)):
-            input_ids[i, : len(ids)] = torch.tensor(ids)
-            labels[i, : len(lab)] = torch.tensor(lab)
+            batch_ids[i, : len(ids)] = torch.tensor(ids)
+            batch_labels[i, : len(lab)] = torch.tensor(lab)
             attention_mask[i, : len(ids)] = 1
-        return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
+        return {"input_ids": batch_ids, "labels": batch_labels, "attention_mask": attention_mask}

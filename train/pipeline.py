@@ -284,11 +284,12 @@ def merge_adapter(base: str | os.PathLike, adapter_dir: str | os.PathLike, out_d
     import shutil
 
     from peft import PeftModel
+    from prove.train.modeling import embedding_rows
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(adapter_dir)
     model = AutoModelForCausalLM.from_pretrained(base)
-    if model.get_input_embeddings().weight.shape[0] < len(tokenizer):
+    if embedding_rows(model) < len(tokenizer):
         model.resize_token_embeddings(len(tokenizer))
     merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
     out = Path(out_dir)

@@ -32,12 +32,14 @@ def open_logger(cfg: TrainConfig) -> Tracker:
     from omegaconf import OmegaConf
 
     lg = cfg.logger
+    config = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
+    assert isinstance(config, dict)
     run = wandb.init(
         project=lg.project,
         name=lg.name or f"{cfg.run_name}-{cfg.stage.name}",
         group=lg.group,
         entity=lg.entity,
         tags=list(lg.tags) or None,
-        config=OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True),
+        config={str(k): v for k, v in config.items()},
     )
     return Tracker(report_to=["wandb"], run=run)

@@ -26,7 +26,8 @@ class MarsTrainer(Trainer):
     loss_is_scaled_for_ga = False
 
     def __init__(self, *args: Any, mask_token_id: int, block_size: int, ar_weight: float = 1.0, **kwargs: Any):
-        super().__init__(*args, compute_loss_func=self._loss, **kwargs)
+        kwargs["compute_loss_func"] = self._loss
+        super().__init__(*args, **kwargs)
         self.mask_token_id = mask_token_id
         self.block_size = block_size
         self.ar_weight = ar_weight
