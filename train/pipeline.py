@@ -109,7 +109,8 @@ def _run(cfg: TrainConfig, tracker) -> StageResult:
     # 7) save: HF dir + tokenizer + prove.json
     meta = prove_meta(cfg, base_model, tokenizer, mask_id)
     save_checkpoint(trainer, cfg, output_dir, meta, base_model)
-    torch.distributed.barrier() if torch.distributed.is_initialized() else None
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()  # every rank returns after rank 0 has written prove.json
 
     wall = next((c for c in callbacks if isinstance(c, WallClockCallback)), None)
     return StageResult(
