@@ -31,6 +31,12 @@ class DecodeParams:
     """K, placeholders per block pass. ``None`` = the trained block size (prove.json); must not exceed it."""
     k: int | None = None
     """Draft lookahead of the speculative-decoding family (draft proposer: k sequential passes)."""
+    budget: float | None = None
+    """ASD's per-request regret budget B: the summed regret of accepted mismatches (ASD: 8.0; 0 = exact greedy)."""
+    gate: float | None = None
+    """ASD's gate g: a mismatch at depth i passes only if its regret r_i ≤ g·(K − i) (ASD: 0.25; 0 = exact greedy)."""
+    max_mismatches: int | None = None
+    """ASD's m: mismatches accepted per block at most (ASD: 2; 0 = exact greedy)."""
     temperature: float = 0.0
     """0 = greedy. > 0 samples (proposers draw from, and rules read, the tempered distributions)."""
     top_p: float = 1.0
@@ -55,6 +61,9 @@ class DecodeParams:
             raise ValueError(f"tau={self.tau} must be ≥ 0 (τ > 1 never accepts beyond y_1, i.e. AR)")
         if self.theta is not None and self.theta < 0:
             raise ValueError(f"theta={self.theta} must be ≥ 0 (θ = 0 commits whole blocks)")
+        for name in ("budget", "gate", "max_mismatches"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be ≥ 0 (0 makes asd exactly greedy)")
 
     @classmethod
     def field_names(cls) -> list[str]:

@@ -65,7 +65,8 @@ def _meta(path: str) -> ProveMeta | None:
 
 
 class Decoder:
-    """Decode with one method: ``ar``, ``mars``, ``prove``, ``prove-lossless`` (``prove.decode.methods``).
+    """Decode with one method: ``ar``, ``mars``, ``prove``, ``prove-lossless``, ``sd``, ``nsd``, ``asd``
+    (``prove.decode.methods``).
 
     ``model`` (the model being accelerated), ``verifier`` (ProVe's small scorer) and ``draft`` (the SD
     family's small proposer) are loaded Hugging Face causal LMs or checkpoint paths. ``tokenizer``
@@ -101,7 +102,8 @@ class Decoder:
                 f"method {self.method.name} is greedy (exactly the model's greedy output): set temperature=0, "
                 "or use a sampling method such as sd"
             )
-        ignored = {"theta", "tau", "block_size", "k"} & set(given) - set(self.method.uses)
+        method_keys = {"theta", "tau", "block_size", "k", "budget", "gate", "max_mismatches"}
+        ignored = method_keys & set(given) - set(self.method.uses)
         if ignored:
             warnings.warn(f"method {self.method.name} does not read {sorted(ignored)}; ignoring", stacklevel=2)
         self.trace = trace

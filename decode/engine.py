@@ -80,10 +80,17 @@ class ModelRunner:
         self._crop(self._valid_prefix(seq))
 
     @torch.no_grad()
-    def forward(self, seq: Sequence[int], extra: Sequence[int] = ()) -> torch.Tensor:
-        """One pass over ``[pending, extra]`` with a plain causal mask, where pending = the committed
-        tokens of ``seq`` without valid KV (at least the last one, so that row 0 of the result predicts
-        the token after ``seq``).
+    def forward(
+        self, seq: Sequence[int], extra: Sequence[int] = (), *, committed: int | None = None
+    ) -> torch.Tensor:
+        """One pass over ``[pending, extra]`` with a plain causal mask, where pending = the tokens of
+        ``seq`` without valid KV (at least the last one, so that row 0 of the result predicts the token
+        after ``seq``).
+
+        ``committed`` (default ``len(seq)``): only ``seq[:committed]`` is committed, the rest is a
+        speculative continuation (a draft model extending its own proposal one pass at a time). Its KV is
+        kept and reused by the next pass while it matches, but it is not marked valid: the engine's
+        ``sync`` keeps it only where the committed sequence turns out to agree.
 
         Returns logits (len(extra) + 1, V): row i predicts the token after ``seq + extra[:i]``.
         """
@@ -99,7 +106,7 @@ class ModelRunner:
         out = self.model(input_ids=ids, **kwargs)
         self.passes += 1
         self.fed.extend(new)
-        self.valid = len(seq)
+        self.valid = len(seq) if committed is None else min(committed, len(seq))
         assert self.cached == len(self.fed), "cache length and fed tokens disagree"
         return out.logits[0, -rows:]  # (len(extra)+1, V)
 

@@ -11,6 +11,12 @@ state) and calls a pure rule from ``prove.decode.rules``.
 | `mars`           | block    | none     | y_1, then y_i while p̃_i ≥ τ (τ = 0.95, MARS)            |
 | `prove`          | block    | small    | longest leading run with p̃_i·q_i ≥ θ, y_1 always (θ = 0.1) |
 | `prove-lossless` | block    | self     | greedy match + correction / bonus (exactly AR greedy)   |
+| `sd`             | draft    | self     | greedy match (greedy); min(1, p/q) + residual + bonus (sampling) |
+| `nsd`            | draft    | self     | SD, or y_i in the target's top-θ nucleus (θ = 0.9); same residual |
+| `asd`            | draft    | self     | greedy; mismatches within gate g, m per block, budget B per request |
+
+The SD family's rules take the target's (``self``) logits; when sampling, draft and target
+distributions are both ``logits_to_probs`` at the request's temperature / top-k / top-p.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from prove.decode.engine import CycleView
 from prove.decode.proposers import ProposerFactory
 from prove.decode.rules.base import Accept
 from prove.decode.rules.block import greedy_match, mars_rule, prove_rule
+from prove.decode.rules.speculative import AsdState, asd_greedy, nsd_greedy, nsd_sample, sd_sample
 from prove.decode.sampling import logits_to_probs, pick
 
 
@@ -114,5 +121,96 @@ register_method(
         ("block_size",),
         greedy_only=True,
         summary="block proposals verified by the model itself: exactly its greedy output",
+    )
+)
+
+
+# -- the speculative-decoding family ---------------------------------------------------------------------------
+
+
+def _sampling_probs(view: CycleView) -> tuple[torch.Tensor, torch.Tensor]:
+    """(draft_probs (k, V), target_probs (k+1, V)), both warped alike by the request's sampling params."""
+    assert view.target_logits is not None
+    p = view.params
+    target = logits_to_probs(view.target_logits, p.temperature, p.top_k, p.top_p)  # (k+1, V)
+    draft = view.proposal.probs
+    if draft is None:  # an empty proposal
+        draft = target[:0]
+    return draft, target
+
+
+def _sd(view: CycleView) -> Accept:
+    """Speculative decoding (Leviathan et al. 2023; Chen et al. 2023)."""
+    assert view.target_logits is not None
+    if view.params.temperature == 0:
+        return greedy_match(view.proposal.tokens, view.target_logits)
+    draft, target = _sampling_probs(view)
+    return sd_sample(view.proposal.tokens, draft, target, generator=view.generator)
+
+
+def _nsd(view: CycleView) -> Accept:
+    """Nucleus speculative decoding (Li et al. 2026); greedy: nucleus of the target at temperature 1."""
+    assert view.target_logits is not None
+    theta = view.params.theta
+    if view.params.temperature == 0:
+        return nsd_greedy(view.proposal.tokens, view.target_logits, theta)
+    draft, target = _sampling_probs(view)
+    return nsd_sample(view.proposal.tokens, draft, target, theta, generator=view.generator)
+
+
+def asd_accept(size_param: str) -> Callable[[CycleView], Accept]:
+    """ASD's rule adapter (Feng et al. 2026); K, the block size of its gate, is the ``size_param`` param
+    (``k`` for the draft proposer, ``block_size`` for the block proposer). The regret spent persists in
+    the request's ``state`` across cycles; the engine starts every request with a fresh one."""
+
+    def accept(view: CycleView) -> Accept:
+        assert view.target_logits is not None
+        p = view.params
+        verdict, view.state["asd"] = asd_greedy(
+            view.proposal.tokens,
+            view.target_logits,
+            view.state.get("asd", AsdState()),
+            budget=p.budget,
+            gate=p.gate,
+            max_mismatches=p.max_mismatches,
+            block_size=getattr(p, size_param),
+        )
+        return verdict
+
+    return accept
+
+
+register_method(
+    Method(
+        "sd",
+        "draft",
+        "self",
+        _sd,
+        {"k": 5},
+        ("k",),
+        summary="speculative decoding with a small draft model: greedy match, or speculative sampling",
+    )
+)
+register_method(
+    Method(
+        "nsd",
+        "draft",
+        "self",
+        _nsd,
+        {"k": 5, "theta": 0.9},
+        ("k", "theta"),
+        summary="nucleus SD: SD, or accept y_i inside the target's top-θ nucleus",
+    )
+)
+register_method(
+    Method(
+        "asd",
+        "draft",
+        "self",
+        asd_accept("k"),
+        {"k": 5, "budget": 8.0, "gate": 0.25, "max_mismatches": 2},
+        ("k", "budget", "gate", "max_mismatches"),
+        greedy_only=True,
+        summary="approximate SD: greedy with a per-request regret budget for mismatches",
     )
 )

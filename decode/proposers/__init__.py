@@ -35,6 +35,21 @@ def _block(models, params, generator) -> Proposer:
     )
 
 
-PROPOSERS: dict[str, ProposerFactory] = {"none": _none, "block": _block}
+def _draft(models, params, generator) -> Proposer:
+    from prove.decode.proposers.draft import DraftProposer
+
+    assert models.draft is not None, "the Decoder checks that a draft model is given"
+    return DraftProposer(
+        models.draft,
+        params.k,
+        vocab_size=models.target.vocab_size,
+        temperature=params.temperature,
+        top_k=params.top_k,
+        top_p=params.top_p,
+        generator=generator,
+    )
+
+
+PROPOSERS: dict[str, ProposerFactory] = {"none": _none, "block": _block, "draft": _draft}
 
 __all__ = ["PROPOSERS", "Proposal", "Proposer", "ProposerFactory"]

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 from prove.decode.rules.base import Accept
+from prove.decode.rules.block import greedy_match
 
 __all__ = [
     "AsdState",
@@ -164,7 +165,8 @@ def speculative_accept_batch(
     n = _leading_true(ok)  # (...)
 
     # correction from norm(max(0, p_n − q_n)) or bonus from p_{k+1} (q_{k+1} := 0)
-    q_pad = torch.cat([draft_probs, torch.zeros_like(draft_probs[..., :1, :])], dim=-2)  # (..., k+1, V)
+    q_bonus = draft_probs.new_zeros((*draft_probs.shape[:-2], 1, draft_probs.shape[-1]))  # (..., 1, V)
+    q_pad = torch.cat([draft_probs, q_bonus], dim=-2)  # (..., k+1, V)
     row = n[..., None, None].expand(*n.shape, 1, target_probs.shape[-1])  # (..., 1, V)
     p_row = target_probs.gather(-2, row).squeeze(-2)  # (..., V)
     q_row = q_pad.gather(-2, row).squeeze(-2)  # (..., V)
@@ -223,15 +225,10 @@ def nsd_sample(
 # --------------------------------------------------------------------------------------------------
 
 
-def sd_greedy(tokens: torch.Tensor, target_logits: torch.Tensor) -> Accept:
-    """Greedy speculative decoding: the prefix equal to the target's greedy tokens, then the greedy
-    correction (first mismatch) or bonus (all k match) token (Leviathan et al. 2023, §2.3 with
-    temperature → 0). Exactly the target's greedy output. Ties break to the lowest index (argmax).
-    """
-    _check_shapes(tokens, target_logits)
-    greedy = target_logits.argmax(-1)  # (k+1,)
-    n = int(_leading_true(tokens == greedy[:-1]))
-    return Accept(n, int(greedy[n]))
+sd_greedy = greedy_match
+"""Greedy speculative decoding (Leviathan et al. 2023, §2.3 at temperature → 0): the prefix equal to the
+target's greedy tokens, then the greedy correction or bonus token. One implementation, shared with
+ProVe-lossless: ``prove.decode.rules.block.greedy_match``."""
 
 
 def nsd_greedy(tokens: torch.Tensor, target_logits: torch.Tensor, theta: float) -> Accept:

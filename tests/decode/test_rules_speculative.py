@@ -123,6 +123,18 @@ def test_sd_sample_partly_accepted_exact_residual():
     assert sd_sample(y, q, p, uniforms=torch.tensor([0.51, 0.0, 0.9])) == Accept(0, 0)
 
 
+def test_empty_block_is_a_plain_draw_from_the_target():
+    p = rows([0.0, 0.25, 0.75])
+    y = torch.zeros(0, dtype=torch.long)
+    for u0, want in [(0.1, 1), (0.5, 2)]:
+        u = torch.tensor([u0])
+        assert (
+            sd_sample(y, p[:0], p, uniforms=u) == nsd_sample(y, p[:0], p, 0.9, uniforms=u) == Accept(0, want)
+        )
+    z = torch.log(p.clamp_min(1e-9))
+    assert sd_greedy(y, z) == nsd_greedy(y, z, 0.5) == asd_greedy(y, z, AsdState())[0] == Accept(0, 2)
+
+
 def test_sd_sample_generator_is_reproducible_and_validates_uniforms():
     g = torch.Generator().manual_seed(0)
     q = torch.rand(3, 6, generator=g).softmax(-1)

@@ -1,0 +1,295 @@
+"""The speculative-decoding family on the engine: the draft proposer (k sequential passes, its own
+rolled-back DynamicCache) with the sd / nsd / asd rules, on tiny random Qwen2 models.
+
+Greedy sd, nsd with θ = 0 and asd with B = 0 must equal transformers' greedy ``generate`` token for token
+— with a draft equal to the target (everything accepted), a random draft (almost nothing) and a partly
+right one, EOS and max_new_tokens falling inside a block — and transformers' assisted generation.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from prove.decode import Decoder
+from prove.decode.engine import ModelRunner
+from prove.decode.methods import Method, asd_accept, get_method
+from prove.decode.proposers.draft import DraftProposer
+from prove.decode.rules.speculative import AsdState, asd_greedy
+
+# In-memory models have no prove.json: block methods warn that they take block_size as given.
+pytestmark = pytest.mark.filterwarnings("ignore:checkpoint .* records no trained block size")
+
+K = 5
+N = 24
+
+
+def hf_generate(model, ids: list[int], n: int, eos: int | None = None, assistant=None) -> list[int]:
+    kw = {}
+    if assistant is not None:
+        gc = assistant.generation_config
+        gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = K, "constant"
+        gc.assistant_confidence_threshold = 0.0
+        kw["assistant_model"] = assistant
+    out = model.generate(
+        torch.tensor([ids]),
+        attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+        max_new_tokens=n,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=0,
+        **kw,
+    )
+    return out[0, len(ids) :].tolist()
+
+
+def perturbed(model: torch.nn.Module, std: float, seed: int) -> torch.nn.Module:
+    """The target with Gaussian noise on every weight matrix: a draft that is partly right."""
+    draft = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            if p.dim() == 2:
+                p.add_(torch.randn(p.shape, generator=g) * std)
+    return draft
+
+
+@pytest.fixture(scope="module")
+def drafts(lm, make_lm):
+    return {"equal": copy.deepcopy(lm), "random": make_lm(seed=7), "partly": perturbed(lm, 0.006, seed=8)}
+
+
+@pytest.fixture(scope="module")
+def refs(lm, prompts):
+    return [hf_generate(lm, p, N) for p in prompts]
+
+
+def greedy_decoders(lm, tokenizer, draft) -> dict[str, Decoder]:
+    return {
+        "sd": Decoder(lm, tokenizer, method="sd", draft=draft),
+        "nsd θ=0": Decoder(lm, tokenizer, method="nsd", draft=draft, theta=0.0),
+        "asd B=0": Decoder(lm, tokenizer, method="asd", draft=draft, budget=0.0),
+    }
+
+
+@pytest.mark.parametrize("kind", ["equal", "random", "partly"])
+def test_greedy_family_equals_hf_greedy(lm, tokenizer, prompts, refs, drafts, kind):
+    proposed = accepted = 0
+    for name, dec in greedy_decoders(lm, tokenizer, drafts[kind]).items():
+        for i, n in [(0, N), (3, N), (0, 3), (3, 9)]:  # 3 and 9 end inside a k = 5 block
+            out = dec.generate(prompts[i], max_new_tokens=n, eos_token_id=[])
+            assert out.token_ids == refs[i][:n], (name, kind, i, n)
+            s = out.stats
+            assert s.new_tokens == sum(s.committed_per_cycle) == n
+            assert s.model_passes == s.cycles and s.verifier_passes == 0
+            # the last cycle proposes only what the budget can still take (budget − 1)
+            assert s.draft_passes == sum(s.proposed_by_depth) <= K * s.cycles
+            proposed, accepted = proposed + sum(s.proposed_by_depth), accepted + sum(s.accepted_by_depth)
+    rate = accepted / proposed
+    if kind == "equal":
+        assert rate == 1.0  # every proposed token accepted: k + 1 tokens per target pass
+    elif kind == "random":
+        assert rate < 0.1
+    else:
+        assert 0.2 < rate < 0.9, rate
+
+
+def test_draft_equal_to_target_commits_k_plus_one_per_cycle(lm, tokenizer, prompts, drafts):
+    out = Decoder(lm, tokenizer, method="sd", draft=drafts["equal"]).generate(
+        prompts[0], max_new_tokens=3 * (K + 1) + 2, eos_token_id=[]
+    )
+    assert out.stats.committed_per_cycle == [K + 1] * 3 + [2]
+    assert out.stats.draft_passes == 3 * K + 1
+
+
+@pytest.mark.parametrize("kind", ["equal", "partly"])
+def test_eos_inside_a_block_ends_where_hf_does(lm, tokenizer, prompts, refs, drafts, kind):
+    p, ref = prompts[1], refs[1]
+    e = next(i for i in range(7, len(ref)) if ref[i] not in ref[:i])  # first occurrence, mid-output
+    expected = hf_generate(lm, p, N, eos=ref[e])
+    assert expected == ref[: e + 1]
+    for name, dec in greedy_decoders(lm, tokenizer, drafts[kind]).items():
+        assert dec.generate(p, max_new_tokens=N, eos_token_id=ref[e]).token_ids == expected, name
+
+
+@pytest.mark.parametrize("kind", ["equal", "random", "partly"])
+def test_greedy_sd_equals_hf_assisted_generation(lm, tokenizer, prompts, drafts, kind):
+    draft = copy.deepcopy(drafts[kind])  # assisted generation writes into the draft's generation_config
+    dec = Decoder(lm, tokenizer, method="sd", draft=drafts[kind], k=K)
+    for p in (prompts[0], prompts[3]):
+        ours = dec.generate(p, max_new_tokens=N, eos_token_id=[]).token_ids
+        assert ours == hf_generate(lm, p, N, assistant=draft)
+
+
+def _check_draft_cache(runner, seq: list[int]) -> None:
+    """After a cycle the draft's cache holds exactly a committed prefix, with the KV of a fresh forward."""
+    valid = runner.valid
+    assert runner.cached == len(runner.fed) == valid <= len(seq) and runner.fed == seq[:valid]
+    fresh = runner.model(torch.tensor([seq[:valid]]), use_cache=True).past_key_values
+    for mine, ref in zip(runner.cache.layers, fresh.layers, strict=True):
+        torch.testing.assert_close(mine.keys, ref.keys, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(mine.values, ref.values, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["equal", "partly"])
+def test_draft_cache_is_rolled_back_to_the_committed_prefix(lm, tokenizer, prompts, drafts, kind):
+    lag: list[int] = []
+
+    def check(ev):
+        _check_draft_cache(ev.models.draft, ev.seq)
+        if ev.proposal.k:  # a last cycle with budget 1 proposes nothing and leaves the draft idle
+            lag.append(len(ev.seq) - ev.models.draft.valid)
+
+    Decoder(lm, tokenizer, method="sd", draft=drafts[kind]).generate(
+        prompts[3], max_new_tokens=30, eos_token_id=[], on_cycle=check
+    )
+    # after a draft pass, never more than the unfed y_k and the correction/bonus token are left over
+    assert max(lag) <= 2 and (kind != "equal" or lag[0] == 2)
+
+
+def test_draft_vocab_rows_are_fitted_to_the_target(lm, tokenizer, prompts, refs, make_lm):
+    """A draft with more logit rows than the target is cut to the target's vocabulary (output stays
+    greedy); one with fewer is padded with zero probability."""
+    big = make_lm(seed=9, vocab=len(tokenizer) + 20)
+    out = Decoder(lm, tokenizer, method="sd", draft=big).generate(
+        prompts[0], max_new_tokens=N, eos_token_id=[]
+    )
+    assert out.token_ids == refs[0]
+    prop = DraftProposer(ModelRunner(lm), 3, vocab_size=len(tokenizer) + 20, temperature=1.0)
+    proposal = prop.propose(prompts[0], budget=10)
+    assert proposal.probs.shape == (3, len(tokenizer) + 20) and torch.all(proposal.probs[:, -20:] == 0)
+    torch.testing.assert_close(proposal.probs.sum(-1), torch.ones(3))
+
+
+# -- sampling -----------------------------------------------------------------------------------------------
+
+
+def test_sampling_sd_is_seeded_and_nsd_theta_zero_is_sd(lm, tokenizer, prompts, drafts):
+    kw = {"draft": drafts["partly"], "temperature": 0.9, "top_k": 50, "top_p": 0.95}
+    sd = Decoder(lm, tokenizer, method="sd", **kw)
+    nsd0 = Decoder(lm, tokenizer, method="nsd", theta=0.0, **kw)
+    a = sd.generate(prompts[0], max_new_tokens=N, eos_token_id=[], seed=3)
+    b = sd.generate(prompts[0], max_new_tokens=N, eos_token_id=[], seed=3)
+    c = nsd0.generate(prompts[0], max_new_tokens=N, eos_token_id=[], seed=3)  # same random numbers
+    d = sd.generate(prompts[0], max_new_tokens=N, eos_token_id=[], seed=4)
+    assert a.token_ids == b.token_ids == c.token_ids != d.token_ids
+    assert a.stats.committed_per_cycle == c.stats.committed_per_cycle
+    # a wider nucleus accepts at least as much on average (not per request: the streams diverge)
+    wide = Decoder(lm, tokenizer, method="nsd", theta=0.95, **kw)
+    acc = [
+        sum(dec.generate(p, max_new_tokens=N, eos_token_id=[], seed=s).stats.accepted_by_depth)
+        for dec in (sd, wide)
+        for p in prompts
+        for s in range(2)
+    ]
+    assert sum(acc[len(acc) // 2 :]) > sum(acc[: len(acc) // 2])
+
+
+def test_sampling_sd_with_draft_equal_to_target_accepts_everything(lm, tokenizer, prompts, drafts):
+    dec = Decoder(lm, tokenizer, method="sd", draft=drafts["equal"], temperature=1.0)
+    s = dec.generate(prompts[2], max_new_tokens=N, eos_token_id=[], seed=0).stats
+    # p == q up to float error between one- and multi-token passes: min(1, p/q) ≈ 1
+    assert sum(s.accepted_by_depth) >= 0.97 * sum(s.proposed_by_depth)
+
+
+def test_budget_of_one_proposes_nothing(lm, tokenizer, prompts, refs, drafts):
+    """With one token left the draft stays idle: the cycle is a plain target step (greedy or sampled)."""
+    for temperature in (0.0, 1.0):
+        dec = Decoder(lm, tokenizer, method="sd", draft=drafts["random"], temperature=temperature)
+        out = dec.generate(prompts[0], max_new_tokens=1, eos_token_id=[], seed=0)
+        assert out.stats.draft_passes == 0 and out.stats.model_passes == 1 and len(out.token_ids) == 1
+        assert temperature > 0 or out.token_ids == refs[0][:1]
+
+
+# -- asd ------------------------------------------------------------------------------------------------------
+
+
+def _regrets(lm, prompt: list[int], new: list[int]) -> torch.Tensor:
+    """r_t = max z_t − z_t[x_t] of each new token under the target, teacher-forced."""
+    with torch.no_grad():
+        z = lm(torch.tensor([prompt + new])).logits[0, len(prompt) - 1 : -1]  # (len(new), V)
+    return z.max(-1).values - z.gather(-1, torch.tensor(new)[:, None])[:, 0]
+
+
+def test_asd_budget_binds_per_request_and_resets(lm, tokenizer, prompts, refs, drafts):
+    B = 1.5
+    dec = Decoder(lm, tokenizer, method="asd", draft=drafts["partly"], budget=B, gate=1.0, max_mismatches=2)
+    first = dec.generate(prompts[0], max_new_tokens=N, eos_token_id=[])
+    second = dec.generate(prompts[0], max_new_tokens=N, eos_token_id=[])
+    assert first.token_ids == second.token_ids  # the budget reset: a fresh request behaves the same
+    r = _regrets(lm, prompts[0], first.token_ids)
+    spent = float(r[r > 1e-6].sum())
+    assert 0 < spent <= B + 1e-4  # mismatches were accepted, within the request's budget
+    assert first.token_ids != refs[0]
+    assert (
+        first.stats.tokens_per_cycle
+        > Decoder(lm, tokenizer, method="sd", draft=drafts["partly"])
+        .generate(prompts[0], max_new_tokens=N, eos_token_id=[])
+        .stats.tokens_per_cycle
+    )
+
+
+def test_asd_defaults_and_zero_knobs(lm, tokenizer, prompts, refs, drafts):
+    for knob in ("budget", "gate", "max_mismatches"):
+        dec = Decoder(lm, tokenizer, method="asd", draft=drafts["partly"], **{knob: 0})
+        assert dec.generate(prompts[1], max_new_tokens=N, eos_token_id=[]).token_ids == refs[1], knob
+    p = Decoder(lm, tokenizer, method="asd", draft=drafts["partly"]).params
+    assert (p.k, p.budget, p.gate, p.max_mismatches) == (5, 8.0, 0.25, 2)
+    with pytest.raises(ValueError, match="temperature=0"):
+        Decoder(lm, tokenizer, method="asd", draft=drafts["partly"], temperature=0.7)
+    with pytest.raises(ValueError, match="needs a draft"):
+        Decoder(lm, tokenizer, method="sd")
+    with pytest.raises(ValueError, match="budget=-1"):
+        Decoder(lm, tokenizer, method="asd", draft=drafts["partly"], budget=-1)
+
+
+def test_asd_state_lives_in_the_request_state(lm, tokenizer, prompts, drafts):
+    """The adapter keeps ``AsdState`` in the engine's per-request state; replaying the cycles through the
+    pure rule gives the same verdicts."""
+    dec = Decoder(lm, tokenizer, method="asd", draft=drafts["partly"], gate=1.0)
+    events = []
+    dec.generate(prompts[2], max_new_tokens=N, eos_token_id=[], on_cycle=events.append)
+    state = AsdState()
+    for ev in events:
+        seq = ev.seq[: len(ev.seq) - len(ev.committed)]
+        with torch.no_grad():
+            z = lm(torch.tensor([seq + ev.proposal.tokens.tolist()])).logits[0, len(seq) - 1 :]
+        verdict, state = asd_greedy(ev.proposal.tokens, z, state, gate=1.0, block_size=K)
+        assert verdict.n == ev.accept.n
+    assert state.spent > 0
+
+
+# -- composition: the relaxed rules on the block proposer ---------------------------------------------------
+
+
+def test_relaxed_rules_compose_with_the_block_proposer(lm, tokenizer, prompts):
+    """NSD's nucleus and ASD's budget on the block proposer, self-verified: one Method, no new code path.
+    θ = 0 / B = 0 give exactly prove-lossless; relaxed they run and accept at least as much."""
+    block_nsd = Method(
+        "block-nsd", "block", "self", get_method("nsd").accept, {"theta": 0.9}, ("theta", "block_size")
+    )
+    block_asd = Method(
+        "block-asd",
+        "block",
+        "self",
+        asd_accept("block_size"),
+        {"budget": 8.0, "gate": 0.25, "max_mismatches": 2},
+        ("block_size", "budget", "gate", "max_mismatches"),
+        greedy_only=True,
+    )
+    lossless = Decoder(lm, tokenizer, method="prove-lossless", block_size=4)
+    for p in prompts[:2]:
+        ref = lossless.generate(p, max_new_tokens=N, eos_token_id=[])
+        exact_nsd = Decoder(lm, tokenizer, method=block_nsd, theta=0.0, block_size=4)
+        exact_asd = Decoder(lm, tokenizer, method=block_asd, budget=0.0, block_size=4)
+        for dec in (exact_nsd, exact_asd):
+            out = dec.generate(p, max_new_tokens=N, eos_token_id=[])
+            assert out.token_ids == ref.token_ids
+            assert out.stats.committed_per_cycle == ref.stats.committed_per_cycle
+        for dec in (
+            Decoder(lm, tokenizer, method=block_nsd, block_size=4),
+            Decoder(lm, tokenizer, method=block_asd, block_size=4, gate=2.0),
+        ):
+            out = dec.generate(p, max_new_tokens=N, eos_token_id=[])
+            assert out.stats.new_tokens == N and out.stats.tokens_per_cycle >= ref.stats.tokens_per_cycle
