@@ -293,3 +293,42 @@ def test_relaxed_rules_compose_with_the_block_proposer(lm, tokenizer, prompts):
         ):
             out = dec.generate(p, max_new_tokens=N, eos_token_id=[])
             assert out.stats.new_tokens == N and out.stats.tokens_per_cycle >= ref.stats.tokens_per_cycle
+
+
+# -- the command line -------------------------------------------------------------------------------------------
+
+
+def test_prove_decode_runs_the_family_from_checkpoints(checkpoints, tmp_path):
+    """``prove-decode model=TARGET draft=DRAFT method=sd|nsd|asd``: greedy sd / asd(B=0) match ar."""
+    import json
+
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+    from prove.decode.cli import register_configs
+    from prove.decode.prompts import run
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Ana has 3 apples\nHow many coins does Dev have?\n")
+
+    def decode(*overrides: str) -> list[dict]:
+        register_configs()
+        with initialize_config_module(config_module="prove.conf.decode", version_base=None):
+            cfg = compose(
+                "decode", overrides=[f"model={checkpoints['mars']}", f"prompts={prompts}", *overrides]
+            )
+        out = run(OmegaConf.to_object(cfg))
+        return [json.loads(line) for line in open(out)]
+
+    common = ["max_new_tokens=12", "chat=false"]
+    ar = decode("method=ar", f"output={tmp_path / 'ar.jsonl'}", *common)
+    for method, extra in [("sd", []), ("asd", ["budget=0"]), ("nsd", ["theta=0.5"])]:
+        recs = decode(
+            f"method={method}",
+            f"draft={checkpoints['verifier']}",
+            f"output={tmp_path / method}.jsonl",
+            *extra,
+            *common,
+        )
+        assert all(r["method"] == method and r["stats"]["draft_passes"] > 0 for r in recs)
+        if method != "nsd":
+            assert [r["token_ids"] for r in recs] == [r["token_ids"] for r in ar]
