@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import importlib
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 MAPPING = {"decode": "prove.decode", "train": "prove.train", "data": "prove.data", "conf": "prove.conf", "recipes": "prove.recipes"}
