@@ -212,8 +212,9 @@ class Decoder:
                     f"checkpoint {self.model_name} records no trained block size (no prove.json with block_size): "
                     "pass block_size=K"
                 )
+            why = "no prove.json" if meta is None else f"its prove.json is from stage {meta.stage!r}, not mars"
             warnings.warn(
-                f"checkpoint {self.model_name} records no trained block size (no prove.json); using block_size={k} "
+                f"checkpoint {self.model_name} records no trained block size ({why}); using block_size={k} "
                 "as given",
                 stacklevel=3,
             )
