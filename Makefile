@@ -67,6 +67,16 @@ train-proposer: install ## train the block proposer: sft then mars -> runs/<reci
 	$(TRAIN_LAUNCH) recipe=$(RECIPE) stage=sft $(ARGS)
 	$(TRAIN_LAUNCH) recipe=$(RECIPE) stage=mars $(ARGS)
 
+# make train-verifier: stage distill (DESIGN §2.3) — the proposer's greedy responses (prove-lossless) to the recipe's
+# prompts, then the verifier fine-tuned on them -> runs/<recipe>/{distill-data,<distill output>}. A recipe without a
+# stock verifier (tiny) first trains one from scratch: VERIFIER_SFT=1 (the default for RECIPE=tiny) runs
+# `stage=sft stage.role=verifier` before it. Needs runs/<recipe>/mars (make train-proposer).
+VERIFIER_SFT ?= $(if $(filter tiny,$(RECIPE)),1,)
+.PHONY: train-verifier
+train-verifier: install ## distil the verifier on the proposer's outputs: [verifier sft] then distill (RECIPE, VERIFIER_SFT, ARGS)
+	$(if $(VERIFIER_SFT),$(TRAIN_LAUNCH) recipe=$(RECIPE) stage=sft stage.role=verifier $(ARGS))
+	$(TRAIN_LAUNCH) recipe=$(RECIPE) stage=distill $(ARGS)
+
 train: train-proposer ## the whole training pipeline for RECIPE (proposer; verifier distillation comes with stage=distill)
 
 # make eval: a method against AR through lm-evaluation-harness (prove-eval, conf/eval/eval.yaml); ARGS adds any

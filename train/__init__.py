@@ -6,7 +6,10 @@ stage; :func:`prove.train.pipeline.train` is the same thing as a function of a
 
     prove-train recipe=tiny stage=sft          # runs/tiny/sft
     prove-train recipe=tiny stage=mars         # runs/tiny/mars, starting from runs/tiny/sft
+    prove-train recipe=tiny stage=sft stage.role=verifier   # runs/tiny/verifier-sft (the tiny recipe's 2-layer verifier)
+    prove-train recipe=tiny stage=distill      # runs/tiny/verifier-distill, fine-tuned on runs/tiny/mars's outputs
     make train-proposer RECIPE=qwen2.5-32b NNODES=4 HOSTFILE=hostfile
+    make train-verifier RECIPE=tiny
 
 Output layout (``run_dir = runs/<run_name>``, ``output_dir = <run_dir>/<stage>``)::
 
@@ -16,8 +19,13 @@ Output layout (``run_dir = runs/<run_name>``, ``output_dir = <run_dir>/<stage>``
         checkpoint-<step>/  Trainer checkpoints (optimizer, scheduler, RNG): a rerun resumes from the last one
       mars/                 final checkpoint of stage mars (prove.json: block_size, mask_token, mask_token_id)
         adapter/            with peft=lora: the adapter (the merged model is at mars/)
+      distill-data/         stage distill's generated set: shards/*.jsonl (resumable), dataset/ (save_to_disk),
+                            generation.json (proposer + decode settings)
+      <distill output>/     the distilled verifier (prove.json: distilled_from, generation, kl_weight);
+                            the tiny recipe names its verifier folders verifier-sft/ and verifier-distill/
       hydra/<stage>/<time>/ the composed config and the log of each launch
 
 Pure parts (:mod:`~prove.train.masks`, :mod:`~prove.train.losses`, :mod:`~prove.train.collate`) import
-only torch; the Trainer subclass (:mod:`~prove.train.trainer`) overrides ``compute_loss`` and ``log``.
+only torch; the Trainer subclass (:mod:`~prove.train.trainer`) overrides ``compute_loss`` and ``log``;
+:mod:`~prove.train.distill` holds stage distill (generation with ``prove.decode``, its loss and trainer).
 """

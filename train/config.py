@@ -18,6 +18,8 @@ from typing import Any
 from omegaconf import MISSING
 
 MASK_TOKEN = "<|mask|>"
+GREEDY_EXACT_METHODS = ("prove-lossless", "ar")
+"""Decoding methods whose output is exactly the proposer's greedy AR output (needing no second model)."""
 
 
 class _Choice(str, Enum):
@@ -31,6 +33,13 @@ class Stage(_Choice):
     sft = "sft"
     mars = "mars"
     distill = "distill"
+
+
+class Role(_Choice):
+    """Which model of the proposer–verifier pair a stage trains (DESIGN §2)."""
+
+    proposer = "proposer"
+    verifier = "verifier"
 
 
 @dataclass
@@ -120,15 +129,69 @@ class StageConfig:
     """What the stage trains (DESIGN §2, §2.1)."""
 
     name: Stage = Stage.sft
-    """``sft``, ``mars`` (block training) or ``distill`` (verifier; not yet implemented)."""
+    """``sft``, ``mars`` (block training) or ``distill`` (the verifier, on the proposer's outputs; DESIGN §2.3)."""
+    role: Role = Role.proposer
+    """The model trained: ``proposer`` (sft, mars) or ``verifier`` (distill; sft too, for a verifier trained from
+    scratch like the tiny recipe's). Recipes key their per-stage knobs and output folders by it."""
     init_from: str | None = None
-    """Checkpoint the stage starts from instead of ``model.name_or_path`` (mars: the sft stage's output)."""
+    """Checkpoint the stage starts from instead of ``model.name_or_path`` (mars: the sft stage's output;
+    distill: the stock verifier)."""
     block_size: int = 16
     """K, the number of placeholders filled per forward pass (mars)."""
     ar_weight: float = 1.0
     """Weight of the clean-stream (AR) CE added to the noisy-stream CE (mars)."""
     mask_token: str = MASK_TOKEN
     """The placeholder token added to the tokenizer (mars)."""
+
+
+@dataclass
+class DistillConfig:
+    """Verifier distillation (stage distill, DESIGN §2.3): generate the proposer's greedy responses with
+    ``prove.decode``, then fine-tune the verifier on them (CE on the response + optional top-k KL)."""
+
+    proposer: str = "${run_dir}/mars"
+    """The proposer checkpoint whose outputs the verifier learns (a ``prove-train stage=mars`` output)."""
+    prompts: str | None = None
+    """A prompt file as ``prove-decode`` reads it (JSONL ``prompt``/``messages``, or text lines); ``None``: the
+    conversations of ``data`` without their final assistant turn."""
+    num_prompts: int | None = None
+    """Use only the first N prompts."""
+    method: str = "prove-lossless"
+    """Decoding method; a greedy-exact one (``prove-lossless``, ``ar``) so responses are the proposer's AR output."""
+    block_size: int | None = None
+    """K for block methods; ``None``: the proposer's trained block size."""
+    max_new_tokens: int = 512
+    """Longest response generated."""
+    dtype: str = "float32"
+    """Dtype of the proposer while generating: ``float32``, ``bfloat16``, ``float16``."""
+    device: str | None = None
+    """Generation device; ``None``: ``cuda:<LOCAL_RANK>`` when a GPU is present, else ``cpu``."""
+    top_k: int = 8
+    """Store the proposer's top-k log-probs at each response position (0: store none; ``kl_weight`` needs ≥ 1)."""
+    kl_weight: float = 0.0
+    """Weight of the token-level KL(p̂_topk ‖ q) added to the response CE (:func:`prove.train.distill.distill_loss`)."""
+    generated_dir: str = "${run_dir}/distill-data"
+    """Where the generated set goes: ``shards/`` (JSONL, flushed per record; a rerun resumes), ``dataset/``
+    (``datasets.save_to_disk``) and ``generation.json`` (proposer + decode settings)."""
+
+    def __post_init__(self) -> None:
+        if self.top_k < 0:
+            raise ValueError(f"distill.top_k={self.top_k}: use 0 (store none) or a positive k")
+        if self.kl_weight < 0:
+            raise ValueError(f"distill.kl_weight={self.kl_weight} must be ≥ 0")
+        if self.kl_weight > 0 and self.top_k < 1:
+            raise ValueError("distill.kl_weight > 0 needs the proposer's top-k log-probs: set distill.top_k ≥ 1")
+        if self.num_prompts is not None and self.num_prompts < 1:
+            raise ValueError(f"distill.num_prompts={self.num_prompts}: use ≥ 1, or null for every prompt")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"distill.max_new_tokens={self.max_new_tokens} must be ≥ 1")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"distill.dtype={self.dtype!r}: use float32, bfloat16 or float16")
+        if self.method not in GREEDY_EXACT_METHODS:
+            raise ValueError(
+                f"distill.method={self.method!r}: the responses must be the proposer's own greedy output; use one of "
+                f"{list(GREEDY_EXACT_METHODS)} (prove-lossless is the fast one)"
+            )
 
 
 @dataclass
@@ -213,6 +276,8 @@ class TrainConfig:
     """A DeepSpeed config (JSON-able; ``auto`` where TrainingArguments owns the value), or ``None``."""
     peft: PeftConfig = field(default_factory=PeftConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    """Stage distill's generation and loss settings (ignored by sft and mars)."""
 
     run_name: str = "default"
     """Names the run: outputs go to ``runs/<run_name>/<stage>``."""
@@ -241,8 +306,17 @@ class TrainConfig:
             raise ValueError(f"block_size={k} exceeds max_len={max_len}: lower block_size or raise max_len")
         if max_len < 2:
             raise ValueError(f"max_len={max_len}: an example needs at least a prompt and one response token")
+        if self.stage.name == Stage.mars and self.stage.role == Role.verifier:
+            raise ValueError("stage=mars trains the block proposer: drop stage.role=verifier (the verifier is a plain AR "
+                             "model: stage=sft stage.role=verifier, or stage=distill)")
         if self.stage.name == Stage.distill:
-            raise ValueError("stage=distill is not implemented yet: run stage=sft or stage=mars")
+            if self.stage.role != Role.verifier:
+                raise ValueError("stage=distill trains the verifier: drop stage.role=proposer")
+            if self.stage.init_from is None and self.model.name_or_path is None:
+                raise ValueError(
+                    "stage=distill fine-tunes an existing verifier: set stage.init_from=<verifier checkpoint or hub id> "
+                    "(ProVe: Qwen/Qwen2.5-0.5B-Instruct; the tiny recipe: runs/tiny/verifier-sft)"
+                )
 
 
 def register_configs() -> None:

@@ -1,9 +1,11 @@
-"""``train(cfg)``: one stage of the proposer pipeline (DESIGN §2), end to end.
+"""``train(cfg)``: one stage of the pipeline (DESIGN §2), end to end.
 
+0) stage distill: generate the proposer's responses (:mod:`prove.train.distill`), before TrainingArguments so
+   that under ZeRO-3 the proposer loads whole, for decoding, not partitioned;
 1) TrainingArguments first (under ZeRO-3 they make ``from_pretrained`` load weights partitioned);
 2) tokenizer and model: from ``stage.init_from`` / ``model.name_or_path``, or a tiny Qwen2 from scratch;
 3) stage mars: add ``<|mask|>`` (a spare embedding row, else resize);
-4) data: load the conversations, tokenize with the chat template (``prove.data``);
+4) data: load the conversations, tokenize with the chat template (``prove.data``); distill: the generated set;
 5) optional LoRA; 6) train (resuming from the last checkpoint in ``output_dir``);
 7) save the checkpoint contract of DESIGN §2.2: a Hugging Face directory + tokenizer + ``prove.json``.
 """
@@ -54,10 +56,17 @@ def _run(cfg: TrainConfig, tracker) -> StageResult:
     from transformers.trainer_utils import get_last_checkpoint
 
     output_dir = Path(cfg.trainer.output_dir)
+    is_distill = cfg.stage.name == Stage.distill
+    if is_distill:  # 0) this rank's share of the proposer's responses (a rerun resumes)
+        from prove.train import distill
+
+        distill.generate_responses(cfg)
     args = training_arguments(cfg, report_to=tracker.report_to)
 
     # 2) tokenizer + model
     tokenizer, model, base_model = build_model_and_tokenizer(cfg, args)
+    if is_distill:
+        distill.check_same_vocab(tokenizer, cfg.distill.proposer)
 
     # 3) the placeholder token (also for sft, so the checkpoint decodes with block methods after mars)
     mask_id = None
@@ -69,20 +78,28 @@ def _run(cfg: TrainConfig, tracker) -> StageResult:
         mask_id = tokenizer.convert_tokens_to_ids(cfg.stage.mask_token)
 
     # 4) data
+    if is_distill and torch.distributed.is_initialized():
+        torch.distributed.barrier()  # every rank has written its shard
     with args.main_process_first(desc="tokenizing"):
-        dataset = tokenized_dataset(cfg, tokenizer)
+        if is_distill:
+            generated = distill.build_generated_set(cfg.distill.generated_dir)
+            dataset = distill.training_rows(generated, cfg.data.max_len)
+        else:
+            dataset = tokenized_dataset(cfg, tokenizer)
 
     # 5) LoRA
     if cfg.peft.kind == PeftKind.lora:
-        model = apply_lora(model, cfg, mask_id)
+        model = apply_lora(model, cfg, None if is_distill else mask_id)
 
     # 6) train
     is_mars = cfg.stage.name == Stage.mars
-    collator = Collator(
+    collator: Any = Collator(
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         block_size=cfg.stage.block_size if is_mars else 1,
     )
+    if is_distill:
+        collator = distill.DistillCollator(pad_token_id=tokenizer.pad_token_id)
     callbacks = []
     if cfg.trainer.max_minutes is not None:
         callbacks.append(WallClockCallback(cfg.trainer.max_minutes))
@@ -95,6 +112,8 @@ def _run(cfg: TrainConfig, tracker) -> StageResult:
         trainer: Trainer = MarsTrainer(
             **common, mask_token_id=mask_id, block_size=cfg.stage.block_size, ar_weight=cfg.stage.ar_weight
         )
+    elif is_distill:
+        trainer = distill.make_trainer(cfg, **common)
     else:
         trainer = Trainer(**common)
 
@@ -244,14 +263,19 @@ def prove_meta(cfg: TrainConfig, base_model: str, tokenizer, mask_id: int | None
 
     is_mars = cfg.stage.name == Stage.mars
     config = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
+    extra = {"role": str(cfg.stage.role), "ar_weight": cfg.stage.ar_weight if is_mars else None,
+             "init_from": cfg.stage.init_from, "peft": str(cfg.peft.kind), "training_config": config}
+    if cfg.stage.name == Stage.distill:
+        from prove.train.distill import meta_extra
+
+        extra.update(meta_extra(cfg))
     return ProveMeta(
         stage=str(cfg.stage.name),
         base_model=base_model,
         block_size=cfg.stage.block_size if is_mars else None,
         mask_token=cfg.stage.mask_token if mask_id is not None else None,
         mask_token_id=mask_id,
-        extra={"ar_weight": cfg.stage.ar_weight if is_mars else None, "init_from": cfg.stage.init_from,
-               "peft": str(cfg.peft.kind), "training_config": config},
+        extra=extra,
     )
 
 

@@ -15,6 +15,7 @@ TRAIN_GROUPS = ("model", "data", "stage", "trainer", "deepspeed", "peft", "logge
 REQUIRED = {
     ("model", "hf"): ["model.name_or_path=Qwen/Qwen2.5-0.5B-Instruct"],
     ("data", "jsonl"): ["data.path=conversations.jsonl"],
+    ("stage", "distill"): ["stage.init_from=Qwen/Qwen2.5-0.5B-Instruct"],
 }
 
 
@@ -38,7 +39,7 @@ def test_every_train_yaml_composes():
             cfg = train_config([f"recipe={recipe}", f"stage={stage}"])
             assert cfg.run_name == recipe and cfg.output_dir == f"runs/{recipe}/{stage}"
         composed += 1
-    assert composed == 1 + 17 + 2, "a YAML was added or removed: update this count (and check it composes)"
+    assert composed == 1 + 18 + 2, "a YAML was added or removed: update this count (and check it composes)"
     assert len(recipes) == 2
 
 

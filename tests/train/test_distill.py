@@ -1,0 +1,296 @@
+"""Stage distill (DESIGN §2.3): the loss against a hand computation, the generated set (exact greedy output,
+top-k aligned, resumable), the verifier's training rows, and the stage end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from prove.train.config import Role, Stage
+from prove.train.distill import (
+    DistillCollator,
+    build_generated_set,
+    distill_loss,
+    generate_responses,
+    read_shards,
+    training_rows,
+)
+from train_helpers import losses, tiny_overrides, train_config
+
+# -- the loss ----------------------------------------------------------------------------------------------------
+
+
+def _hand_loss(logits, labels, topk_ids, topk_logprobs, kl_weight):
+    """Loops over every position: CE = mean of −log q(y); KL = mean of Σ_i p̂_i (log p̂_i − log q_i)."""
+    ce_terms, kl_terms = [], []
+    for b in range(labels.shape[0]):
+        for t in range(1, labels.shape[1]):
+            y = int(labels[b, t])
+            if y == -100:
+                continue
+            z = [float(v) for v in logits[b, t - 1]]
+            lse = math.log(sum(math.exp(v) for v in z))
+            ce_terms.append(lse - z[y])
+            lp = [float(v) for v in topk_logprobs[b, t]]
+            norm = math.log(sum(math.exp(v) for v in lp))
+            kl = 0.0
+            for i, tok in enumerate(topk_ids[b, t].tolist()):
+                p_hat = math.exp(lp[i] - norm)
+                kl += p_hat * ((lp[i] - norm) - (z[tok] - lse))
+            kl_terms.append(kl)
+    ce, kl = sum(ce_terms) / len(ce_terms), sum(kl_terms) / len(kl_terms)
+    return ce + kl_weight * kl, ce, kl
+
+
+def test_distill_loss_matches_a_hand_computation():
+    g = torch.Generator().manual_seed(0)
+    bsz, length, vocab, k = 2, 5, 7, 3
+    logits = torch.randn(bsz, length, vocab, generator=g)  # (B, L, V)
+    labels = torch.tensor([[-100, -100, 4, 1, 6], [-100, 2, 3, -100, -100]])  # (B, L): prompt/padding -100
+    topk_ids = torch.randint(0, vocab, (bsz, length, k), generator=g)  # (B, L, k)
+    topk_logprobs = torch.log_softmax(torch.randn(bsz, length, vocab, generator=g), -1)[..., :k]  # unnormalised over k
+    for w in (0.0, 0.7):
+        out = distill_loss(logits, labels, topk_ids, topk_logprobs, kl_weight=w)
+        loss, ce, kl = _hand_loss(logits, labels, topk_ids, topk_logprobs, w)
+        assert out.loss.item() == pytest.approx(loss, rel=1e-5)
+        assert out.ce.item() == pytest.approx(ce, rel=1e-5)
+        if w > 0:
+            assert out.kl.item() == pytest.approx(kl, rel=1e-5) and kl > 0
+        else:
+            assert out.kl.item() == 0.0
+    # kl_weight = 0 is plain SFT: transformers' own causal-LM loss on the same batch
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    assert distill_loss(logits, labels).loss.item() == pytest.approx(ForCausalLMLoss(logits, labels, vocab).item())
+
+
+def test_kl_vanishes_when_the_verifier_is_the_truncated_proposer():
+    vocab, k = 6, 2
+    p = torch.tensor([0.5, 0.3, 0.1, 0.05, 0.03, 0.02])
+    p_hat = torch.tensor([0.5, 0.3]) / 0.8
+    logits = torch.full((1, 2, vocab), -1e4)
+    logits[0, 0, :k] = p_hat.log()  # the verifier's softmax is p̂ (its mass outside the top-k is ~0)
+    labels = torch.tensor([[-100, 0]])
+    topk_ids = torch.tensor([[[0, 1], [0, 1]]])
+    topk_logprobs = p[:k].log().expand(1, 2, k)
+    assert distill_loss(logits, labels, topk_ids, topk_logprobs, kl_weight=1.0).kl.item() == pytest.approx(0, abs=1e-6)
+    with pytest.raises(ValueError, match="top-k"):
+        distill_loss(logits, labels, kl_weight=1.0)
+
+
+def test_collator_puts_each_top_k_at_its_label_position():
+    rows = [
+        {"input_ids": [5, 6, 7, 8], "labels": [-100, -100, 7, 8], "topk_ids": [[7, 1], [8, 2]],
+         "topk_logprobs": [[-0.1, -2.0], [-0.2, -3.0]]},
+        {"input_ids": [5, 9, 4], "labels": [-100, 9, 4], "topk_ids": [[9, 3], [4, 3]],
+         "topk_logprobs": [[-0.3, -1.0], [-0.4, -1.5]]},
+    ]
+    batch = DistillCollator(pad_token_id=0)(rows)
+    assert batch["topk_ids"].shape == (2, 4, 2) and batch["labels"].shape == (2, 4)
+    resp = batch["labels"] != -100
+    assert torch.equal(batch["topk_ids"][..., 0][resp], batch["labels"][resp])  # top-1 is the label here
+    assert torch.equal(batch["topk_ids"][~resp], torch.zeros_like(batch["topk_ids"][~resp]))
+    assert batch["topk_logprobs"][1, 2].tolist() == pytest.approx([-0.4, -1.5])
+
+
+# -- config ------------------------------------------------------------------------------------------------------
+
+
+def test_distill_config_and_the_tiny_recipe():
+    cfg = train_config(["recipe=tiny", "stage=distill"])
+    assert cfg.stage.name == Stage.distill and cfg.stage.role == Role.verifier
+    assert cfg.stage.init_from == "runs/tiny/verifier-sft" and cfg.output_dir == "runs/tiny/verifier-distill"
+    assert cfg.distill.proposer == "runs/tiny/mars" and cfg.distill.generated_dir == "runs/tiny/distill-data"
+    assert cfg.distill.method == "prove-lossless" and cfg.trainer.max_minutes
+    vsft = train_config(["recipe=tiny", "stage=sft", "stage.role=verifier"])
+    assert vsft.output_dir == "runs/tiny/verifier-sft" and vsft.model.scratch.layers == 2
+    assert vsft.model.scratch.hidden == 128 and vsft.trainer.max_steps == 600
+    assert train_config(["recipe=tiny", "stage=sft"]).model.scratch.layers == 4
+
+
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (["stage=distill"], "stage.init_from"),
+        (["stage=distill", "stage.init_from=v", "distill.kl_weight=1", "distill.top_k=0"], "top_k"),
+        (["stage=distill", "stage.init_from=v", "distill.method=prove"], "greedy"),
+        (["stage=distill", "stage.init_from=v", "stage.role=proposer"], "trains the verifier"),
+        (["stage=mars", "stage.role=verifier"], "block proposer"),
+    ],
+)
+def test_distill_config_errors(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        train_config(overrides)
+
+
+# -- generation ----------------------------------------------------------------------------------------------------
+
+
+def _varied(model, std: float, seed: int):
+    """Larger random weights, so a random model's greedy output varies (the default init repeats one token)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, std, generator=g)
+    return model
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, qwen2_factory, tokenizer):
+    """A random 'MARS' proposer (K = 4, with <|mask|>) and a random stock verifier (same tokenizer)."""
+    from prove.decode.checkpoint import MASK_TOKEN, ProveMeta, write_prove_json
+
+    root = tmp_path_factory.mktemp("models")
+    proposer = _varied(qwen2_factory(len(tokenizer), seed=0, eos_token_id=tokenizer.eos_token_id), 0.3, 0)
+    proposer.save_pretrained(root / "mars")
+    tokenizer.save_pretrained(root / "mars")
+    write_prove_json(root / "mars", ProveMeta(stage="mars", base_model="tiny-random", block_size=4,
+                                              mask_token=MASK_TOKEN,
+                                              mask_token_id=tokenizer.convert_tokens_to_ids(MASK_TOKEN)))
+    verifier = qwen2_factory(len(tokenizer), seed=1, layers=1, hidden=32, heads=2, kv_heads=1, intermediate=64)
+    verifier.save_pretrained(root / "verifier")
+    tokenizer.save_pretrained(root / "verifier")
+    return root / "mars", root / "verifier"
+
+
+def _cfg(run_dir: Path, data: Path, models, **kw):
+    proposer, verifier = models
+    base = {"stage": "distill", "stage.init_from": str(verifier), "distill.proposer": str(proposer),
+            "distill.num_prompts": 6, "distill.max_new_tokens": 10, "distill.top_k": 4}
+    base.update(kw)
+    return train_config(tiny_overrides(run_dir, data, **base))
+
+
+def _rows(ds) -> list[dict]:
+    return [dict(r) for r in ds]
+
+
+def test_generated_set_is_the_proposers_greedy_output_with_aligned_top_k(tmp_path, arithmetic_jsonl, models):
+    from prove.decode import Decoder
+
+    cfg = _cfg(tmp_path, arithmetic_jsonl, models)
+    out = generate_responses(cfg, progress=False)
+    ds = build_generated_set(out)
+    settings = json.loads((out / "generation.json").read_text())
+    assert settings["complete"] and settings["proposer"] == str(models[0]) and settings["block_size"] == 4
+    assert settings["method"] == "prove-lossless" and settings["proposer_meta"]["stage"] == "mars"
+    assert (out / "dataset" / "state.json").is_file() and len(ds) == 6
+    ar = Decoder.from_pretrained(str(models[0]), method="ar")
+    for row in ds:
+        prompt = row["messages"][:-1]
+        assert row["prompt_ids"] == ar.encode(prompt)
+        assert row["response_ids"] == ar.generate(prompt, max_new_tokens=10).token_ids  # identical to AR greedy
+        assert row["messages"][-1]["role"] == "assistant"
+        assert len(row["topk_ids"]) == len(row["response_ids"]) and len(row["topk_ids"][0]) == 4
+        # greedy: the response token is the proposer's top-1 at its position, and log-probs are sorted
+        assert [t[0] for t in row["topk_ids"]] == row["response_ids"]
+        assert all(lp == sorted(lp, reverse=True) and lp[0] <= 0 for lp in row["topk_logprobs"])
+
+
+def test_interrupted_generation_resumes_to_the_same_dataset(tmp_path, arithmetic_jsonl, models):
+    whole = build_generated_set(generate_responses(_cfg(tmp_path / "a", arithmetic_jsonl, models), progress=False))
+
+    cfg = _cfg(tmp_path / "b", arithmetic_jsonl, models)
+
+    def crash_after_three(rec):
+        if rec["index"] == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        generate_responses(cfg, progress=False, on_record=crash_after_three)
+    shard = tmp_path / "b" / "distill-data" / "shards" / "part-00000.jsonl"
+    assert len(read_shards(shard.parent)) == 3
+    with shard.open("a") as f:  # killed while writing the next record
+        f.write('{"index": 3, "id": "x", "messages": [')
+    with pytest.raises(ValueError, match="3 of 6 prompts have no response"):
+        build_generated_set(tmp_path / "b" / "distill-data")
+    seen = []
+    generate_responses(cfg, progress=False, on_record=lambda r: seen.append(r["index"]))
+    assert seen == [3, 4, 5]  # only what was missing
+    resumed = build_generated_set(tmp_path / "b" / "distill-data")
+    assert _rows(resumed) == _rows(whole)
+    # a finished set is reused; other settings in the same folder are refused
+    generate_responses(cfg, progress=False, on_record=lambda r: pytest.fail("regenerated"))
+    with pytest.raises(ValueError, match="other settings"):
+        generate_responses(_cfg(tmp_path / "b", arithmetic_jsonl, models, **{"distill.max_new_tokens": 11}))
+
+
+def test_training_rows_are_prove_data_tokenization(tmp_path, arithmetic_jsonl, models, tokenizer):
+    """The ids trained on are the generated ids, which are prove.data's chat-template tokenization of
+    messages (prompt turns + the response as assistant turn) wherever the response ended on EOS."""
+    from prove.data.chat import encode_conversation
+
+    ds = build_generated_set(generate_responses(_cfg(tmp_path, arithmetic_jsonl, models), progress=False))
+    # random weights rarely stop on EOS: check the property on the rows, ending each one at EOS as a
+    # trained proposer does
+    eos = tokenizer.eos_token_id
+    for row in ds:
+        resp = [t for t in row["response_ids"] if t != eos] + [eos]
+        text = tokenizer.decode(resp, skip_special_tokens=True)
+        messages = row["messages"][:-1] + [{"role": "assistant", "content": text}]
+        encoded, reason, _ = encode_conversation(tokenizer, messages, 256)
+        assert reason is None
+        ids = row["prompt_ids"] + resp
+        if tokenizer(text, add_special_tokens=False)["input_ids"] == resp[:-1]:  # text round-trips to the same ids
+            assert encoded["input_ids"] == ids
+            assert encoded["labels"] == [-100] * len(row["prompt_ids"]) + resp
+    rows = training_rows(ds, max_len=256)
+    for gen, tr in zip(ds, rows, strict=True):
+        p = len(gen["prompt_ids"])
+        assert tr["input_ids"] == gen["prompt_ids"] + gen["response_ids"]
+        assert tr["labels"] == [-100] * p + gen["response_ids"]
+        assert tr["topk_ids"] == gen["topk_ids"]
+    short = training_rows(ds, max_len=len(ds[0]["prompt_ids"]) + 2)
+    assert all(len(r["topk_ids"]) == len(r["input_ids"]) - (len(r["labels"]) - sum(x != -100 for x in r["labels"]))
+               for r in short)
+
+
+# -- the stage end to end ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_distill_stage_trains_the_verifier_and_decodes_with_it(tmp_path, arithmetic_jsonl, models, tokenizer):
+    from prove.decode import Decoder
+    from prove.decode.checkpoint import read_prove_json
+    from prove.train.pipeline import train
+    from transformers import AutoModelForCausalLM
+
+    proposer, verifier = models
+    res = train(_cfg(tmp_path, arithmetic_jsonl, models, **{"distill.kl_weight": 1.0, "max_steps": 6, "lr": 1e-2}))
+    assert res.output_dir == tmp_path / "distill" and res.global_step == 6
+    logged = [h for h in res.log_history if "loss" in h]
+    assert all(h["loss_kl"] > 0 and h["loss_ce"] > 0 for h in logged)
+    ls = losses(res.log_history)
+    assert sum(ls[-2:]) < sum(ls[:2]), ls
+    before = dict(AutoModelForCausalLM.from_pretrained(verifier).named_parameters())
+    after = dict(AutoModelForCausalLM.from_pretrained(res.output_dir).named_parameters())
+    assert [n for n in before if torch.equal(before[n], after[n])] == []
+
+    meta = read_prove_json(res.output_dir)
+    assert meta.stage == "distill" and meta.extra["distilled_from"] == str(proposer)
+    assert meta.extra["role"] == "verifier" and meta.extra["kl_weight"] == 1.0 and meta.extra["top_k"] == 4
+    assert meta.extra["generation"]["method"] == "prove-lossless" and meta.extra["generation"]["num_prompts"] == 6
+    assert meta.block_size is None
+
+    # the distilled verifier is ProVe's verifier for its proposer
+    dec = Decoder.from_pretrained(str(proposer), method="prove", verifier=str(res.output_dir), theta=0.01)
+    out = dec.generate([{"role": "user", "content": "Ana has 3 apples. How many?"}], max_new_tokens=8)
+    assert len(out.token_ids) > 0 and out.stats.verifier_passes > 0
+
+
+def test_distilled_verifier_with_another_tokenizer_is_refused(tmp_path, models, qwen2_factory, corpus):
+    """The engine's rule, through the distill stage's own check: the verifier must share the proposer's vocabulary."""
+    from prove.data.tokenizer import train_chatml_bpe
+    from prove.train.distill import check_same_vocab
+
+    proposer, verifier = models
+    from transformers import AutoTokenizer
+
+    check_same_vocab(AutoTokenizer.from_pretrained(verifier), str(proposer))
+    other = train_chatml_bpe(corpus[:50], vocab_size=280, with_mask=False)
+    with pytest.raises(ValueError, match="tokenizer differs"):
+        check_same_vocab(other, str(proposer))

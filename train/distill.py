@@ -1,0 +1,511 @@
+"""Verifier distillation (stage distill, DESIGN §2.3): the verifier learns the proposer's own outputs.
+
+ProVe reports that a verifier fine-tuned on the proposer's greedy responses commits 6–10% more tokens per
+cycle at the same error rate. The stage has two steps:
+
+1) **Generate** (:func:`generate_responses`, :func:`build_generated_set`). The proposer (``distill.proposer``,
+   a MARS checkpoint) answers each prompt greedily through ``prove.decode`` with ``prove-lossless`` (token for
+   token its AR output, ~6× fewer passes). Each finished response is appended to a JSONL shard and flushed,
+   one shard per process (``shards/part-<rank>.jsonl``); a rerun skips every prompt already in any shard and
+   drops a half-written last line, so an interrupted generation resumes where it stopped and ends with the
+   same set as an uninterrupted one. The shards are then assembled, in prompt order, into a ``datasets``
+   dataset (``save_to_disk``: ``<generated_dir>/dataset``) in the Dolci schema (``messages`` = the prompt
+   turns + the proposer's response as the assistant turn) plus the exact token ids; ``generation.json``
+   beside it records the proposer checkpoint (and its prove.json) and the decode settings. A finished set
+   with the same settings is reused; different settings in the same folder are an error.
+
+   *Top-k log-probs* (``distill.top_k``): after a response is generated, one teacher-forced forward of the
+   proposer over ``[prompt, response]`` with a plain causal mask gives its AR distribution p at every
+   response position (the lossless verify pass computes the same logits, but only for the block positions
+   it scored; one extra pass per response keeps the engine untouched and is exact in fp32). The top-k ids and
+   their log p (unnormalised over the k) are stored per response token.
+
+2) **Fine-tune** the verifier (``stage.init_from``, else ``model.name_or_path``) on (prompt, response):
+   :func:`distill_loss` = CE on the response tokens + ``distill.kl_weight`` × token-level KL. The training
+   ids are exactly ``prompt_ids + response_ids`` as generated — the ids the verifier scores when it
+   verifies this proposer — which is what ``prove.data``'s chat-template tokenization of ``messages`` gives
+   (checked by a test), without a decode/re-encode round trip that could shift the KL targets.
+
+The verifier checkpoint's ``prove.json`` records ``distilled_from`` (the proposer) and the generation
+settings; ``prove.decode`` refuses a verifier whose tokenizer differs from the proposer's.
+
+    prove-train recipe=tiny stage=distill
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    import datasets
+    from prove.train.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+GENERATION_JSON = "generation.json"
+# generation.json keys that must match for a rerun to resume (or reuse) what is in generated_dir.
+_SETTING_KEYS = ("proposer", "method", "block_size", "max_new_tokens", "dtype", "top_k", "prompts", "num_prompts")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the loss (pure: torch only)
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillLoss:
+    """The loss and its two terms (token means over the batch's response tokens), for logging."""
+
+    loss: torch.Tensor
+    ce: torch.Tensor
+    kl: torch.Tensor
+
+
+def distill_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    topk_ids: torch.Tensor | None = None,
+    topk_logprobs: torch.Tensor | None = None,
+    kl_weight: float = 0.0,
+) -> DistillLoss:
+    """CE on the response tokens + ``kl_weight`` × the token-level top-k KL to the proposer.
+
+    Shapes: ``logits`` ``(B, L, V)`` (the verifier's, output t predicts input t + 1); ``labels`` ``(B, L)``,
+    -100 on the prompt and padding; ``topk_ids`` / ``topk_logprobs`` ``(B, L, k)``: at each label position t,
+    the proposer's k most likely tokens for position t and their log-probabilities log p (as the proposer's
+    full softmax gave them).
+
+    With p̂ the proposer's distribution truncated to its top-k and renormalised,
+    p̂_i = exp(log p_i) / Σ_{j∈top-k} exp(log p_j), and q the verifier's full softmax over the vocabulary,
+    the KL term at a response position is
+
+        KL(p̂ ‖ q) = Σ_{i ∈ top-k} p̂_i · (log p̂_i − log q_i),
+
+    a proper KL between two distributions over the whole vocabulary (p̂ is 0 outside the top-k): ≥ 0, and 0
+    only when q equals p̂. It is not q renormalised over the top-k, so it also moves the verifier's mass from
+    outside the proposer's top-k into it, which is what raises q on the tokens the proposer proposes.
+
+    Both terms are means over the batch's response tokens (each token weighs the same, as in SFT).
+    """
+    bsz, length, vocab = logits.shape
+    z = logits[:, :-1].float()  # (B, L-1, V): output t predicts label t+1
+    targets = labels[:, 1:]  # (B, L-1)
+    valid = targets != IGNORE_INDEX  # (B, L-1)
+    count = valid.sum().clamp(min=1)
+    ce = F.cross_entropy(z.reshape(-1, vocab), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum") / count
+    kl = torch.zeros((), dtype=ce.dtype, device=ce.device)
+    if kl_weight > 0:
+        if topk_ids is None or topk_logprobs is None:
+            raise ValueError("kl_weight > 0 needs the proposer's top-k ids and log-probs (distill.top_k ≥ 1)")
+        ids = topk_ids[:, 1:].long()  # (B, L-1, k)
+        log_p_hat = torch.log_softmax(topk_logprobs[:, 1:].float(), dim=-1)  # (B, L-1, k): renormalised over the k
+        log_q = z.gather(-1, ids) - torch.logsumexp(z, dim=-1, keepdim=True)  # (B, L-1, k): verifier's full softmax
+        per_token = (log_p_hat.exp() * (log_p_hat - log_q)).sum(-1)  # (B, L-1)
+        kl = (per_token * valid).sum() / count
+    return DistillLoss(loss=ce + kl_weight * kl, ce=ce.detach(), kl=kl.detach())
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 1) generation
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+    index: int
+    """Position in the prompt set (the order of the assembled dataset)."""
+    id: str
+    messages: list[dict[str, str]]
+    """The prompt turns ({role, content})."""
+
+
+def prompt_set(cfg: TrainConfig) -> tuple[list[Prompt], str]:
+    """The prompts to answer and a description of their source (recorded in generation.json)."""
+    d = cfg.distill
+    prompts: list[Prompt] = []
+    if d.prompts is not None:
+        from prove.decode.prompts import read_prompts, render
+
+        for rec in read_prompts(d.prompts):
+            turns = render(rec, chat=True)
+            assert isinstance(turns, list)
+            prompts.append(Prompt(len(prompts), str(rec.id), _clean(turns)))
+            if d.num_prompts is not None and len(prompts) >= d.num_prompts:
+                break
+        source = str(d.prompts)
+    else:
+        from prove.train.pipeline import load_rows
+
+        rows = load_rows(cfg)
+        if d.num_prompts is not None:
+            rows = rows.select(range(min(d.num_prompts, len(rows))))
+        for i, row in enumerate(rows):
+            turns = _clean(row["messages"])
+            if turns and turns[-1]["role"] == "assistant":
+                turns = turns[:-1]
+            if not turns:
+                continue
+            prompts.append(Prompt(len(prompts), str(row.get("id", i)), turns))
+        source = f"data:{cfg.data.path}" + (f"[{cfg.data.name}]" if cfg.data.name else "") + f":{cfg.data.split}"
+    if not prompts:
+        raise ValueError(f"no prompts in {source}: set distill.prompts=<prompt file> or data.path=<conversations>")
+    return prompts, source
+
+
+def _clean(messages: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
+    return [{"role": str(m["role"]), "content": str(m["content"])} for m in messages if m.get("content") is not None]
+
+
+def generation_settings(cfg: TrainConfig, source: str, n_prompts: int, block_size: int | None) -> dict[str, Any]:
+    """What generation.json records; the keys of ``_SETTING_KEYS`` must match for a rerun to resume."""
+    from prove.decode.checkpoint import read_prove_json
+
+    d = cfg.distill
+    meta = read_prove_json(d.proposer) if Path(d.proposer).is_dir() else None
+    return {
+        "proposer": str(d.proposer),
+        "proposer_meta": None if meta is None else {k: v for k, v in meta.to_dict().items() if k != "training_config"},
+        "method": d.method,
+        "block_size": block_size,
+        "max_new_tokens": d.max_new_tokens,
+        "dtype": d.dtype,
+        "top_k": d.top_k,
+        "prompts": source,
+        "num_prompts": n_prompts,
+        "top_k_source": "teacher-forced forward of the proposer over [prompt, response] (its AR distribution)",
+    }
+
+
+def _block_size(cfg: TrainConfig) -> int | None:
+    """K the block method decodes with: ``distill.block_size``, else the proposer's trained one (prove.json)."""
+    from prove.decode.checkpoint import read_prove_json
+    from prove.decode.methods import get_method
+
+    if not get_method(cfg.distill.method).needs_mask:
+        return None
+    if cfg.distill.block_size is not None:
+        return cfg.distill.block_size
+    meta = read_prove_json(cfg.distill.proposer)
+    return None if meta is None else meta.block_size
+
+
+def _check_settings(directory: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The stored generation.json (None if absent); a mismatch with ``settings`` is a ValueError."""
+    path = directory / GENERATION_JSON
+    if not path.is_file():
+        return None
+    stored = json.loads(path.read_text())
+    diff = {k: (stored.get(k), settings[k]) for k in _SETTING_KEYS if stored.get(k) != settings[k]}
+    if diff:
+        raise ValueError(
+            f"{directory} holds responses generated with other settings ({diff}, stored vs now): "
+            "set distill.generated_dir=<new folder>, or delete it to regenerate"
+        )
+    return stored
+
+
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+def read_shards(shard_dir: Path, own: Path | None = None) -> dict[int, dict[str, Any]]:
+    """Every complete record in ``shard_dir/*.jsonl`` by prompt index; ``own``'s half-written tail is cut."""
+    records: dict[int, dict[str, Any]] = {}
+    for shard in sorted(shard_dir.glob("*.jsonl")):
+        good = 0
+        with shard.open("rb") as f:
+            for raw in f:
+                try:
+                    if not raw.endswith(b"\n"):
+                        raise ValueError("unterminated line")
+                    rec = json.loads(raw)
+                except ValueError:
+                    break
+                records.setdefault(int(rec["index"]), rec)
+                good += len(raw)
+        if shard == own and good != shard.stat().st_size:
+            with shard.open("r+b") as f:
+                f.truncate(good)
+    return records
+
+
+def _rank_and_world() -> tuple[int, int]:
+    """From the launcher's environment (torchrun / deepspeed), before torch.distributed is initialised."""
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def _device(cfg: TrainConfig) -> str:
+    if cfg.distill.device is not None:
+        return cfg.distill.device
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu"
+
+
+@torch.no_grad()
+def top_k_logprobs(model: Any, prompt_ids: list[int], response_ids: list[int], k: int) -> tuple[list, list]:
+    """The proposer's top-k (ids, log-probs) at each response position: one teacher-forced causal pass."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt_ids + response_ids], device=device)  # (1, P+R)
+    logits = model(input_ids=ids, use_cache=False).logits[0]  # (P+R, V)
+    p = len(prompt_ids)
+    logp = torch.log_softmax(logits[p - 1 : p - 1 + len(response_ids)].float(), dim=-1)  # (R, V)
+    top = logp.topk(k, dim=-1)  # (R, k)
+    return top.indices.tolist(), top.values.tolist()
+
+
+def generate_responses(
+    cfg: TrainConfig,
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    progress: bool = True,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+) -> Path:
+    """Step 1a: this process's share of the responses, appended to its shard. Returns ``generated_dir``.
+
+    Prompt i goes to rank ``i % world_size``. Prompts already in any shard are skipped, so a rerun resumes;
+    a finished set (``dataset/`` with matching settings) is not touched. ``on_record`` is called after each
+    record is flushed (progress reporting).
+    """
+    from prove.decode import Decoder
+    from tqdm import tqdm
+
+    if rank is None or world_size is None:
+        rank, world_size = _rank_and_world()
+    d = cfg.distill
+    out = Path(d.generated_dir)
+    prompts, source = prompt_set(cfg)
+    if not Path(d.proposer).exists():
+        raise ValueError(f"distill.proposer={d.proposer!r} does not exist: train it first (prove-train stage=mars)")
+    settings = generation_settings(cfg, source, len(prompts), _block_size(cfg))
+    stored = _check_settings(out, settings)
+    if stored is not None and stored.get("complete") and (out / "dataset").is_dir():
+        log.info("reusing the generated set in %s", out)
+        return out
+    shard_dir = out / "shards"
+    shard_dir.mkdir(parents=True, exist_ok=True)
+    if stored is None:
+        _write_json(out / GENERATION_JSON, {**settings, "complete": False})
+    own = shard_dir / f"part-{rank:05d}.jsonl"
+    done = read_shards(shard_dir, own)
+    todo = [p for p in prompts if p.index % world_size == rank and p.index not in done]
+    decoder = Decoder.from_pretrained(
+        str(d.proposer), method=d.method, device=_device(cfg), dtype=d.dtype, block_size=d.block_size
+    )
+    if decoder.method.needs_mask and decoder.params.block_size != settings["block_size"]:
+        raise AssertionError(f"block size {decoder.params.block_size} != {settings['block_size']} recorded")
+    log.info("generating %d responses (%d already done) with %s on %s", len(todo), len(done), d.method, d.proposer)
+    mine = sum(1 for p in prompts if p.index % world_size == rank)
+    bar = tqdm(total=mine, initial=mine - len(todo), file=sys.stderr, disable=not progress, unit="prompt",
+               desc=f"distill generation (rank {rank})")
+    with own.open("a") as f:
+        for p in todo:
+            result = decoder.generate(p.messages, max_new_tokens=d.max_new_tokens)
+            prompt_ids = decoder.encode(p.messages)
+            response_ids = [int(t) for t in result.token_ids]
+            rec: dict[str, Any] = {
+                "index": p.index,
+                "id": p.id,
+                "messages": p.messages + [{"role": "assistant", "content": result.text}],
+                "prompt_ids": prompt_ids,
+                "response_ids": response_ids,
+                "finished": bool(response_ids) and response_ids[-1] in decoder.eos_ids(),
+                "tokens_per_cycle": result.stats.tokens_per_cycle,
+                "cycles": result.stats.cycles,
+            }
+            if d.top_k > 0:
+                rec["topk_ids"], rec["topk_logprobs"] = top_k_logprobs(decoder.model, prompt_ids, response_ids, d.top_k)
+            f.write(json.dumps(rec) + "\n")
+            f.flush()
+            bar.set_postfix(tok_per_cycle=f"{result.stats.tokens_per_cycle:.2f}")
+            bar.update()
+            if on_record is not None:
+                on_record(rec)
+    bar.close()
+    return out
+
+
+def _features(top_k: int):
+    import datasets
+
+    feats = {
+        "index": datasets.Value("int64"),
+        "id": datasets.Value("string"),
+        "messages": datasets.List({"role": datasets.Value("string"), "content": datasets.Value("string")}),
+        "prompt_ids": datasets.List(datasets.Value("int32")),
+        "response_ids": datasets.List(datasets.Value("int32")),
+        "finished": datasets.Value("bool"),
+        "tokens_per_cycle": datasets.Value("float64"),
+        "cycles": datasets.Value("int64"),
+    }
+    if top_k > 0:
+        feats["topk_ids"] = datasets.List(datasets.List(datasets.Value("int32")))
+        feats["topk_logprobs"] = datasets.List(datasets.List(datasets.Value("float32")))
+    return datasets.Features(feats)
+
+
+def build_generated_set(generated_dir: str | Path) -> datasets.Dataset:
+    """Step 1b (one process): the shards, in prompt order, as a dataset saved to ``<generated_dir>/dataset``.
+
+    Loads it instead when it already exists. Raises when a prompt has no response (a rank still running or
+    failed: rerun the stage, it resumes).
+    """
+    import datasets
+
+    out = Path(generated_dir)
+    settings = json.loads((out / GENERATION_JSON).read_text())
+    if settings.get("complete") and (out / "dataset").is_dir():
+        return datasets.load_from_disk(str(out / "dataset"))
+    records = read_shards(out / "shards")
+    n = settings["num_prompts"]
+    missing = [i for i in range(n) if i not in records]
+    if missing:
+        raise ValueError(
+            f"{out}: {len(missing)} of {n} prompts have no response (first: {missing[:5]}): rerun the stage to resume"
+        )
+    rows = [records[i] for i in range(n)]
+    feats = _features(settings["top_k"])
+    columns = {name: [r[name] for r in rows] for name in feats}
+    ds = datasets.Dataset.from_dict(columns, features=feats)
+    ds.save_to_disk(str(out / "dataset"))
+    tpc = [r["tokens_per_cycle"] for r in rows]
+    summary = {
+        "rows": n,
+        "finished_on_eos": sum(r["finished"] for r in rows),
+        "response_tokens": sum(len(r["response_ids"]) for r in rows),
+        "mean_tokens_per_cycle": sum(tpc) / len(tpc),
+    }
+    _write_json(out / GENERATION_JSON, {**settings, "complete": True, "summary": summary})
+    log.info("generated set: %s", summary)
+    return ds
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 2) the verifier's training set, collator and trainer
+# --------------------------------------------------------------------------------------------------------------
+
+
+def training_rows(generated: datasets.Dataset, max_len: int) -> datasets.Dataset:
+    """``input_ids = prompt_ids + response_ids``, ``labels`` = -100 on the prompt, and the top-k per label
+    position (when stored); right-truncated to ``max_len``, rows whose prompt alone is ``max_len`` long dropped."""
+
+    def encode(row: dict[str, Any]) -> dict[str, Any]:
+        p = len(row["prompt_ids"])
+        ids = (list(row["prompt_ids"]) + list(row["response_ids"]))[:max_len]
+        r = len(ids) - p
+        out = {"input_ids": ids, "labels": [IGNORE_INDEX] * p + ids[p:]}
+        if "topk_ids" in row:
+            out["topk_ids"] = row["topk_ids"][:r]
+            out["topk_logprobs"] = row["topk_logprobs"][:r]
+        return out
+
+    kept = generated.filter(lambda row: len(row["prompt_ids"]) < max_len and len(row["response_ids"]) > 0)
+    if len(kept) == 0:
+        raise ValueError(f"no generated row fits max_len={max_len} with a response token: raise max_len")
+    if len(kept) < len(generated):
+        log.warning("distill: dropped %d rows whose prompt is ≥ max_len=%d tokens", len(generated) - len(kept), max_len)
+    return kept.map(encode, remove_columns=kept.column_names, desc="distill rows")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillCollator:
+    """Right-pads ``input_ids`` / ``labels`` (:class:`prove.train.collate.Collator`) and the top-k tensors
+    ``(B, L, k)``, whose entry at a label position t holds the proposer's top-k for token t (zeros elsewhere)."""
+
+    pad_token_id: int
+
+    def __call__(self, rows: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        from prove.train.collate import Collator
+
+        batch = Collator(pad_token_id=self.pad_token_id)(rows)
+        if rows and "topk_ids" in rows[0]:
+            bsz, width = batch["input_ids"].shape
+            k = next((len(r["topk_ids"][0]) for r in rows if len(r["topk_ids"])), 1)
+            ids = torch.zeros((bsz, width, k), dtype=torch.long)  # (B, L, k)
+            logp = torch.zeros((bsz, width, k), dtype=torch.float32)  # (B, L, k)
+            for i, row in enumerate(rows):
+                r = len(row["topk_ids"])
+                if r == 0:
+                    continue
+                p = len(row["input_ids"]) - r  # the response occupies the last r positions
+                ids[i, p : p + r] = torch.tensor(row["topk_ids"], dtype=torch.long)
+                logp[i, p : p + r] = torch.tensor(row["topk_logprobs"], dtype=torch.float32)
+            batch["topk_ids"], batch["topk_logprobs"] = ids, logp
+        return batch
+
+
+def _trainer_class():
+    from transformers import Trainer
+
+    class DistillTrainer(Trainer):
+        """The Hugging Face Trainer with :func:`distill_loss` (CE on the response + kl_weight × top-k KL)."""
+
+        loss_is_scaled_for_ga = False  # distill_loss is a per-batch token mean: the Trainer divides by GA steps
+
+        def __init__(self, *args: Any, kl_weight: float = 0.0, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            self.kl_weight = kl_weight
+            self._terms = torch.zeros(3)  # running (ce, kl, batches) for logging
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False)
+            out = distill_loss(
+                outputs.logits, inputs["labels"], inputs.get("topk_ids"), inputs.get("topk_logprobs"), self.kl_weight
+            )
+            self._terms += torch.tensor([out.ce.item(), out.kl.item(), 1.0])
+            return (out.loss, outputs) if return_outputs else out.loss
+
+        def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+            if "loss" in logs and self._terms[2] > 0:
+                logs["loss_ce"] = round(float(self._terms[0] / self._terms[2]), 4)
+                logs["loss_kl"] = round(float(self._terms[1] / self._terms[2]), 4)
+                self._terms.zero_()
+            super().log(logs, *args, **kwargs)
+
+    return DistillTrainer
+
+
+def make_trainer(cfg: TrainConfig, **common: Any):
+    return _trainer_class()(**common, kl_weight=cfg.distill.kl_weight)
+
+
+def check_same_vocab(verifier_tokenizer: Any, proposer: str) -> None:
+    """The verifier must share the proposer's vocabulary (apart from ``<|mask|>``), as ``prove.decode`` requires."""
+    from prove.decode.checkpoint import MASK_TOKEN
+    from transformers import AutoTokenizer
+
+    theirs = AutoTokenizer.from_pretrained(proposer).get_vocab()
+    mine = verifier_tokenizer.get_vocab()
+    a = {t: i for t, i in mine.items() if t != MASK_TOKEN}
+    b = {t: i for t, i in theirs.items() if t != MASK_TOKEN}
+    if a != b:
+        raise ValueError(
+            f"the verifier's tokenizer differs from the proposer {proposer}'s ({len(set(a.items()) ^ set(b.items()))} "
+            "entries differ): distil a verifier of the same model family (same tokenizer)"
+        )
+
+
+def meta_extra(cfg: TrainConfig) -> dict[str, Any]:
+    """What the distilled verifier's prove.json records about its proposer and the generated set."""
+    out = Path(cfg.distill.generated_dir)
+    settings = json.loads((out / GENERATION_JSON).read_text())
+    return {
+        "distilled_from": settings["proposer"],
+        "proposer_meta": settings.get("proposer_meta"),
+        "generated_dir": str(out),
+        "generation": {k: settings.get(k) for k in (*_SETTING_KEYS, "summary")},
+        "kl_weight": cfg.distill.kl_weight,
+        "top_k": cfg.distill.top_k,
+    }
