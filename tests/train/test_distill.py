@@ -225,19 +225,19 @@ def test_training_rows_are_prove_data_tokenization(tmp_path, arithmetic_jsonl, m
     from prove.data.chat import encode_conversation
 
     ds = build_generated_set(generate_responses(_cfg(tmp_path, arithmetic_jsonl, models), progress=False))
-    # random weights rarely stop on EOS: check the property on the rows, ending each one at EOS as a
-    # trained proposer does
+    # Random weights answer with token soup that need not survive a decode/encode round trip, so the layout is
+    # checked with the data's own answers as the response: prompt_ids (as the proposer encoded the prompt) +
+    # the response's ids + EOS is exactly prove.data's tokenization of (prompt turns + assistant turn).
+    data = [json.loads(line) for line in arithmetic_jsonl.open()]
     eos = tokenizer.eos_token_id
     for row in ds:
-        resp = [t for t in row["response_ids"] if t != eos] + [eos]
-        text = tokenizer.decode(resp, skip_special_tokens=True)
-        messages = row["messages"][:-1] + [{"role": "assistant", "content": text}]
-        encoded, reason, _ = encode_conversation(tokenizer, messages, 256)
+        conversation = data[row["index"]]["messages"]
+        assert row["messages"][:-1] == conversation[:-1]
+        resp = tokenizer(conversation[-1]["content"], add_special_tokens=False)["input_ids"] + [eos]
+        encoded, reason, _ = encode_conversation(tokenizer, conversation, 256)
         assert reason is None
-        ids = row["prompt_ids"] + resp
-        if tokenizer(text, add_special_tokens=False)["input_ids"] == resp[:-1]:  # text round-trips to the same ids
-            assert encoded["input_ids"] == ids
-            assert encoded["labels"] == [-100] * len(row["prompt_ids"]) + resp
+        assert encoded["input_ids"] == row["prompt_ids"] + resp
+        assert encoded["labels"] == [-100] * len(row["prompt_ids"]) + resp
     rows = training_rows(ds, max_len=256)
     for gen, tr in zip(ds, rows, strict=True):
         p = len(gen["prompt_ids"])
