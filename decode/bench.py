@@ -450,8 +450,8 @@ class BenchConfig:
     warmup: int = 1
     """Prompts each row decodes untimed before the timed loop."""
     repeats: int = 1
-    """Timed decodes of each prompt by each row; the fastest counts (a shared machine's hiccups only slow
-    a run down, so the minimum is the least noisy estimate)."""
+    """Timed decodes of each prompt by each row, round-robin over the rows; the fastest counts (a shared
+    machine's stalls only slow a decode down, so the minimum is the least noisy estimate)."""
     hf: bool = True
     """Add transformers' rows: ``hf-greedy`` (``generate``), and ``hf-assisted`` when a draft is given."""
     hf_assistant_tokens: int = 5
@@ -797,9 +797,14 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         file=sys.stderr,
         disable=not cfg.progress,
     ):
+        tries: dict[str, list[PromptRun]] = {name: [] for name in names}
+        for _ in range(
+            cfg.repeats
+        ):  # round-robin, so one stall of the machine does not hit every try of a row
+            for name in names:
+                tries[name].append(run_one(name, ids, rec.id))
         for name in names:
-            tries = [run_one(name, ids, rec.id) for _ in range(cfg.repeats)]
-            runs[name].append(min(tries, key=lambda r: r.wall_s))
+            runs[name].append(min(tries[name], key=lambda r: r.wall_s))
     # 3) untimed trace pass for the ROC / per-position match curves
     trace = trace_pass(cfg, models, prompts, eos, stop) if cfg.trace else None
 

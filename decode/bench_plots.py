@@ -25,8 +25,11 @@ def _figure(title: str) -> tuple[Any, Any]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from cycler import cycler
 
     fig, ax = plt.subplots(figsize=(8.5, 4.5), dpi=110)
+    # ten colours, then the same ten dashed, then dotted: a sweep has more rows than a palette has colours
+    ax.set_prop_cycle(cycler(linestyle=["-", "--", ":"]) * cycler(color=plt.get_cmap("tab10").colors))
     ax.set_title(title, fontsize=11)
     ax.grid(alpha=0.3)
     return fig, ax
@@ -131,21 +134,23 @@ def plot_speed_accuracy(report: Mapping[str, Any], path: Path) -> Path:
             continue
         pts.sort(key=lambda p: p[0])
         (line,) = ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", ms=5, label=method)
-        for x, y, r in pts:
+        for i, (x, y, r) in enumerate(pts):
             note = " ".join(f"{SYMBOLS.get(k, k)}={v:g}" for k, v in r.get("swept", {}).items())
-            if note:
+            if note and len(pts) > 1:  # label the points of a sweep, alternately above and below
                 ax.annotate(
                     note,
                     (x, 100 * y),
                     textcoords="offset points",
-                    xytext=(4, 4),
+                    xytext=(4, 5 if i % 2 == 0 else -11),
                     fontsize=7,
                     color=line.get_color(),
                 )
     ax.axvline(1.0, color="0.6", lw=1, ls=":")
     ax.set_xlabel("speedup over AR (total tokens / total time)")
     ax.set_ylabel(f"{ylabel} (%)")
-    ax.set_ylim(-3, 103)
+    ax.margins(x=0.08, y=0.15)
+    low, high = ax.get_ylim()
+    ax.set_ylim(max(low, -3), min(high, 103))
     ax.set_xlim(left=0)
     if ax.lines:
         _legend(ax)
