@@ -89,14 +89,24 @@ EVAL_METHOD ?= prove-lossless
 eval: install ## accuracy (Δ pts vs AR) and speed of EVAL_METHOD on lm-eval tasks -> outputs/eval (EVAL_MODEL, EVAL_METHOD, ARGS)
 	$(VENV)/bin/prove-eval model=$(EVAL_MODEL) method=$(EVAL_METHOD) $(ARGS)
 
-demo: install ## interim demo: a tiny random checkpoint decoded with ar and prove-lossless; prints stats
-	@set -e; d=$$(mktemp -d); trap 'rm -rf "$$d"' EXIT; \
-	$(PY) -m prove.decode.demo build $$d; \
-	for m in ar prove-lossless; do \
-	  echo "prove-decode model=$$d/model method=$$m prompts=$$d/prompts.jsonl output=$$d/$$m.jsonl max_new_tokens=48"; \
-	  $(VENV)/bin/prove-decode model=$$d/model method=$$m prompts=$$d/prompts.jsonl output=$$d/$$m.jsonl max_new_tokens=48; \
-	done; \
-	$(PY) -m prove.decode.demo report $$d/ar.jsonl $$d/prove-lossless.jsonl
+# make demo: the README's first command — the tiny recipe end to end on CPU (python -m prove.decode.demo): the
+# generated task, proposer sft -> mars, verifier sft -> distill (each skipped once runs/tiny/<stage> exists, so a
+# rerun only benches), then prove-bench on held-out prompts -> outputs/demo. DEMO_ARGS, e.g. "--n-prompts 100".
+DEMO_ARGS ?=
+demo: install ## the tiny recipe end to end on CPU: train proposer + verifier, then bench every method -> outputs/demo
+	$(PY) -m prove.decode.demo $(DEMO_ARGS)
+
+# make bench: every method against AR over one prompt set in one process (prove-bench, conf/decode/bench.yaml)
+# -> outputs/bench/{bench.json,bench.md,*.png}. ARGS adds any key, e.g. ARGS="n_prompts=100 repeats=3 device=cuda
+# 'method_params={prove:{theta:[0.05,0.1,0.2]}}'" or a K sweep "block_size=[2,4,8]".
+BENCH_MODEL ?= runs/$(RECIPE)/mars
+BENCH_VERIFIER ?= runs/$(RECIPE)/verifier-distill
+BENCH_PROMPTS ?= runs/data/arithmetic/test.jsonl
+BENCH_METHODS ?= [ar,mars,prove,prove-lossless,sd,nsd,asd]
+.PHONY: bench
+bench: install ## speedup, tokens/cycle, agreement with AR, accuracy, plots of every method -> outputs/bench (BENCH_MODEL, BENCH_VERIFIER, BENCH_PROMPTS, BENCH_METHODS, ARGS)
+	$(VENV)/bin/prove-bench model=$(BENCH_MODEL) verifier=$(BENCH_VERIFIER) draft=$(BENCH_VERIFIER) \
+	  prompts=$(BENCH_PROMPTS) 'methods=$(BENCH_METHODS)' $(ARGS)
 
 decode: install ## decode a prompt file: make decode ARGS='model=PATH method=prove verifier=PATH prompts=FILE output=FILE'
 	$(VENV)/bin/prove-decode $(ARGS)

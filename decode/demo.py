@@ -1,93 +1,157 @@
-"""Interim decoding demo (``make demo``), until the training pipeline produces real checkpoints.
+"""``make demo``: the tiny default end to end on CPU (DESIGN §5), then ``prove-bench`` on held-out prompts.
 
-    python -m prove.decode.demo build DIR      # DIR/model: a tiny random Qwen2 with <|mask|> and prove.json
-                                               # DIR/prompts.jsonl: a few arithmetic questions (chat)
-    prove-decode model=DIR/model method=ar prompts=DIR/prompts.jsonl output=DIR/ar.jsonl
-    prove-decode model=DIR/model method=prove-lossless prompts=DIR/prompts.jsonl output=DIR/prove-lossless.jsonl
-    python -m prove.decode.demo report DIR/ar.jsonl DIR/prove-lossless.jsonl
+    python -m prove.decode.demo                         # what `make demo` runs: runs/tiny/*, outputs/demo/
+    python -m prove.decode.demo --n-prompts 100 --repeats 5
+    python -m prove.decode.demo --smoke --run-dir /tmp/demo/runs --data /tmp/demo/data/train.jsonl \\
+        --out /tmp/demo/bench                           # a few steps of each stage: the test suite's smoke run
 
-The model is untrained, so its block proposals are rarely right: ProVe-lossless commits little more than one
-token per cycle here (and is slower than AR). What the demo shows is the plumbing: both methods give the same
-tokens, and the stats each record carries.
+The pipeline (recipes/tiny.yaml): the generated arithmetic task (``prove.data.synthetic``, written on first
+use), proposer SFT → MARS (K = 8), a 2-layer verifier SFT'd from scratch → distilled on the proposer's
+outputs, then every method over the held-out prompts: ar, mars, prove (a θ sweep), prove-lossless, and the
+speculative-decoding family (sd, nsd, asd) with the tiny verifier as the draft, beside transformers' own
+greedy and assisted generation.
+
+A stage whose checkpoint is complete (its ``prove.json`` is written last) is skipped, so a rerun goes
+straight to the bench; delete ``runs/tiny/<stage>`` to retrain one. Training runs the ``prove-train`` CLI in
+a subprocess: ``prove.decode`` never imports ``prove.train`` (DESIGN §3.2).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
-BLOCK_SIZE = 8
+from prove.decode.checkpoint import PROVE_JSON
+
+RECIPE = "tiny"
+METHODS = ("ar", "mars", "prove", "prove-lossless", "sd", "nsd", "asd")
+THETAS = (0.02, 0.05, 0.1, 0.2, 0.4)
 
 
-def build(out: str | Path, n_prompts: int = 4, seed: int = 0) -> Path:
-    import torch
-    from prove.data.synthetic import as_prompt, generate_arithmetic, write_jsonl
-    from prove.data.tokenizer import build_tiny_tokenizer
-    from prove.decode.checkpoint import MASK_TOKEN, ProveMeta, write_prove_json
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+@dataclass(frozen=True)
+class Stage:
+    title: str
+    dir: str
+    """The stage's output folder under the run dir (recipes/tiny.yaml: ``stages.<role>.<stage>.dir``)."""
+    overrides: tuple[str, ...]
 
-    out = Path(out)
-    rows = generate_arithmetic(400 + n_prompts, seed=seed)
-    tok = build_tiny_tokenizer(rows[:400], vocab_size=320)
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=128, max_position_embeddings=1024, tie_word_embeddings=True,
-        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+
+STAGES = (
+    Stage("proposer SFT", "sft", ("stage=sft",)),
+    Stage("proposer MARS block training", "mars", ("stage=mars",)),
+    Stage("verifier SFT", "verifier-sft", ("stage=sft", "stage.role=verifier")),
+    Stage("verifier distillation on the proposer's outputs", "verifier-distill", ("stage=distill",)),
+)
+
+SMOKE_TRAIN = (
+    "stages.proposer.layers=2", "stages.verifier.layers=1", "model.scratch.hidden=32", "model.scratch.heads=2",
+    "model.scratch.kv_heads=2", "model.scratch.intermediate=64", "model.scratch.vocab_size=300",
+    "model.scratch.tokenizer_rows=256", "data.synthetic.n=400", "data.synthetic.test_size=8", "max_len=128",
+    "stages.proposer.sft.max_steps=4", "stages.proposer.mars.max_steps=4", "stages.verifier.sft.max_steps=4",
+    "stages.verifier.distill.max_steps=4", "distill.num_prompts=4", "distill.max_new_tokens=16",
+    "trainer.per_device_train_batch_size=8", "trainer.save_steps=1000", "trainer.logging_steps=1",
+)  # fmt: skip
+"""A few steps of each stage on a 2-layer, hidden-32 model: the plumbing only (the test suite's smoke run)."""
+
+
+def done(stage_dir: Path) -> bool:
+    """A stage is complete once its final checkpoint's ``prove.json`` exists."""
+    return (stage_dir / PROVE_JSON).is_file()
+
+
+def plan(run_dir: Path) -> list[tuple[Stage, bool]]:
+    """Every stage with whether it still has to run."""
+    return [(stage, not done(run_dir / stage.dir)) for stage in STAGES]
+
+
+def train_command(stage: Stage, run_dir: Path, data: Path, extra: list[str]) -> list[str]:
+    return [
+        sys.executable, "-m", "prove.train.cli", f"recipe={RECIPE}", f"run_dir={run_dir}", f"data.path={data}",
+        *stage.overrides, *extra,
+    ]  # fmt: skip
+
+
+def _say(msg: str) -> None:
+    print(f"\n== {msg}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m prove.decode.demo", description=__doc__.split("\n\n")[0])
+    p.add_argument("--run-dir", default=f"runs/{RECIPE}", help="checkpoints: <run-dir>/{sft,mars,verifier-*}")
+    p.add_argument(
+        "--data", default="runs/data/arithmetic/train.jsonl", help="training rows (test.jsonl beside)"
     )
-    model = Qwen2ForCausalLM(cfg).eval()
-    with torch.no_grad():  # the default init (std 0.02) greedily repeats one token; make the output varied
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.3)
-    model.save_pretrained(out / "model")
-    tok.save_pretrained(out / "model")
-    mask_id = tok.convert_tokens_to_ids(MASK_TOKEN)
-    meta = ProveMeta(stage="mars", base_model="random (prove.decode.demo)", block_size=BLOCK_SIZE,
-                     mask_token=MASK_TOKEN, mask_token_id=mask_id, extra={"note": "untrained demo weights"})
-    write_prove_json(out / "model", meta)
-    write_jsonl([as_prompt(r) for r in rows[400:]], out / "prompts.jsonl")
-    print(f"built {out / 'model'} (vocab {len(tok)}, block_size {BLOCK_SIZE}) and {out / 'prompts.jsonl'}")
-    return out
+    p.add_argument("--out", default="outputs/demo", help="bench.json, bench.md and the plots")
+    p.add_argument("--n-prompts", type=int, default=30, help="held-out prompts to bench")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument(
+        "--repeats", type=int, default=3, help="timed decodes per prompt and method; the fastest counts"
+    )
+    p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--smoke", action="store_true", help="a few steps per stage, 2 prompts: checks the plumbing"
+    )
+    p.add_argument("--train-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="an extra prove-train override for every stage (repeatable)")  # fmt: skip
+    args = p.parse_args(argv)
 
+    run_dir, data, out = Path(args.run_dir), Path(args.data), Path(args.out)
+    extra = [*(SMOKE_TRAIN if args.smoke else ()), *args.train_arg]
+    t_start = time.perf_counter()
+    # 1) train: proposer sft → mars, verifier sft → distill (each skipped once its checkpoint exists)
+    for stage, todo in plan(run_dir):
+        if not todo:
+            _say(f"{stage.title}: {run_dir / stage.dir} exists, skipping (delete it to retrain)")
+            continue
+        cmd = train_command(stage, run_dir, data, extra)
+        _say(f"{stage.title} -> {run_dir / stage.dir}\n$ prove-train {shlex.join(cmd[3:])}")
+        t0 = time.perf_counter()
+        subprocess.run(cmd, check=True)
+        print(f"   {stage.title}: {time.perf_counter() - t0:.0f} s", flush=True)
 
-def report(paths: list[str | Path]) -> str:
-    """A per-method table of the decode stats, and agreement of every method's tokens with the first file's."""
-    runs = {Path(p).stem: [json.loads(line) for line in Path(p).read_text().splitlines()] for p in paths}
-    ref_name, ref = next(iter(runs.items()))
-    lines = [
-        f"{'method':<16} {'prompts':>7} {'tokens':>7} {'cycles':>7} {'tok/cycle':>9} {'passes':>7} {'wall s':>7} "
-        f"same tokens as {ref_name}",
-    ]
-    for name, recs in runs.items():
-        total = {k: sum(r["stats"][k] for r in recs) for k in ("new_tokens", "cycles", "model_passes", "wall_s")}
-        same = sum(a["token_ids"] == b["token_ids"] for a, b in zip(recs, ref, strict=True))
-        lines.append(
-            f"{name:<16} {len(recs):>7} {total['new_tokens']:>7} {total['cycles']:>7} "
-            f"{total['new_tokens'] / max(total['cycles'], 1):>9.2f} {total['model_passes']:>7} "
-            f"{total['wall_s']:>7.3f} {same}/{len(recs)}"
-        )
-    lines.append("(tok/cycle counts the correction/bonus token; the demo model is untrained)")
-    text = "\n".join(lines)
-    print(text)
-    return text
+    # 2) bench every method on the held-out prompts
+    from prove.decode.bench import BenchConfig, run_bench
+    from prove.decode.methods import METHODS as REGISTERED
 
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m prove.decode.demo", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="write DIR/model and DIR/prompts.jsonl")
-    b.add_argument("dir")
-    b.add_argument("--prompts", type=int, default=4)
-    r = sub.add_parser("report", help="summarise prove-decode output files")
-    r.add_argument("outputs", nargs="+")
-    args = parser.parse_args(argv)
-    if args.cmd == "build":
-        build(args.dir, args.prompts)
-    else:
-        report(args.outputs)
+    methods = [m for m in METHODS if m in REGISTERED]
+    missing = sorted(set(METHODS) - set(methods))
+    if missing:
+        print(f"note: method(s) {missing} are not registered in prove.decode.methods; benching without them")
+    verifier = str(run_dir / STAGES[-1].dir)
+    cfg = BenchConfig(
+        model=str(run_dir / "mars"),
+        verifier=verifier,
+        draft=verifier,
+        prompts=str(data.parent / "test.jsonl"),
+        methods=methods,
+        method_params={"prove": {"theta": list(THETAS)}} if "prove" in methods else None,
+        n_prompts=2 if args.smoke else args.n_prompts,
+        max_new_tokens=24 if args.smoke else args.max_new_tokens,
+        repeats=1 if args.smoke else args.repeats,
+        output_dir=str(out),
+        device=args.device,
+    )
+    sweep = ",".join(f"{t:g}" for t in THETAS)
+    _say(
+        f"bench: {', '.join(methods)} on {cfg.n_prompts} held-out prompts\n$ prove-bench model={cfg.model} "
+        f"verifier={verifier} draft={verifier} prompts={cfg.prompts} methods=[{','.join(methods)}] "
+        f"'method_params={{prove:{{theta:[{sweep}]}}}}' n_prompts={cfg.n_prompts} "
+        f"max_new_tokens={cfg.max_new_tokens} repeats={cfg.repeats} output_dir={out}"
+    )
+    report = run_bench(cfg)
+    print()
+    print((out / "bench.md").read_text())
+    print(f"bench.json: {out / 'bench.json'}")
+    for name, path in report["plots"].items():
+        print(f"plot {name}: {path}")
+    print(f"\ndemo done in {(time.perf_counter() - t_start) / 60:.1f} min")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

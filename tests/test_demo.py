@@ -1,0 +1,58 @@
+"""`make demo` in small: every stage of the tiny pipeline for a few steps (prove-train in subprocesses, as the demo
+runs it), then the bench of every method on 2 held-out prompts; a rerun finds every stage done."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from prove.decode import demo
+
+
+def test_plan_skips_finished_stages(tmp_path):
+    assert [todo for _, todo in demo.plan(tmp_path)] == [True] * 4
+    (tmp_path / "sft").mkdir()
+    (tmp_path / "sft" / "checkpoint-100").mkdir()  # an interrupted stage is not done
+    assert demo.plan(tmp_path)[0][1] is True
+    (tmp_path / "sft" / "prove.json").write_text("{}")
+    assert [todo for _, todo in demo.plan(tmp_path)] == [False, True, True, True]
+    cmd = demo.train_command(demo.STAGES[2], tmp_path, tmp_path / "d.jsonl", ["max_steps=1"])
+    assert cmd[1:4] == ["-m", "prove.train.cli", "recipe=tiny"]
+    assert cmd[-3:] == ["stage=sft", "stage.role=verifier", "max_steps=1"]
+
+
+@pytest.mark.slow
+def test_smoke_demo(tmp_path, capsys):
+    run_dir, out = tmp_path / "runs", tmp_path / "bench"
+    argv = [
+        "--smoke",
+        "--run-dir",
+        str(run_dir),
+        "--data",
+        str(tmp_path / "data" / "train.jsonl"),
+        "--out",
+        str(out),
+    ]
+    assert demo.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "$ prove-train recipe=tiny" in printed and "$ prove-bench model=" in printed
+    assert [todo for _, todo in demo.plan(run_dir)] == [False] * 4  # a rerun goes straight to the bench
+    report = json.loads((out / "bench.json").read_text())
+    methods = {r["method"] for r in report["rows"]}
+    assert {
+        "ar",
+        "hf-greedy",
+        "hf-assisted",
+        "mars",
+        "prove",
+        "prove-lossless",
+        "sd",
+        "nsd",
+        "asd",
+    } <= methods
+    assert sum(r["method"] == "prove" for r in report["rows"]) == len(demo.THETAS)
+    assert "| prove-lossless |" in printed
+    for path in report["plots"].values():
+        assert path in printed
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
