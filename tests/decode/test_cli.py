@@ -172,17 +172,3 @@ def test_bad_runs_fail_before_decoding(checkpoints, prompt_file, tmp_path):
     with pytest.raises(ValueError, match="is not a file"):
         run(config(f"model={checkpoints['mars']}", "prompts=/nonexistent.jsonl", f"output={tmp_path / 'o.jsonl'}"))
     assert not (tmp_path / "o.jsonl").exists()
-
-
-def test_demo_checkpoint_decodes_losslessly(tmp_path, capsys):
-    """What `make demo` runs, minus the subprocesses."""
-    from prove.decode import demo
-
-    demo.build(tmp_path, n_prompts=2)
-    outs = [
-        run(config(f"model={tmp_path / 'model'}", f"method={m}", f"prompts={tmp_path / 'prompts.jsonl'}",
-                   f"output={tmp_path / (m + '.jsonl')}", "max_new_tokens=12"))
-        for m in ("ar", "prove-lossless")
-    ]
-    table = demo.report(outs)
-    assert "prove-lossless" in table and table.splitlines()[2].endswith("2/2")
