@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from prove.decode import engine
@@ -44,7 +44,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def _load(path: str, device: str | torch.device, dtype: str) -> Any:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
+    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
     return model.to(device).eval()
 
 
@@ -113,7 +113,7 @@ class Decoder:
         self.device = torch.device(device)
         self.model_name = _name(model)
         model_meta = _meta(model) if isinstance(model, str) else None
-        if model_meta is None and not isinstance(model, str) and getattr(model, "name_or_path", ""):
+        if model_meta is None and not isinstance(model, str) and bool(getattr(model, "name_or_path", "")):
             model_meta = _meta(model.name_or_path)
         if tokenizer is None and isinstance(model, str):
             tokenizer = _load_tokenizer(model)
@@ -259,7 +259,7 @@ class Decoder:
         if isinstance(prompt, torch.Tensor):
             return [int(t) for t in prompt.reshape(-1).tolist()]
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            return list(prompt)
+            return list(cast(list[int], prompt))
         if self.tokenizer is None:
             raise ValueError("text and chat prompts need a tokenizer: pass tokenizer= to the Decoder")
         if isinstance(prompt, str):

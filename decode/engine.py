@@ -34,7 +34,7 @@ class ModelRunner:
     """A causal LM, its DynamicCache, and the tokens its cache entries were computed from."""
 
     def __init__(self, model: torch.nn.Module, name: str = "model") -> None:
-        self.model = model
+        self.model: Any = model  # a transformers PreTrainedModel (its stubs type attributes loosely)
         self.name = name
         self.passes = 0
         params = inspect.signature(model.forward).parameters

@@ -47,7 +47,7 @@ def read_prompts(path: str | Path) -> list[PromptRecord]:
             raise ValueError(f"{path}:{lineno} is not valid JSON ({e.msg}); one JSON object per line") from None
         if not isinstance(row, dict) or ("prompt" in row) == ("messages" in row):
             raise ValueError(f"{path}:{lineno} needs exactly one of the fields 'prompt' (text) or 'messages' (chat)")
-        prompt = row.get("prompt", row.get("messages"))
+        prompt: Any = row.get("prompt", row.get("messages"))
         if "messages" in row and not (
             isinstance(prompt, list) and all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in prompt)
         ):
