@@ -26,12 +26,13 @@ import itertools
 import json
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 if TYPE_CHECKING:
     from prove.decode.decoder import Decoder
@@ -100,7 +101,7 @@ def roc_curve(scores: Sequence[float], labels: Sequence[bool]) -> tuple[np.ndarr
     return fpr, tpr, thresholds
 
 
-def auc(fpr: Sequence[float], tpr: Sequence[float]) -> float:
+def auc(fpr: ArrayLike, tpr: ArrayLike) -> float:
     """Area under a curve by the trapezoid rule (for an ROC curve: P(score⁺ > score⁻) + ½ P(tie))."""
     x, y = np.asarray(fpr, dtype=np.float64), np.asarray(tpr, dtype=np.float64)
     return float(np.sum((x[1:] - x[:-1]) * (y[1:] + y[:-1]) / 2))
@@ -173,7 +174,7 @@ def summarize(
     reference: Sequence[PromptRun],
     answers: Sequence[str | None] | None = None,
     *,
-    scorer: Any = None,
+    scorer: Callable[[str, str], bool] | None = None,
     bin_size: int = 8,
 ) -> dict[str, Any]:
     """The numbers of one row, from its per-prompt runs and AR's on the same prompts (same order).
@@ -212,7 +213,9 @@ def summarize(
         if len(answers) != len(runs):
             raise ValueError(f"{len(answers)} answers for {len(runs)} prompts")
         if scorer is None:
-            from prove.data.synthetic import score as scorer
+            from prove.data.synthetic import score
+
+            scorer = score
         correct = [bool(scorer(r.text, a)) for r, a in zip(runs, answers, strict=True) if a is not None]
     starts, tpc, counts = tokens_per_cycle_by_position((r.committed_per_cycle for r in runs), bin_size)
     return {
@@ -668,16 +671,19 @@ def _sync(device: Any) -> None:
 
 def load_models(cfg: BenchConfig) -> dict[str, Any]:
     """The tokenizer and every model, loaded once and shared by all rows."""
+    import torch
     from prove.decode.checkpoint import MASK_TOKEN
-    from prove.decode.decoder import _DTYPES
+    from prove.decode.config import DTYPES
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if cfg.dtype not in _DTYPES:
-        raise ValueError(f"dtype={cfg.dtype!r} is not one of {sorted(_DTYPES)}")
+    if cfg.dtype not in DTYPES:
+        raise ValueError(f"dtype={cfg.dtype!r} is not one of {DTYPES}")
+    dtype = "auto" if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
 
     def load(path: str) -> Any:
-        return AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[cfg.dtype]).to(cfg.device).eval()
+        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        return model.to(cfg.device).eval()
 
     models: dict[str, Any] = {"tokenizer": tokenizer, "model": load(cfg.model)}
     loaded: dict[str, Any] = {cfg.model: models["model"]}

@@ -29,7 +29,9 @@ def _figure(title: str) -> tuple[Any, Any]:
 
     fig, ax = plt.subplots(figsize=(8.5, 4.5), dpi=110)
     # ten colours, then the same ten dashed, then dotted: a sweep has more rows than a palette has colours
-    ax.set_prop_cycle(cycler(linestyle=["-", "--", ":"]) * cycler(color=plt.get_cmap("tab10").colors))
+    ax.set_prop_cycle(
+        cycler(linestyle=["-", "--", ":"]) * cycler(color=plt.rcParams["axes.prop_cycle"].by_key()["color"])
+    )
     ax.set_title(title, fontsize=11)
     ax.grid(alpha=0.3)
     return fig, ax
