@@ -92,6 +92,9 @@ class DecodeConfig(DecodeParams):
     """The small AR proposer of the speculative-decoding family."""
     method: str = "prove-lossless"
     """A name from ``prove.decode.methods.METHODS`` (selects conf/method/<name>.yaml)."""
+    proposer: str | None = None
+    """Run the method's rule on another proposer (``block`` or ``draft``); e.g. ``method=nsd proposer=block``
+    is NSD's nucleus gate on the block proposer, self-verified. ``None`` = the method's own."""
     prompts: str = "???"
     """JSONL with a ``prompt`` (raw text) or ``messages`` (chat) field per line, or a plain-text file (one prompt a line)."""
     output: str = "???"

@@ -73,6 +73,9 @@ class Decoder:
     defaults to the one saved with ``model`` when it is a path. ``params`` are ``DecodeParams`` fields
     (theta, tau, block_size, k, temperature, top_p, top_k, seed); ``None`` takes the method's default,
     and ``block_size`` the trained one. Greedy by default.
+
+    ``proposer`` (``block`` or ``draft``) runs the method's rule on another proposer: ``method="nsd",
+    proposer="block"`` is NSD's nucleus gate on the MARS block proposer, verified by the model itself.
     """
 
     def __init__(
@@ -81,6 +84,7 @@ class Decoder:
         tokenizer: Any = None,
         *,
         method: str | Method = "prove-lossless",
+        proposer: str | None = None,
         verifier: Any = None,
         draft: Any = None,
         device: str | torch.device | None = None,
@@ -96,6 +100,11 @@ class Decoder:
             raise ValueError(f"dtype={dtype!r} is not one of {sorted(_DTYPES)}")
         self.method = get_method(method)
         given = {k: v for k, v in params.items() if v is not None}
+        if proposer is not None:
+            own = self.method.defaults
+            self.method = self.method.with_proposer(proposer)
+            # The swapped-out size parameter at its method default came from conf/method/<name>.yaml, not the user.
+            given = {k: v for k, v in given.items() if k in self.method.uses or own.get(k, object()) != v}
         self.params = DecodeParams(**given).with_defaults(dict(self.method.defaults))
         if self.method.greedy_only and self.params.temperature > 0:
             raise ValueError(

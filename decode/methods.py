@@ -21,6 +21,7 @@ distributions are both ``logits_to_probs`` at the request's temperature / top-k 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,11 +51,32 @@ class Method:
     """True if the rule is defined for temperature 0 only (it errors early otherwise)."""
     summary: str = ""
 
+    def with_proposer(self, proposer: str) -> Method:
+        """The same rule and verifier on another proposer: NSD's nucleus or ASD's budget on the block
+        proposer self-verified (``method=nsd proposer=block``), or ProVe's gate on a draft model. The size
+        parameter follows the proposer (``k`` for ``draft``, ``block_size`` for ``block``)."""
+        if proposer == self.proposer:
+            return self
+        if proposer not in _SIZE_PARAM or not isinstance(self.proposer, str) or self.proposer not in _SIZE_PARAM:
+            raise ValueError(
+                f"proposer={proposer!r} cannot replace the proposer of method {self.name}: "
+                f"methods that propose ({', '.join(sorted(_SIZE_PARAM))}) can swap between {sorted(_SIZE_PARAM)}"
+            )
+        old, new = _SIZE_PARAM[self.proposer], _SIZE_PARAM[proposer]
+        uses = tuple(new if u == old else u for u in self.uses)
+        defaults = {k: v for k, v in self.defaults.items() if k != old}
+        if new == "k":
+            defaults["k"] = 5
+        return dataclasses.replace(self, name=f"{self.name}[{proposer}]", proposer=proposer, uses=uses, defaults=defaults)
+
     @property
     def needs_mask(self) -> bool:
         """Block proposers need the checkpoint's ``<|mask|>`` token."""
         return self.proposer == "block"
 
+
+_SIZE_PARAM = {"block": "block_size", "draft": "k"}
+"""The parameter that sets how many tokens each proposer proposes per cycle (block_size: None = trained)."""
 
 METHODS: dict[str, Method] = {}
 
@@ -158,26 +180,23 @@ def _nsd(view: CycleView) -> Accept:
     return nsd_sample(view.proposal.tokens, draft, target, theta, generator=view.generator)
 
 
-def asd_accept(size_param: str) -> Callable[[CycleView], Accept]:
-    """ASD's rule adapter (Feng et al. 2026); K, the block size of its gate, is the ``size_param`` param
-    (``k`` for the draft proposer, ``block_size`` for the block proposer). The regret spent persists in
-    the request's ``state`` across cycles; the engine starts every request with a fresh one."""
-
-    def accept(view: CycleView) -> Accept:
-        assert view.target_logits is not None
-        p = view.params
-        verdict, view.state["asd"] = asd_greedy(
-            view.proposal.tokens,
-            view.target_logits,
-            view.state.get("asd", AsdState()),
-            budget=p.budget,
-            gate=p.gate,
-            max_mismatches=p.max_mismatches,
-            block_size=getattr(p, size_param),
-        )
-        return verdict
-
-    return accept
+def _asd(view: CycleView) -> Accept:
+    """ASD's rule adapter (Feng et al. 2026). K in its gate is the length of the proposed block (k for the
+    draft proposer, the block size for the block proposer; shorter only where the token budget ends). The
+    regret spent persists in the request's ``state`` across cycles; the engine starts every request with a
+    fresh one."""
+    assert view.target_logits is not None
+    p = view.params
+    verdict, view.state["asd"] = asd_greedy(
+        view.proposal.tokens,
+        view.target_logits,
+        view.state.get("asd", AsdState()),
+        budget=p.budget,
+        gate=p.gate,
+        max_mismatches=p.max_mismatches,
+        block_size=view.proposal.k,
+    )
+    return verdict
 
 
 register_method(
@@ -207,7 +226,7 @@ register_method(
         "asd",
         "draft",
         "self",
-        asd_accept("k"),
+        _asd,
         {"k": 5, "budget": 8.0, "gate": 0.25, "max_mismatches": 2},
         ("k", "budget", "gate", "max_mismatches"),
         greedy_only=True,

@@ -141,6 +141,7 @@ def run(cfg: DecodeConfig) -> Path:
     decoder = Decoder(
         cfg.model,
         method=cfg.method,
+        proposer=cfg.proposer,
         verifier=cfg.verifier,
         draft=cfg.draft,
         device=cfg.device,

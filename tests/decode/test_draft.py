@@ -14,7 +14,7 @@ import pytest
 import torch
 from prove.decode import Decoder
 from prove.decode.engine import ModelRunner
-from prove.decode.methods import Method, asd_accept, get_method
+from prove.decode.methods import get_method
 from prove.decode.proposers.draft import DraftProposer
 from prove.decode.rules.speculative import AsdState, asd_greedy
 
@@ -264,35 +264,37 @@ def test_asd_state_lives_in_the_request_state(lm, tokenizer, prompts, drafts):
 
 
 def test_relaxed_rules_compose_with_the_block_proposer(lm, tokenizer, prompts):
-    """NSD's nucleus and ASD's budget on the block proposer, self-verified: one Method, no new code path.
+    """NSD's nucleus and ASD's budget on the block proposer, self-verified: a configuration (``proposer=block``),
+    no new code path.
     θ = 0 / B = 0 give exactly prove-lossless; relaxed they run and accept at least as much."""
-    block_nsd = Method(
-        "block-nsd", "block", "self", get_method("nsd").accept, {"theta": 0.9}, ("theta", "block_size")
-    )
-    block_asd = Method(
-        "block-asd",
-        "block",
-        "self",
-        asd_accept("block_size"),
-        {"budget": 8.0, "gate": 0.25, "max_mismatches": 2},
-        ("block_size", "budget", "gate", "max_mismatches"),
-        greedy_only=True,
-    )
     lossless = Decoder(lm, tokenizer, method="prove-lossless", block_size=4)
     for p in prompts[:2]:
         ref = lossless.generate(p, max_new_tokens=N, eos_token_id=[])
-        exact_nsd = Decoder(lm, tokenizer, method=block_nsd, theta=0.0, block_size=4)
-        exact_asd = Decoder(lm, tokenizer, method=block_asd, budget=0.0, block_size=4)
+        exact_nsd = Decoder(lm, tokenizer, method="nsd", proposer="block", theta=0.0, block_size=4)
+        exact_asd = Decoder(lm, tokenizer, method="asd", proposer="block", budget=0.0, block_size=4)
         for dec in (exact_nsd, exact_asd):
             out = dec.generate(p, max_new_tokens=N, eos_token_id=[])
             assert out.token_ids == ref.token_ids
             assert out.stats.committed_per_cycle == ref.stats.committed_per_cycle
         for dec in (
-            Decoder(lm, tokenizer, method=block_nsd, block_size=4),
-            Decoder(lm, tokenizer, method=block_asd, block_size=4, gate=2.0),
+            Decoder(lm, tokenizer, method="nsd", proposer="block", block_size=4),
+            Decoder(lm, tokenizer, method="asd", proposer="block", block_size=4, gate=2.0),
         ):
             out = dec.generate(p, max_new_tokens=N, eos_token_id=[])
             assert out.stats.new_tokens == N and out.stats.tokens_per_cycle >= ref.stats.tokens_per_cycle
+
+
+def test_with_proposer_swaps_the_size_parameter_and_refuses_what_cannot_propose():
+    nsd = get_method("nsd").with_proposer("block")
+    assert nsd.name == "nsd[block]" and nsd.proposer == "block" and nsd.needs_mask
+    assert nsd.uses == ("block_size", "theta") and dict(nsd.defaults) == {"theta": 0.9}
+    assert get_method("nsd").with_proposer("draft") is get_method("nsd")
+    back = get_method("prove-lossless").with_proposer("draft")
+    assert back.uses == ("k",) and dict(back.defaults) == {"k": 5} and not back.needs_mask
+    with pytest.raises(ValueError, match="cannot replace the proposer of method ar"):
+        get_method("ar").with_proposer("block")
+    with pytest.raises(ValueError, match="can swap between"):
+        get_method("sd").with_proposer("ngram")
 
 
 # -- the command line -------------------------------------------------------------------------------------------
@@ -332,3 +334,7 @@ def test_prove_decode_runs_the_family_from_checkpoints(checkpoints, tmp_path):
         assert all(r["method"] == method and r["stats"]["draft_passes"] > 0 for r in recs)
         if method != "nsd":
             assert [r["token_ids"] for r in recs] == [r["token_ids"] for r in ar]
+    # The relaxed rules on the block proposer are one override away: proposer=block (no draft model).
+    recs = decode("method=asd", "proposer=block", "budget=0", f"output={tmp_path / 'asd-block'}.jsonl", *common)
+    assert all(r["method"] == "asd[block]" and r["stats"]["draft_passes"] == 0 for r in recs)
+    assert [r["token_ids"] for r in recs] == [r["token_ids"] for r in ar]
