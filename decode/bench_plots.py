@@ -20,14 +20,14 @@ from prove.decode.bench import SYMBOLS
 LABELS = {"p_tilde": "p̃ (proposer)", "q": "q (verifier)", "p_tilde_q": "p̃·q"}
 
 
-def _figure(title: str) -> tuple[Any, Any]:
+def _figure(title: str, size: tuple[float, float] = (8.5, 4.5)) -> tuple[Any, Any]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from cycler import cycler
 
-    fig, ax = plt.subplots(figsize=(8.5, 4.5), dpi=110)
+    fig, ax = plt.subplots(figsize=size, dpi=110)
     # ten colours, then the same ten dashed, then dotted: a sweep has more rows than a palette has colours
     ax.set_prop_cycle(
         cycler(linestyle=["-", "--", ":"]) * cycler(color=plt.rcParams["axes.prop_cycle"].by_key()["color"])
@@ -102,7 +102,7 @@ def plot_roc(report: Mapping[str, Any], path: Path) -> Path:
     title = "ROC: predicting “matches greedy”"
     if roc:
         title += f" (K={trace.get('block_size')}, {trace.get('positions')} positions)"
-    fig, ax = _figure(title)
+    fig, ax = _figure(title, size=(6.0, 5.4))
     ax.plot([0, 1], [0, 1], color="0.6", lw=1, ls=":", label="chance (AUC 0.5)")
     for name, curve in roc.items():
         ax.plot(curve["fpr"], curve["tpr"], lw=1.8, label=f"{LABELS.get(name, name)}: AUC {curve['auc']:.3f}")
@@ -134,7 +134,8 @@ def plot_speed_accuracy(report: Mapping[str, Any], path: Path) -> Path:
         pts = [p for p in pts if not math.isnan(p[0])]
         if not pts:
             continue
-        pts.sort(key=lambda p: p[0])
+        # a sweep is drawn in the order of its parameter (θ ascending), else by speed
+        pts.sort(key=lambda p: (tuple(p[2].get("swept", {}).values()), p[0]))
         (line,) = ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", ms=5, label=method)
         for i, (x, y, r) in enumerate(pts):
             note = " ".join(f"{SYMBOLS.get(k, k)}={v:g}" for k, v in r.get("swept", {}).items())
