@@ -80,7 +80,7 @@ train-verifier: install ## distil the verifier on the proposer's outputs: [verif
 	$(if $(VERIFIER_SFT),$(TRAIN_LAUNCH) recipe=$(RECIPE) stage=sft stage.role=verifier $(ARGS))
 	$(TRAIN_LAUNCH) recipe=$(RECIPE) stage=distill $(ARGS)
 
-train: train-proposer ## the whole training pipeline for RECIPE (proposer; verifier distillation comes with stage=distill)
+train: train-proposer train-verifier ## the whole training pipeline for RECIPE: proposer sft -> mars, then verifier [sft ->] distill
 
 # make eval: a method against AR through lm-evaluation-harness (prove-eval, conf/eval/eval.yaml); ARGS adds any
 # key, e.g. ARGS="verifier=runs/tiny/verifier tasks=[gsm8k] limit=100 device=cuda dtype=bfloat16".
