@@ -65,8 +65,13 @@ def make_qwen2(
     eos_token_id: int | None = None,
     pad_token_id: int | None = None,
     tie: bool = True,
+    init_std: float | None = None,
 ):
-    """A tiny random Qwen2ForCausalLM in eval mode, fp32, deterministic for a given seed."""
+    """A tiny random Qwen2ForCausalLM in eval mode, fp32, deterministic for a given seed.
+
+    ``init_std`` re-draws every weight matrix with that std: at the default init (0.02) a random Qwen2
+    greedily repeats one token forever, which would hide cache and acceptance bugs; 0.3 gives varied output.
+    """
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
@@ -84,6 +89,12 @@ def make_qwen2(
         attn_implementation=attn,
     )
     model = Qwen2ForCausalLM(cfg).eval()
+    if init_std is not None:
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() == 2:
+                    p.normal_(0.0, init_std, generator=g)
     return model
 
 

@@ -4,27 +4,15 @@ and a saved checkpoint that satisfies the checkpoint contract (model + tokenizer
 from __future__ import annotations
 
 import pytest
-import torch
 from prove.decode.checkpoint import MASK_TOKEN, ProveMeta, write_prove_json
 
 TRAINED_BLOCK = 4
 
 
-def varied(model: torch.nn.Module, std: float = 0.3, seed: int = 0) -> torch.nn.Module:
-    """Re-draw every weight matrix with a larger std: a random Qwen2 at the default init (0.02) greedily
-    repeats one token forever, which would hide cache bugs."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, std, generator=g)
-    return model
-
-
 @pytest.fixture(scope="session")
 def make_lm(qwen2_factory, tokenizer):
     def make(seed: int = 0, std: float = 0.3, vocab: int | None = None, **kw):
-        return varied(qwen2_factory(vocab or len(tokenizer), seed=seed, **kw), std=std, seed=seed)
+        return qwen2_factory(vocab or len(tokenizer), seed=seed, init_std=std, **kw)
 
     return make
 

@@ -129,23 +129,13 @@ def test_distill_config_errors(overrides, match):
 # -- generation ----------------------------------------------------------------------------------------------------
 
 
-def _varied(model, std: float, seed: int):
-    """Larger random weights, so a random model's greedy output varies (the default init repeats one token)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, std, generator=g)
-    return model
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, qwen2_factory, tokenizer):
     """A random 'MARS' proposer (K = 4, with <|mask|>) and a random stock verifier (same tokenizer)."""
     from prove.decode.checkpoint import MASK_TOKEN, ProveMeta, write_prove_json
 
     root = tmp_path_factory.mktemp("models")
-    proposer = _varied(qwen2_factory(len(tokenizer), seed=0, eos_token_id=tokenizer.eos_token_id), 0.3, 0)
+    proposer = qwen2_factory(len(tokenizer), seed=0, eos_token_id=tokenizer.eos_token_id, init_std=0.3)
     proposer.save_pretrained(root / "mars")
     tokenizer.save_pretrained(root / "mars")
     write_prove_json(root / "mars", ProveMeta(stage="mars", base_model="tiny-random", block_size=4,
