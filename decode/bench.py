@@ -671,19 +671,19 @@ def _sync(device: Any) -> None:
 
 def load_models(cfg: BenchConfig) -> dict[str, Any]:
     """The tokenizer and every model, loaded once and shared by all rows."""
-    import torch
     from prove.decode.checkpoint import MASK_TOKEN
     from prove.decode.config import DTYPES
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from prove.decode.decoder import check_source, load_model, load_tokenizer
 
     if cfg.dtype not in DTYPES:
         raise ValueError(f"dtype={cfg.dtype!r} is not one of {DTYPES}")
-    dtype = "auto" if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    for role in ("model", "verifier", "draft"):
+        if getattr(cfg, role) is not None:
+            check_source(getattr(cfg, role), role)
+    tokenizer = load_tokenizer(cfg.model)
 
     def load(path: str) -> Any:
-        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-        return model.to(cfg.device).eval()
+        return load_model(path, cfg.device, cfg.dtype)
 
     models: dict[str, Any] = {"tokenizer": tokenizer, "model": load(cfg.model)}
     loaded: dict[str, Any] = {cfg.model: models["model"]}
@@ -692,7 +692,7 @@ def load_models(cfg: BenchConfig) -> dict[str, Any]:
         path = getattr(cfg, role)
         if path is None:
             continue
-        theirs = {t: i for t, i in AutoTokenizer.from_pretrained(path).get_vocab().items() if t != MASK_TOKEN}
+        theirs = {t: i for t, i in load_tokenizer(path).get_vocab().items() if t != MASK_TOKEN}
         if theirs != mine:
             raise ValueError(
                 f"{role}={path} has a different tokenizer from model={cfg.model}: the {role} must share the "

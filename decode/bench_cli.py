@@ -12,6 +12,7 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig, OmegaConf
 from prove.decode.bench import BenchConfig, register_configs
+from prove.decode.errors import exit_on_user_error
 
 register_configs()
 
@@ -22,8 +23,9 @@ def main(cfg: DictConfig) -> None:
 
     from prove.decode.bench import run_bench
 
-    config: BenchConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]  # runs __post_init__ checks
-    report = run_bench(config)
+    with exit_on_user_error("prove-bench"):
+        config: BenchConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]  # runs __post_init__ checks
+        report = run_bench(config)
     out = Path(config.output_dir)
     print((out / "bench.md").read_text())
     print(

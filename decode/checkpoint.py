@@ -48,6 +48,13 @@ class ProveMeta:
         return cls(**{k: v for k, v in d.items() if k in names}, extra={k: v for k, v in d.items() if k not in names})
 
 
+def missing_local_path(source: str) -> bool:
+    """True if ``source`` looks like a local path (not a hub id ``org/name``) and nothing is there: a user
+    error to report as such, rather than a hub lookup that fails with a confusing message (or hangs)."""
+    looks_local = source.startswith((".", "/", "~")) or source.count("/") != 1 or Path(source).parent.is_dir()
+    return looks_local and not Path(source).expanduser().exists()
+
+
 def write_prove_json(directory: str | Path, meta: ProveMeta) -> Path:
     path = Path(directory) / PROVE_JSON
     path.write_text(json.dumps(meta.to_dict(), indent=2, sort_keys=True) + "\n")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig, OmegaConf
 from prove.decode.config import DecodeConfig, register_configs
+from prove.decode.errors import exit_on_user_error
 
 register_configs()
 
@@ -20,8 +21,9 @@ register_configs()
 def main(cfg: DictConfig) -> None:
     from prove.decode.prompts import run
 
-    config: DecodeConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]  # runs __post_init__ checks
-    out = run(config)
+    with exit_on_user_error("prove-decode"):
+        config: DecodeConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]  # runs __post_init__ checks
+        out = run(config)
     print(out)
 
 

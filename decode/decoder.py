@@ -19,7 +19,7 @@ from typing import Any, cast
 
 import torch
 from prove.decode import engine
-from prove.decode.checkpoint import MASK_TOKEN, ProveMeta, read_prove_json
+from prove.decode.checkpoint import MASK_TOKEN, ProveMeta, missing_local_path, read_prove_json
 from prove.decode.config import DecodeParams
 from prove.decode.engine import CycleEvent, ModelRunner, Models, Stats, Stopper
 from prove.decode.methods import Method, get_method
@@ -41,14 +41,24 @@ class GenerationResult:
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 
 
-def _load(path: str, device: str | torch.device, dtype: str) -> Any:
+def check_source(path: str, role: str) -> None:
+    """A clear error for ``role=path`` when it names a local directory that does not exist."""
+    if missing_local_path(path):
+        raise ValueError(
+            f"{role}={path}: no checkpoint there; pass {role}=<a Hugging Face model directory, e.g. runs/tiny/mars> "
+            "or a hub id"
+        )
+
+
+def load_model(path: str, device: str | torch.device, dtype: str) -> Any:
+    """A causal LM from a checkpoint directory or hub id, on ``device``, in eval mode."""
     from transformers import AutoModelForCausalLM
 
     model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
     return model.to(device).eval()
 
 
-def _load_tokenizer(path: str) -> Any:
+def load_tokenizer(path: str) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path)
@@ -121,13 +131,16 @@ class Decoder:
             device = "cpu" if isinstance(model, str) else next(model.parameters()).device
         self.device = torch.device(device)
         self.model_name = _name(model)
+        for role, source in (("model", model), ("verifier", verifier), ("draft", draft)):
+            if isinstance(source, str):
+                check_source(source, role)
         model_meta = _meta(model) if isinstance(model, str) else None
         if model_meta is None and not isinstance(model, str) and bool(getattr(model, "name_or_path", "")):
             model_meta = _meta(model.name_or_path)
         if tokenizer is None and isinstance(model, str):
-            tokenizer = _load_tokenizer(model)
+            tokenizer = load_tokenizer(model)
         self.tokenizer = tokenizer
-        target = _load(model, self.device, dtype) if isinstance(model, str) else model.eval()
+        target = load_model(model, self.device, dtype) if isinstance(model, str) else model.eval()
 
         self.verifier_name = None if verifier is None else _name(verifier)
         self.draft_name = None if draft is None else _name(draft)
@@ -154,8 +167,8 @@ class Decoder:
             if other is None:
                 continue
             if isinstance(other, str):
-                self._check_same_vocab(role, _load_tokenizer(other), other_name)
-                other = _load(other, self.device, dtype)
+                self._check_same_vocab(role, load_tokenizer(other), other_name)
+                other = load_model(other, self.device, dtype)
             self._check_vocab_rows(role, other, other_name)
             aux[role] = ModelRunner(other.eval(), role)
 

@@ -116,9 +116,12 @@ def main() -> None:
 
     @hydra.main(version_base=None, config_path="../conf/eval", config_name="eval")
     def _main(dcfg) -> None:
-        cfg = OmegaConf.to_object(dcfg)
-        assert isinstance(cfg, EvalConfig)
-        run(cfg)
+        from prove.decode.errors import exit_on_user_error
+
+        with exit_on_user_error("prove-eval"):
+            cfg = OmegaConf.to_object(dcfg)
+            assert isinstance(cfg, EvalConfig)
+            run(cfg)
 
     _main()
 

@@ -11,6 +11,7 @@ import dataclasses
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
+from prove.decode.errors import exit_on_user_error
 from prove.train.config import TrainConfig, register_configs
 
 register_configs()
@@ -42,7 +43,8 @@ def _reject_unknown_keys(node: DictConfig, path: str = "") -> None:
 def _main(cfg: DictConfig) -> None:
     from prove.train.pipeline import train
 
-    train(to_config(cfg))
+    with exit_on_user_error("prove-train"):
+        train(to_config(cfg))
 
 
 def main() -> None:

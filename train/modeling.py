@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -24,8 +23,9 @@ def _torch_dtype(name: str):
 
 def check_source(source: str) -> None:
     """A local-looking path that does not exist is a user error, not a hub lookup."""
-    looks_local = source.startswith((".", "/", "~")) or source.count("/") != 1 or Path(source).parent.is_dir()
-    if looks_local and not Path(source).expanduser().exists():
+    from prove.decode.checkpoint import missing_local_path
+
+    if missing_local_path(source):
         raise ValueError(
             f"no model at {source!r}: for stage=mars run stage=sft first (it writes this directory), "
             "or set stage.init_from=<checkpoint dir> / model.name_or_path=<hub id or dir>"

@@ -172,3 +172,31 @@ def test_bad_runs_fail_before_decoding(checkpoints, prompt_file, tmp_path):
     with pytest.raises(ValueError, match="is not a file"):
         run(config(f"model={checkpoints['mars']}", "prompts=/nonexistent.jsonl", f"output={tmp_path / 'o.jsonl'}"))
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_bad_input_is_one_line_and_exit_status_2(tmp_path):
+    """A user error (here a checkpoint path that does not exist) prints what to fix, not a traceback."""
+    import subprocess
+    import sys
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "prove.decode.cli", f"model={tmp_path / 'nope'}", f"prompts={prompts}",
+         f"output={tmp_path / 'o.jsonl'}", "method=ar"],
+        capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "prove-decode: error: model=" in proc.stderr and "no checkpoint there" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_exit_on_user_error_keeps_the_traceback_with_hydra_full_error(monkeypatch):
+    from prove.decode.errors import exit_on_user_error
+
+    with pytest.raises(SystemExit) as e, exit_on_user_error("prog"):
+        raise ValueError("pass x=1")
+    assert e.value.code == 2
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    with pytest.raises(ValueError, match="pass x=1"), exit_on_user_error("prog"):
+        raise ValueError("pass x=1")
