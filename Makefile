@@ -8,6 +8,9 @@ PIP := $(PY) -m pip
 # CPU wheel where no GPU is present; the default (CUDA) build where nvidia-smi answers.
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH ?= $(if $(HAS_GPU),torch,torch==2.13.0)
+# PyPI's Linux torch wheel is the CUDA build: on a CPU-only machine that reaches PyTorch's own index, set
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu to fetch the small CPU wheel instead.
+TORCH_INDEX ?=
 STAMP := $(VENV)/.prove-installed
 export HF_HUB_OFFLINE ?= 1
 export WANDB_MODE ?= offline
@@ -31,7 +34,7 @@ help: ## list the targets
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
-	$(PIP) install -q "$(TORCH)"
+	$(PIP) install -q "$(TORCH)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	$(PIP) install -q -e ".[dev,eval]"
 	# DeepSpeed's sdist imports torch while building: build it against the torch just installed.
 	$(PIP) install -q --no-build-isolation "deepspeed>=0.16"
