@@ -12,6 +12,7 @@ import copy
 
 import pytest
 import torch
+from decode_helpers import hf_generate
 from prove.decode import Decoder
 from prove.decode.engine import ModelRunner
 from prove.decode.methods import get_method
@@ -23,25 +24,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:checkpoint .* records no trained
 
 K = 5
 N = 24
-
-
-def hf_generate(model, ids: list[int], n: int, eos: int | None = None, assistant=None) -> list[int]:
-    kw = {}
-    if assistant is not None:
-        gc = assistant.generation_config
-        gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = K, "constant"
-        gc.assistant_confidence_threshold = 0.0
-        kw["assistant_model"] = assistant
-    out = model.generate(
-        torch.tensor([ids]),
-        attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-        max_new_tokens=n,
-        do_sample=False,
-        eos_token_id=eos,
-        pad_token_id=0,
-        **kw,
-    )
-    return out[0, len(ids) :].tolist()
 
 
 def perturbed(model: torch.nn.Module, std: float, seed: int) -> torch.nn.Module:
@@ -119,7 +101,7 @@ def test_greedy_sd_equals_hf_assisted_generation(lm, tokenizer, prompts, drafts,
     dec = Decoder(lm, tokenizer, method="sd", draft=drafts[kind], k=K)
     for p in (prompts[0], prompts[3]):
         ours = dec.generate(p, max_new_tokens=N, eos_token_id=[]).token_ids
-        assert ours == hf_generate(lm, p, N, assistant=draft)
+        assert ours == hf_generate(lm, p, N, assistant=draft, assistant_tokens=K)
 
 
 def _check_draft_cache(runner, seq: list[int]) -> None:

@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from decode_helpers import hf_generate
 from prove.decode import Decoder
 from prove.decode.methods import Method, get_method
 from prove.decode.proposers import Proposal
@@ -17,22 +18,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:checkpoint .* records no trained
 LENGTHS = (1, 9, 40)
 
 
-def hf_greedy(model, ids: list[int], max_new_tokens: int, eos: int | None = None) -> list[int]:
-    out = model.generate(
-        torch.tensor([ids]),
-        attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        eos_token_id=eos,
-        pad_token_id=0,
-    )
-    return out[0, len(ids) :].tolist()
-
-
 @pytest.fixture(scope="module")
 def refs(lm, prompts):
     """transformers' greedy continuation of every prompt (no EOS), 40 tokens."""
-    return [hf_greedy(lm, p, max(LENGTHS)) for p in prompts]
+    return [hf_generate(lm, p, max(LENGTHS)) for p in prompts]
 
 
 def no_eos(dec: Decoder, prompt, n: int, **kw):
@@ -67,7 +56,7 @@ def scripted(prompt_len, ref, wrong, block_size, vocab) -> Method:
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 16])
-def test_prove_lossless_equals_hf_greedy(lm, tokenizer, prompts, refs, k):
+def test_prove_lossless_equals_hf_generate(lm, tokenizer, prompts, refs, k):
     dec = Decoder(lm, tokenizer, method="prove-lossless", block_size=k)
     for p, ref in zip(prompts, refs, strict=True):
         for n in LENGTHS:
@@ -79,7 +68,7 @@ def test_prove_lossless_equals_hf_greedy(lm, tokenizer, prompts, refs, k):
             assert s.proposed_by_depth[0] == s.cycles
 
 
-def test_ar_equals_hf_greedy(lm, tokenizer, prompts, refs):
+def test_ar_equals_hf_generate(lm, tokenizer, prompts, refs):
     dec = Decoder(lm, tokenizer, method="ar")
     for p, ref in zip(prompts, refs, strict=True):
         for n in LENGTHS:
@@ -123,7 +112,7 @@ def test_eos_inside_a_block_ends_where_ar_does(lm, tokenizer, prompts, refs, met
     p, ref = prompts[1], refs[1]
     e = _first_new_token_at(ref, 5)
     eos = ref[e]
-    expected = hf_greedy(lm, p, 40, eos=eos)
+    expected = hf_generate(lm, p, 40, eos=eos)
     assert expected == ref[: e + 1]
     m = scripted(len(p), ref, set(), 16, len(tokenizer)) if method == "scripted" else method
     dec = Decoder(lm, tokenizer, method=m, **({"block_size": 16} if method == "prove-lossless" else {}))
@@ -137,7 +126,7 @@ def test_max_new_tokens_inside_a_block(lm, tokenizer, prompts, refs, n):
     p, ref = prompts[0], refs[0]
     dec = Decoder(lm, tokenizer, method=scripted(len(p), ref, {9}, 16, len(tokenizer)))
     out = no_eos(dec, p, n)
-    assert out.token_ids == ref[:n] == hf_greedy(lm, p, n)
+    assert out.token_ids == ref[:n] == hf_generate(lm, p, n)
 
 
 def test_stop_string_inside_a_block_ends_where_ar_does(lm, tokenizer, prompts, refs):
