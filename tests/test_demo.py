@@ -52,6 +52,9 @@ def test_smoke_demo(tmp_path, capsys):
     } <= methods
     assert sum(r["method"] == "prove" for r in report["rows"]) == len(demo.THETAS)
     assert "| prove-lossless |" in printed
+    from prove.decode.bench_plots import PLOTS
+
+    assert set(report["plots"]) == set(PLOTS)
     for path in report["plots"].values():
         assert path in printed
         with open(path, "rb") as f:

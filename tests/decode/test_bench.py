@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from hydra.errors import ConfigCompositionException
 from prove.decode.bench import (
     BenchConfig,
     PromptRun,
@@ -246,7 +247,7 @@ def test_config_composes_with_list_overrides():
             ["model=m", "prompts=p.jsonl", "theta=[0.05,0.1]", "methods=[ar,prove]", "tau=0.9",
              "method_params={prove:{block_size:[2,4]}}"],
         )  # fmt: skip
-        bad = pytest.raises(Exception, match="thetta")
+        bad = pytest.raises(ConfigCompositionException, match="'thetta'")
         with bad:
             compose("bench", ["model=m", "prompts=p", "thetta=0.1"])
     config = OmegaConf.to_object(cfg)
@@ -288,7 +289,9 @@ def test_every_plot_is_written(tmp_path):
         assert path.stat().st_size > 1000 and path.read_bytes()[:8] == PNG
     # a report without trace data or block methods still plots (with a note)
     bare = {"rows": [hand_report()["rows"][0]], "trace": None, "prompts": {"n": 1, "with_answers": 0}}
-    for path in write_plots(bare, tmp_path / "bare").values():
+    bare_paths = write_plots(bare, tmp_path / "bare")
+    assert set(bare_paths) == set(PLOTS)
+    for path in bare_paths.values():
         assert path.read_bytes()[:8] == PNG
 
 

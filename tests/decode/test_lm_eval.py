@@ -11,6 +11,7 @@ import json
 
 import pytest
 import torch
+from hydra.errors import ConfigCompositionException
 
 pytest.importorskip("lm_eval")
 
@@ -178,7 +179,7 @@ def test_eval_config_composes(tmp_path):
         cfg = compose("eval", overrides=["model=m", "method=prove", "theta=0.1", "tasks=[gsm8k,bbh]"])
         obj = OmegaConf.to_object(cfg)
         assert isinstance(obj, EvalConfig) and obj.theta == 0.1 and obj.tasks == ["gsm8k", "bbh"]
-        with pytest.raises(Exception, match="thet"):
+        with pytest.raises(ConfigCompositionException, match="'thet'"):
             compose("eval", overrides=["model=m", "thet=0.1"])
 
 

@@ -36,7 +36,7 @@ def test_wandb_offline_run_is_written_and_closed(tmp_path, arithmetic_jsonl, mon
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and res.global_step == 2
     # the logger is closed when the stage fails too
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="no dataset at"):
         train(train_config(tiny_overrides(tmp_path / "run2", tmp_path / "missing.jsonl", logger="wandb")))
-    assert wandb.run is None
+    assert wandb.run is None and len(list((tmp_path / "wandb").glob("offline-run-*"))) == 2
     assert os.environ["WANDB_MODE"] == "offline"

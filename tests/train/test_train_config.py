@@ -80,14 +80,14 @@ def test_peft_and_logger_groups():
 @pytest.mark.parametrize(
     "overrides,error",
     [
-        (["recipe=tyny"], ConfigCompositionException),
-        (["stage=sftt"], ConfigCompositionException),
-        (["trainer.learnign_rate=1"], ConfigCompositionException),
-        (["lr=fast"], ConfigCompositionException),
+        (["recipe=tyny"], "Could not find 'recipe/tyny'"),
+        (["stage=sftt"], "Could not find 'stage/sftt'"),
+        (["trainer.learnign_rate=1"], "Could not override 'trainer.learnign_rate'"),
+        (["lr=fast"], "Error merging override lr=fast"),
     ],
 )
 def test_typos_fail_at_compose(overrides, error):
-    with pytest.raises(error):
+    with pytest.raises(ConfigCompositionException, match=error):
         compose_train(overrides)
 
 
