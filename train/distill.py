@@ -96,7 +96,9 @@ def distill_loss(
     only when q equals p̂. It is not q renormalised over the top-k, so it also moves the verifier's mass from
     outside the proposer's top-k into it, which is what raises q on the tokens the proposer proposes.
 
-    Both terms are means over the batch's response tokens (each token weighs the same, as in SFT).
+    Both terms are means over the micro-batch's response tokens; the Trainer then averages micro-batches
+    (unlike SFT's loss, which divides by the response tokens of the whole accumulated, all-rank batch, a
+    micro-batch with few response tokens weighs as much as one with many).
     """
     bsz, length, vocab = logits.shape
     z = logits[:, :-1].float()  # (B, L-1, V): output t predicts label t+1
@@ -447,32 +449,24 @@ class DistillCollator:
 
 
 def _trainer_class():
-    from transformers import Trainer
+    from prove.train.trainer import TermLogTrainer
 
-    class DistillTrainer(Trainer):
+    class DistillTrainer(TermLogTrainer):
         """The Hugging Face Trainer with :func:`distill_loss` (CE on the response + kl_weight × top-k KL)."""
 
-        loss_is_scaled_for_ga = False  # distill_loss is a per-batch token mean: the Trainer divides by GA steps
+        term_names = ("loss_ce", "loss_kl")
 
         def __init__(self, *args: Any, kl_weight: float = 0.0, **kwargs: Any):
             super().__init__(*args, **kwargs)
             self.kl_weight = kl_weight
-            self._terms = torch.zeros(3)  # running (ce, kl, batches) for logging
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False)
             out = distill_loss(
                 outputs.logits, inputs["labels"], inputs.get("topk_ids"), inputs.get("topk_logprobs"), self.kl_weight
             )
-            self._terms += torch.tensor([out.ce.item(), out.kl.item(), 1.0])
+            self._record(out.ce, out.kl)
             return (out.loss, outputs) if return_outputs else out.loss
-
-        def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
-            if "loss" in logs and self._terms[2] > 0:
-                logs["loss_ce"] = round(float(self._terms[0] / self._terms[2]), 4)
-                logs["loss_kl"] = round(float(self._terms[1] / self._terms[2]), 4)
-                self._terms.zero_()
-            super().log(logs, *args, **kwargs)
 
     return DistillTrainer
 

@@ -11,45 +11,64 @@ from prove.train.masks import block_attention_bias, block_inputs, block_mask_mod
 from transformers import Trainer, TrainerCallback
 
 
-class MarsTrainer(Trainer):
+class TermLogTrainer(Trainer):
+    """A Trainer whose loss is a weighted sum of two terms, logged beside ``loss`` under ``term_names``.
+
+    Its ``compute_loss`` returns a per-micro-batch mean and runs the forward itself (no
+    ``compute_loss_func``, which transformers multiplies by the number of processes on the assumption that
+    the loss was divided by the global token count). The terms stay on the device until ``log``, so
+    logging costs no per-step synchronisation.
+    """
+
+    # A per-micro-batch mean: the Trainer divides it by the gradient-accumulation steps.
+    loss_is_scaled_for_ga = False
+    term_names: tuple[str, str] = ("loss_a", "loss_b")
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._terms: torch.Tensor | None = None  # running (term a, term b, micro-batches)
+
+    def _record(self, a: torch.Tensor, b: torch.Tensor) -> None:
+        row = torch.stack([a.detach().float(), b.detach().float(), torch.ones((), device=a.device)])
+        self._terms = row if self._terms is None else self._terms + row
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        if "loss" in logs and self._terms is not None:
+            a, b, n = self._terms.tolist()
+            logs[self.term_names[0]] = round(a / n, 4)
+            logs[self.term_names[1]] = round(b / n, 4)
+            self._terms = None
+        super().log(logs, *args, **kwargs)
+
+
+class MarsTrainer(TermLogTrainer):
     """Trains an ordinary causal LM to fill K placeholders in one pass.
 
     Batches hold ``input_ids`` / ``labels`` ``(B, L)`` with L a multiple of K (see
     :class:`prove.train.collate.Collator`). ``compute_loss`` turns them into the 2L input
-    ``[noisy | clean]`` with position ids ``[0..L-1, 0..L-1]`` and the block attention mask, and lets
-    ``Trainer.compute_loss`` run the forward with :func:`prove.train.losses.mars_loss` as its loss.
+    ``[noisy | clean]`` with position ids ``[0..L-1, 0..L-1]`` and the block attention mask, runs the
+    forward and returns :func:`prove.train.losses.mars_loss`.
     The mask is a float additive 4D tensor for eager/sdpa, or a FlexAttention ``BlockMask`` when the
     model runs ``attn_implementation="flex_attention"``.
     """
 
-    # mars_loss is a per-batch mean (of per-sequence means): the Trainer divides it by the accumulation steps.
-    loss_is_scaled_for_ga = False
+    term_names = ("loss_noisy", "loss_clean")
 
     def __init__(self, *args: Any, mask_token_id: int, block_size: int, ar_weight: float = 1.0, **kwargs: Any):
-        kwargs["compute_loss_func"] = self._loss
         super().__init__(*args, **kwargs)
         self.mask_token_id = mask_token_id
         self.block_size = block_size
         self.ar_weight = ar_weight
         self._masks: dict[tuple, Any] = {}
-        self._terms = torch.zeros(3)  # running (noisy, clean, batches) for logging
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         ids, labels = inputs["input_ids"], inputs["labels"]  # (B, L)
         x, pos = block_inputs(ids, labels, self.mask_token_id)  # (B, 2L) each
-        block_inputs_2l = {
-            "input_ids": x,
-            "position_ids": pos,
-            "attention_mask": self._attention_mask(model, ids.shape[1], ids.device),
-            "labels": labels,
-            "use_cache": False,
-        }
-        return super().compute_loss(model, block_inputs_2l, return_outputs, num_items_in_batch)
-
-    def _loss(self, outputs, labels, num_items_in_batch=None):
+        mask = self._attention_mask(model, ids.shape[1], ids.device)
+        outputs = model(input_ids=x, position_ids=pos, attention_mask=mask, use_cache=False)
         out = mars_loss(outputs.logits, labels, self.ar_weight)  # logits (B, 2L, V)
-        self._terms += torch.tensor([out.noisy.item(), out.clean.item(), 1.0])
-        return out.loss
+        self._record(out.noisy, out.clean)
+        return (out.loss, outputs) if return_outputs else out.loss
 
     def _attention_mask(self, model, length: int, device: torch.device):
         unwrapped = self.accelerator.unwrap_model(model)
@@ -68,13 +87,6 @@ class MarsTrainer(Trainer):
             else:
                 self._masks[key] = block_attention_bias(length, self.block_size, dtype=dtype, device=device)
         return self._masks[key]
-
-    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
-        if "loss" in logs and self._terms[2] > 0:
-            logs["loss_noisy"] = round(float(self._terms[0] / self._terms[2]), 4)
-            logs["loss_clean"] = round(float(self._terms[1] / self._terms[2]), 4)
-            self._terms.zero_()
-        super().log(logs, *args, **kwargs)
 
 
 class WallClockCallback(TrainerCallback):

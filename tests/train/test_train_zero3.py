@@ -44,7 +44,11 @@ def test_zero3_two_process_mars_checkpoint_matches_in_memory_model(tmp_path, tok
 
     ref = torch.load(out)
     assert ref["world_size"] == 2 and ref["global_step"] == 4
-    assert all(math.isfinite(x) for x in ref["losses"])
+    assert ref["logs"] and all(math.isfinite(h["loss"]) for h in ref["logs"])
+    # The logged loss is noisy + ar_weight × clean (ar_weight 1), not that times the number of processes
+    # (what transformers does to a compute_loss_func loss). Terms are rank 0's, the loss the ranks' mean.
+    for h in ref["logs"]:
+        assert 0.75 < h["loss"] / (h["loss_noisy"] + h["loss_clean"]) < 1.33, h
     mars = tmp_path / "mars"
     meta = json.loads((mars / "prove.json").read_text())
     assert meta["stage"] == "mars" and meta["block_size"] == 4
