@@ -152,9 +152,11 @@ class Decoder:
             raise ValueError(f"method={self.method.name} needs a draft model: pass draft=PATH (a small AR model)")
         if verifier is not None and not needs_verifier and not trace:
             warnings.warn(
-                f"method {self.method.name} does not use the verifier (with trace=True it is recorded as a probe)",
+                f"method {self.method.name} does not use the verifier (with trace=True it is recorded as a probe); "
+                "ignoring it",
                 stacklevel=2,
             )
+            verifier = None
         if draft is not None and not needs_draft:
             warnings.warn(f"method {self.method.name} does not use the draft model; ignoring it", stacklevel=2)
             draft = None

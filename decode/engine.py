@@ -300,7 +300,9 @@ def run(
     done = False
     cycle = 0
     while not done:
-        budget = stopper.max_new_tokens - len(new)
+        # Tokens the proposal may hold: what the request may still take, less the correction / bonus token
+        # that a rule verified by the target always adds (so a proposal never outruns max_new_tokens).
+        budget = stopper.max_new_tokens - len(new) - int(verifier.is_target)
         # 1) propose
         proposal = proposer.propose(seq, budget)
         # 2) score: one teacher-forced pass of the verifier over [pending, y_1..y_k]

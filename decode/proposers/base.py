@@ -40,8 +40,10 @@ class Proposer(Protocol):
     """Proposes a block given the committed sequence (prompt + new tokens so far).
 
     A proposer owns no cache bookkeeping beyond calling its ``ModelRunner``'s ``forward``: the engine
-    syncs every runner to the committed sequence after each cycle. ``budget`` is how many new tokens
-    the request may still take; proposing more is wasted work, never wrong.
+    syncs every runner to the committed sequence after each cycle. ``budget`` is how many tokens the
+    proposal may hold (the request's remaining tokens, less the correction / bonus token when the target
+    verifies): ≥ 1 when no target verifies, possibly 0 otherwise, when an empty proposal makes the cycle
+    an AR step. Proposing more is wasted work, never wrong.
     """
 
     def propose(self, seq: Sequence[int], budget: int) -> Proposal: ...

@@ -34,9 +34,12 @@ class BlockProposer:
         self.generator = generator
 
     def propose(self, seq: Sequence[int], budget: int) -> Proposal:
-        k = max(1, min(self.block_size, budget))
-        # Row i of the pass over [pending, M_1..M_k] predicts y_{i+1}; row k (at M_k) is unused.
-        logits = self.runner.forward(seq, [self.mask_token_id] * k)[:k]  # (k, V)
+        k = min(self.block_size, budget)
+        if k == 0:
+            return Proposal.empty(self.runner.device)
+        # Row 0 of the pass over [pending, M_1..M_{k-1}] (at the last committed token) predicts y_1, row i (at M_i)
+        # predicts y_{i+1}.
+        logits = self.runner.forward(seq, [self.mask_token_id] * (k - 1))  # (k, V)
         probs = logits_to_probs(logits, self.temperature, self.top_k, self.top_p)  # (k, V)
         tokens = pick(probs, self.temperature, self.generator)  # (k,)
         conf = probs.gather(-1, tokens[:, None])[:, 0]  # (k,)

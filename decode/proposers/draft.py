@@ -54,8 +54,7 @@ class DraftProposer:
         return torch.cat([logits, pad], -1)
 
     def propose(self, seq: Sequence[int], budget: int) -> Proposal:
-        # The correction / bonus token always adds one: k = budget - 1 proposals fill the budget exactly.
-        k = min(self.k, budget - 1)
+        k = min(self.k, budget)
         seq = list(seq)
         tokens: list[int] = []
         rows: list[torch.Tensor] = []

@@ -72,3 +72,11 @@ def test_mask_token_without_embedding_row(tmp_path, make_lm, stock_tokenizer):
     tok.save_pretrained(path)
     with pytest.raises(ValueError, match="has no embedding row .* which resizes the embeddings"):
         Decoder(str(path), method="prove-lossless", block_size=4)
+
+
+def test_an_unused_verifier_is_not_loaded(checkpoints):
+    with pytest.warns(UserWarning, match="does not use the verifier .* ignoring it"):
+        dec = Decoder(checkpoints["mars"], method="prove-lossless", verifier=checkpoints["verifier"])
+    assert dec.models.verifier is None and dec.probe is None
+    traced = Decoder(checkpoints["mars"], method="prove-lossless", verifier=checkpoints["verifier"], trace=True)
+    assert traced.models.verifier is not None and traced.probe is not None

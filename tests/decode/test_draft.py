@@ -266,6 +266,17 @@ def test_relaxed_rules_compose_with_the_block_proposer(lm, tokenizer, prompts):
             assert out.stats.new_tokens == N and out.stats.tokens_per_cycle >= ref.stats.tokens_per_cycle
 
 
+@pytest.mark.parametrize("method", ["mars", "prove"])
+def test_rules_without_a_correction_token_run_on_the_draft_proposer(lm, tokenizer, prompts, drafts, method):
+    """ProVe's gate / the MARS rule on a draft model: the last token of the budget still gets proposed (a draft
+    that proposed budget - 1 tokens, as SD's does, left these rules nothing to commit)."""
+    dec = Decoder(lm, tokenizer, method=method, proposer="draft", draft=drafts["partly"], verifier=drafts["random"],
+                  k=K)  # fmt: skip
+    for n in (1, 7, N):
+        out = dec.generate(prompts[0], max_new_tokens=n, eos_token_id=[])
+        assert len(out.token_ids) == n and out.stats.draft_passes > 0
+
+
 def test_with_proposer_swaps_the_size_parameter_and_refuses_what_cannot_propose():
     nsd = get_method("nsd").with_proposer("block")
     assert nsd.name == "nsd[block]" and nsd.proposer == "block" and nsd.needs_mask

@@ -64,8 +64,11 @@ def test_prove_lossless_equals_hf_generate(lm, tokenizer, prompts, refs, k):
             assert out.token_ids == ref[:n], (k, n)
             s = out.stats
             assert s.new_tokens == n == sum(s.committed_per_cycle)
-            assert s.model_passes == 2 * s.cycles and s.verifier_passes == 0 == s.draft_passes
-            assert s.proposed_by_depth[0] == s.cycles
+            # a block pass + a verify pass per cycle; only a last cycle with one token of budget left
+            # proposes nothing and is a single AR step
+            proposed = s.proposed_by_depth[0] if s.proposed_by_depth else 0
+            assert s.cycles - 1 <= proposed <= s.cycles
+            assert s.model_passes == s.cycles + proposed and s.verifier_passes == 0 == s.draft_passes
 
 
 def test_ar_equals_hf_generate(lm, tokenizer, prompts, refs):
