@@ -671,7 +671,7 @@ def _sync(device: Any) -> None:
 
 def load_models(cfg: BenchConfig) -> dict[str, Any]:
     """The tokenizer and every model, loaded once and shared by all rows."""
-    from prove.decode.checkpoint import MASK_TOKEN
+    from prove.decode.checkpoint import vocab_difference
     from prove.decode.config import DTYPES
     from prove.decode.decoder import check_source, load_model, load_tokenizer
 
@@ -687,13 +687,11 @@ def load_models(cfg: BenchConfig) -> dict[str, Any]:
 
     models: dict[str, Any] = {"tokenizer": tokenizer, "model": load(cfg.model)}
     loaded: dict[str, Any] = {cfg.model: models["model"]}
-    mine = {t: i for t, i in tokenizer.get_vocab().items() if t != MASK_TOKEN}
     for role in ("verifier", "draft"):
         path = getattr(cfg, role)
         if path is None:
             continue
-        theirs = {t: i for t, i in load_tokenizer(path).get_vocab().items() if t != MASK_TOKEN}
-        if theirs != mine:
+        if vocab_difference(tokenizer, load_tokenizer(path)):
             raise ValueError(
                 f"{role}={path} has a different tokenizer from model={cfg.model}: the {role} must share the "
                 "model's vocabulary (apart from <|mask|>)"

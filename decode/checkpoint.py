@@ -48,6 +48,14 @@ class ProveMeta:
         return cls(**{k: v for k, v in d.items() if k in names}, extra={k: v for k, v in d.items() if k not in names})
 
 
+def vocab_difference(tokenizer: Any, other: Any) -> int:
+    """How many (token, id) entries differ between two tokenizers' vocabularies, ``<|mask|>`` aside: a stock
+    verifier or draft lacks only the placeholder that MARS training added. 0 = they can verify each other."""
+    a = {t: i for t, i in tokenizer.get_vocab().items() if t != MASK_TOKEN}
+    b = {t: i for t, i in other.get_vocab().items() if t != MASK_TOKEN}
+    return len(set(a.items()) ^ set(b.items()))
+
+
 def missing_local_path(source: str) -> bool:
     """True if ``source`` looks like a local path (not a hub id ``org/name``) and nothing is there: a user
     error to report as such, rather than a hub lookup that fails with a confusing message (or hangs)."""

@@ -19,7 +19,13 @@ from typing import Any, cast
 
 import torch
 from prove.decode import engine
-from prove.decode.checkpoint import MASK_TOKEN, ProveMeta, missing_local_path, read_prove_json
+from prove.decode.checkpoint import (
+    MASK_TOKEN,
+    ProveMeta,
+    missing_local_path,
+    read_prove_json,
+    vocab_difference,
+)
 from prove.decode.config import DecodeParams
 from prove.decode.engine import CycleEvent, ModelRunner, Models, Stats, Stopper
 from prove.decode.methods import Method, get_method
@@ -255,10 +261,8 @@ class Decoder:
     def _check_same_vocab(self, role: str, other_tokenizer: Any, other_name: str | None) -> None:
         if self.tokenizer is None:
             return
-        mine = {t: i for t, i in self.tokenizer.get_vocab().items() if t != MASK_TOKEN}
-        theirs = {t: i for t, i in other_tokenizer.get_vocab().items() if t != MASK_TOKEN}
-        if mine != theirs:
-            diff = len(set(mine.items()) ^ set(theirs.items()))
+        diff = vocab_difference(self.tokenizer, other_tokenizer)
+        if diff:
             raise ValueError(
                 f"the {role} {other_name}'s tokenizer differs from model {self.model_name}'s ({diff} entries differ): "
                 f"the {role} must share the model's vocabulary (apart from {MASK_TOKEN}); pick a {role} of the "

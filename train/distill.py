@@ -288,9 +288,9 @@ def generate_responses(
         rank, world_size = _rank_and_world()
     d = cfg.distill
     out = Path(d.generated_dir)
-    prompts, source = prompt_set(cfg)
     if not Path(d.proposer).exists():
         raise ValueError(f"distill.proposer={d.proposer!r} does not exist: train it first (prove-train stage=mars)")
+    prompts, source = prompt_set(cfg)
     settings = generation_settings(cfg, source, len(prompts), _block_size(cfg))
     stored = _check_settings(out, settings)
     if stored is not None and stored.get("complete") and (out / "dataset").is_dir():
@@ -314,8 +314,8 @@ def generate_responses(
                desc=f"distill generation (rank {rank})")
     with own.open("a") as f:
         for p in todo:
-            result = decoder.generate(p.messages, max_new_tokens=d.max_new_tokens)
             prompt_ids = decoder.encode(p.messages)
+            result = decoder.generate(prompt_ids, max_new_tokens=d.max_new_tokens)
             response_ids = [int(t) for t in result.token_ids]
             rec: dict[str, Any] = {
                 "index": p.index,
@@ -477,16 +477,13 @@ def make_trainer(cfg: TrainConfig, **common: Any):
 
 def check_same_vocab(verifier_tokenizer: Any, proposer: str) -> None:
     """The verifier must share the proposer's vocabulary (apart from ``<|mask|>``), as ``prove.decode`` requires."""
-    from prove.decode.checkpoint import MASK_TOKEN
+    from prove.decode.checkpoint import vocab_difference
     from transformers import AutoTokenizer
 
-    theirs = AutoTokenizer.from_pretrained(proposer).get_vocab()
-    mine = verifier_tokenizer.get_vocab()
-    a = {t: i for t, i in mine.items() if t != MASK_TOKEN}
-    b = {t: i for t, i in theirs.items() if t != MASK_TOKEN}
-    if a != b:
+    diff = vocab_difference(verifier_tokenizer, AutoTokenizer.from_pretrained(proposer))
+    if diff:
         raise ValueError(
-            f"the verifier's tokenizer differs from the proposer {proposer}'s ({len(set(a.items()) ^ set(b.items()))} "
+            f"the verifier's tokenizer differs from the proposer {proposer}'s ({diff} "
             "entries differ): distil a verifier of the same model family (same tokenizer)"
         )
 

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 from pathlib import Path
@@ -60,13 +59,16 @@ def _run(cfg: TrainConfig, tracker) -> StageResult:
     if is_distill:  # 0) this rank's share of the proposer's responses (a rerun resumes)
         from prove.train import distill
 
+        if (source := tokenizer_source(cfg)) is not None:  # refuse a mismatched verifier before generating
+            from prove.train.modeling import check_source, load_tokenizer
+
+            check_source(source)
+            distill.check_same_vocab(load_tokenizer(source, cfg.model.trust_remote_code), cfg.distill.proposer)
         distill.generate_responses(cfg)
     args = training_arguments(cfg, report_to=tracker.report_to)
 
     # 2) tokenizer + model
     tokenizer, model, base_model = build_model_and_tokenizer(cfg, args)
-    if is_distill:
-        distill.check_same_vocab(tokenizer, cfg.distill.proposer)
 
     # 3) the placeholder token (also for sft, so the checkpoint decodes with block methods after mars)
     mask_id = None
@@ -80,7 +82,9 @@ def _run(cfg: TrainConfig, tracker) -> StageResult:
     # 4) data
     if is_distill and torch.distributed.is_initialized():
         torch.distributed.barrier()  # every rank has written its shard
-    with args.main_process_first(desc="tokenizing"):
+    # The generated set and the scratch tokenizer are written to shared storage: one process of the whole job
+    # writes them (local=False); tokenizing goes to each node's own cache.
+    with args.main_process_first(local=not is_distill, desc="tokenizing"):
         if is_distill:
             generated = distill.build_generated_set(cfg.distill.generated_dir)
             dataset = distill.training_rows(generated, cfg.data.max_len)
@@ -168,6 +172,14 @@ def training_arguments(cfg: TrainConfig, report_to: list[str]):
     )
 
 
+def tokenizer_source(cfg: TrainConfig) -> str | None:
+    """Where the stage's tokenizer comes from (``None``: built from scratch by the tiny recipe)."""
+    source = cfg.stage.init_from or cfg.model.name_or_path
+    if source is None:
+        return None
+    return cfg.model.tokenizer if cfg.stage.init_from is None and cfg.model.tokenizer else source
+
+
 def build_model_and_tokenizer(cfg: TrainConfig, args) -> tuple[Any, Any, str]:
     """``(tokenizer, model, base_model)``; ``base_model`` names what the pipeline started from (for prove.json)."""
     from prove.data.chat import ensure_chat_template
@@ -177,7 +189,7 @@ def build_model_and_tokenizer(cfg: TrainConfig, args) -> tuple[Any, Any, str]:
     if source is not None:
         check_source(source)
         tokenizer = load_tokenizer(
-            cfg.model.tokenizer if cfg.stage.init_from is None and cfg.model.tokenizer else source,
+            tokenizer_source(cfg),
             cfg.model.trust_remote_code,
         )
         ensure_chat_template(tokenizer, cfg.data.chat_template)  # fail before loading the weights
@@ -185,7 +197,7 @@ def build_model_and_tokenizer(cfg: TrainConfig, args) -> tuple[Any, Any, str]:
         base = _base_model_of(source)
     else:
         assert cfg.model.scratch is not None
-        with args.main_process_first(desc="scratch tokenizer"):
+        with args.main_process_first(local=False, desc="scratch tokenizer"):
             tokenizer = scratch_tokenizer(cfg)
         ensure_chat_template(tokenizer, cfg.data.chat_template)
         model = scratch_model(cfg.model.scratch, tokenizer, cfg.model, args.seed)
@@ -300,8 +312,7 @@ def save_checkpoint(trainer, cfg: TrainConfig, output_dir: Path, meta, base_mode
         return
     trainer.save_model(str(output_dir))
     if trainer.is_world_process_zero():
-        write_prove_json(output_dir, meta)
-        (output_dir / "train_config.json").write_text(json.dumps(meta.extra["training_config"], indent=2) + "\n")
+        write_prove_json(output_dir, meta)  # its training_config holds the whole resolved config
 
 
 def merge_adapter(base: str | os.PathLike, adapter_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:

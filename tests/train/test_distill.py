@@ -286,6 +286,22 @@ def test_distilled_verifier_with_another_tokenizer_is_refused(tmp_path, models, 
         check_same_vocab(other, str(proposer))
 
 
+def test_the_stage_refuses_a_mismatched_verifier_before_generating(tmp_path, arithmetic_jsonl, models, corpus,
+                                                                  qwen2_factory):  # fmt: skip
+    from prove.data.tokenizer import train_chatml_bpe
+    from prove.train.pipeline import train
+
+    proposer, _ = models
+    other = train_chatml_bpe(corpus[:50], vocab_size=280, with_mask=False)
+    alien = tmp_path / "alien"
+    qwen2_factory(len(other), eos_token_id=other.eos_token_id).save_pretrained(alien)
+    other.save_pretrained(alien)
+    cfg = _cfg(tmp_path, arithmetic_jsonl, (proposer, alien))
+    with pytest.raises(ValueError, match="tokenizer differs"):
+        train(cfg)
+    assert not list(Path(cfg.distill.generated_dir).glob("**/*.jsonl")), "nothing generated for a verifier it refuses"
+
+
 def _constant_proposer(qwen2_factory, vocab: int, token: int, seed: int = 0):
     """A 'MARS' model that proposes ``token`` everywhere with p̃ ≈ 1: its layers write nothing to the residual
     stream (o_proj = down_proj = 0), every embedding row points along one direction u, and the LM head
