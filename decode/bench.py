@@ -501,20 +501,6 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="bench_schema", node=BenchConfig)
 
 
-def read_answers(path: str | Path) -> dict[str, str | None]:
-    """``repr(id) → answer`` from a JSONL prompt file (ids numbered by line as ``read_prompts`` does)."""
-    path = Path(path)
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-    if not lines or not lines[0].lstrip().startswith("{"):
-        return {}
-    out: dict[str, str | None] = {}
-    for i, line in enumerate(lines):
-        row = json.loads(line)
-        answer = row.get("answer")
-        out[repr(row.get("id", i))] = None if answer is None else str(answer)
-    return out
-
-
 def environment(device: Any, dtype: str) -> dict[str, Any]:
     """Versions, hardware and the git commit, for bench.json."""
     import os
@@ -740,8 +726,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; registered: {', '.join(sorted(METHODS))}")
     records = read_prompts(cfg.prompts)[: cfg.n_prompts]
-    answers_by_id = read_answers(cfg.prompts)
-    answers = [answers_by_id.get(repr(r.id)) for r in records]
+    answers = [r.answer for r in records]
     has_answers = any(a is not None for a in answers)
 
     models = load_models(cfg)

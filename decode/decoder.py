@@ -186,9 +186,6 @@ class Decoder:
             draft=aux.get("draft"),
             mask_token_id=mask_id,
         )
-        self._build()
-
-    def _build(self) -> None:
         self.generator = torch.Generator(device=self.device).manual_seed(self.params.seed)
         factory = self.method.proposer if callable(self.method.proposer) else PROPOSERS[self.method.proposer]
         self.proposer = factory(self.models, self.params, self.generator)
@@ -200,14 +197,6 @@ class Decoder:
     def model(self) -> Any:
         """The model being accelerated (``model=``)."""
         return self.models.target.model
-
-    def to(self, device: str | torch.device) -> Decoder:
-        """Move every model (and the sampling generator, reseeded) to ``device``."""
-        self.device = torch.device(device)
-        for runner in self.models.runners():
-            runner.model.to(self.device)
-        self._build()
-        return self
 
     @classmethod
     def from_pretrained(cls, path: str, **kwargs: Any) -> Decoder:

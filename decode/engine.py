@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+from prove.decode.sampling import token_prob
 from transformers import DynamicCache
 
 if TYPE_CHECKING:
@@ -259,11 +260,9 @@ def _trace_row(view: CycleView, accept: Accept) -> dict[str, Any]:
     row["target_prob"] = None
     row["matched"] = None
     if view.verifier_logits is not None:
-        q = torch.softmax(view.verifier_logits[:k].float(), -1).gather(-1, tokens[:, None])[:, 0]
-        row["verifier_prob"] = q.tolist()
+        row["verifier_prob"] = token_prob(view.verifier_logits, tokens).tolist()
     if view.target_logits is not None:
-        p = torch.softmax(view.target_logits[:k].float(), -1).gather(-1, tokens[:, None])[:, 0]
-        row["target_prob"] = p.tolist()
+        row["target_prob"] = token_prob(view.target_logits, tokens).tolist()
         row["matched"] = (view.target_logits[:k].argmax(-1) == tokens).tolist()
     return row
 

@@ -32,7 +32,7 @@ from prove.decode.proposers import ProposerFactory
 from prove.decode.rules.base import Accept
 from prove.decode.rules.block import greedy_match, mars_rule, prove_rule
 from prove.decode.rules.speculative import AsdState, asd_greedy, nsd_greedy, nsd_sample, sd_sample
-from prove.decode.sampling import logits_to_probs, pick
+from prove.decode.sampling import logits_to_probs, pick, token_prob
 
 
 @dataclass(frozen=True)
@@ -94,12 +94,6 @@ def get_method(name: str | Method) -> Method:
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; pick one of: {', '.join(sorted(METHODS))}")
     return METHODS[name]
-
-
-def token_prob(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """Softmax probability of each ``tokens[i]`` (k,) under ``logits[i]`` (≥k, V) → (k,)."""
-    k = tokens.shape[0]
-    return torch.softmax(logits[:k].float(), -1).gather(-1, tokens[:, None])[:, 0]
 
 
 def _ar(view: CycleView) -> Accept:

@@ -25,6 +25,8 @@ class PromptRecord:
     id: int | str
     prompt: str | list[dict[str, str]]
     """Raw text, or chat messages ({"role", "content"})."""
+    answer: str | None = None
+    """The JSONL row's ``answer`` field, where the set carries one (the bench scores accuracy with it)."""
 
 
 def read_prompts(path: str | Path) -> list[PromptRecord]:
@@ -54,7 +56,8 @@ def read_prompts(path: str | Path) -> list[PromptRecord]:
             raise ValueError(f"{path}:{lineno}: 'messages' must be a list of {{'role', 'content'}} objects")
         if "prompt" in row and not isinstance(prompt, str):
             raise ValueError(f"{path}:{lineno}: 'prompt' must be a string (use 'messages' for chat turns)")
-        records.append(PromptRecord(row.get("id", len(records)), prompt))
+        answer = row.get("answer")
+        records.append(PromptRecord(row.get("id", len(records)), prompt, None if answer is None else str(answer)))
     ids = [r.id for r in records]
     if len(set(map(repr, ids))) != len(ids):
         raise ValueError(f"{path} repeats an id; ids must be unique (or leave them out to number the lines)")

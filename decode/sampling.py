@@ -21,6 +21,12 @@ def logits_to_probs(logits: torch.Tensor, temperature: float = 0.0, top_k: int =
     return warp_probs(logits, temperature, top_p=top_p, top_k=top_k)
 
 
+def token_prob(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Softmax probability of each ``tokens[i]`` (k,) under ``logits[i]`` (≥ k, V) → (k,)."""
+    k = tokens.shape[0]
+    return torch.softmax(logits[:k].float(), -1).gather(-1, tokens[:, None])[:, 0]
+
+
 def pick(probs: torch.Tensor, temperature: float, generator: torch.Generator | None = None) -> torch.Tensor:
     """Argmax (temperature 0) or one sample per row of ``probs`` (..., V) → token ids (...)."""
     if temperature == 0:

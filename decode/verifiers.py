@@ -53,4 +53,3 @@ def build_verifier(role: str, models: Models) -> Verifier:
     raise ValueError(f"unknown verifier role {role!r}; one of: none, self, small")
 
 
-VERIFIER_ROLES = ("none", "self", "small")

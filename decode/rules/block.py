@@ -14,11 +14,13 @@ import torch
 from prove.decode.rules.base import Accept
 
 
+def leading_true(ok: torch.Tensor) -> torch.Tensor:
+    """Length of the leading run of True along the last dim: (..., k) bool → (...) long (0 for k = 0)."""
+    return ok.long().cumprod(-1).sum(-1)
+
+
 def _leading_run(ok: torch.Tensor) -> int:
-    """Length of the leading run of True in a 1-D bool tensor."""
-    if ok.numel() == 0:
-        return 0
-    return int(ok.to(torch.int64).cumprod(0).sum())
+    return int(leading_true(ok))
 
 
 def mars_rule(proposer_conf: torch.Tensor, tau: float) -> Accept:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 from prove.decode.rules.base import Accept
-from prove.decode.rules.block import greedy_match
+from prove.decode.rules.block import greedy_match, leading_true
 
 __all__ = [
     "AsdState",
@@ -109,11 +109,6 @@ def sample_from_probs(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.minimum(idx, last_pos)
 
 
-def _leading_true(ok: torch.Tensor) -> torch.Tensor:
-    """Length of the leading run of True along the last dim: (..., k) -> (...)."""
-    return ok.long().cumprod(-1).sum(-1)
-
-
 def _draw_uniforms(k: int, uniforms: torch.Tensor | None, generator: torch.Generator | None):
     if uniforms is None:
         return torch.rand(k + 1, generator=generator)
@@ -162,7 +157,7 @@ def speculative_accept_batch(
     ok = uniforms[..., :k] * q_y < p_y  # (..., k)
     if theta > 0:
         ok = ok | nucleus_mask(target_probs[..., :k, :], theta).gather(-1, idx).squeeze(-1)
-    n = _leading_true(ok)  # (...)
+    n = leading_true(ok)  # (...)
 
     # correction from norm(max(0, p_n − q_n)) or bonus from p_{k+1} (q_{k+1} := 0)
     q_bonus = draft_probs.new_zeros((*draft_probs.shape[:-2], 1, draft_probs.shape[-1]))  # (..., 1, V)
@@ -248,7 +243,7 @@ def nsd_greedy(tokens: torch.Tensor, target_logits: torch.Tensor, theta: float) 
     if theta > 0:
         probs = target_logits[:k].float().softmax(-1)  # (k, V)
         ok = ok | nucleus_mask(probs, theta).gather(-1, tokens[:, None]).squeeze(-1)
-    n = int(_leading_true(ok))
+    n = int(leading_true(ok))
     return Accept(n, int(greedy[n]))
 
 
