@@ -115,12 +115,9 @@ class Decoder:
         if dtype not in _DTYPES:
             raise ValueError(f"dtype={dtype!r} is not one of {sorted(_DTYPES)}")
         self.method = get_method(method)
-        given = {k: v for k, v in params.items() if v is not None}
         if proposer is not None:
-            own = self.method.defaults
             self.method = self.method.with_proposer(proposer)
-            # The swapped-out size parameter at its method default came from conf/method/<name>.yaml, not the user.
-            given = {k: v for k, v in given.items() if k in self.method.uses or own.get(k, object()) != v}
+        given = {k: v for k, v in params.items() if v is not None}
         self.params = DecodeParams(**given).with_defaults(dict(self.method.defaults))
         if self.method.greedy_only and self.params.temperature > 0:
             raise ValueError(

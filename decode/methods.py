@@ -66,7 +66,7 @@ class Method:
         uses = tuple(new if u == old else u for u in self.uses)
         defaults = {k: v for k, v in self.defaults.items() if k != old}
         if new == "k":
-            defaults["k"] = 5
+            defaults["k"] = DRAFT_K
         return dataclasses.replace(self, name=f"{self.name}[{proposer}]", proposer=proposer, uses=uses, defaults=defaults)
 
     @property
@@ -76,6 +76,8 @@ class Method:
 
 
 _SIZE_PARAM = {"block": "block_size", "draft": "k"}
+DRAFT_K = 5
+"""Tokens a draft model proposes per cycle unless ``k`` says otherwise (the SD family's usual k = 5)."""
 """The parameter that sets how many tokens each proposer proposes per cycle (block_size: None = trained)."""
 
 METHODS: dict[str, Method] = {}
@@ -199,7 +201,7 @@ register_method(
         "draft",
         "self",
         _sd,
-        {"k": 5},
+        {"k": DRAFT_K},
         ("k",),
         summary="speculative decoding with a small draft model: greedy match, or speculative sampling",
     )
@@ -210,7 +212,7 @@ register_method(
         "draft",
         "self",
         _nsd,
-        {"k": 5, "theta": 0.9},
+        {"k": DRAFT_K, "theta": 0.9},
         ("k", "theta"),
         summary="nucleus SD: SD, or accept y_i inside the target's top-θ nucleus",
     )
@@ -221,7 +223,7 @@ register_method(
         "draft",
         "self",
         _asd,
-        {"k": 5, "budget": 8.0, "gate": 0.25, "max_mismatches": 2},
+        {"k": DRAFT_K, "budget": 8.0, "gate": 0.25, "max_mismatches": 2},
         ("k", "budget", "gate", "max_mismatches"),
         greedy_only=True,
         summary="approximate SD: greedy with a per-request regret budget for mismatches",

@@ -270,8 +270,8 @@ def test_relaxed_rules_compose_with_the_block_proposer(lm, tokenizer, prompts):
 def test_rules_without_a_correction_token_run_on_the_draft_proposer(lm, tokenizer, prompts, drafts, method):
     """ProVe's gate / the MARS rule on a draft model: the last token of the budget still gets proposed (a draft
     that proposed budget - 1 tokens, as SD's does, left these rules nothing to commit)."""
-    dec = Decoder(lm, tokenizer, method=method, proposer="draft", draft=drafts["partly"], verifier=drafts["random"],
-                  k=K)  # fmt: skip
+    verifier = drafts["random"] if method == "prove" else None
+    dec = Decoder(lm, tokenizer, method=method, proposer="draft", draft=drafts["partly"], verifier=verifier, k=K)
     for n in (1, 7, N):
         out = dec.generate(prompts[0], max_new_tokens=n, eos_token_id=[])
         assert len(out.token_ids) == n and out.stats.draft_passes > 0
