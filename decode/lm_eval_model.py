@@ -261,13 +261,19 @@ def task_manager(cfg: EvalConfig) -> Any:
     return TaskManager(include_path=paths or None)
 
 
-def evaluate_method(cfg: EvalConfig, method: str, tasks: Any = None) -> tuple[dict[str, Any], ProveLM]:
-    """lm-eval's ``simple_evaluate`` of one method: ``(results, model)``; the model holds decode stats and outputs."""
+def evaluate_method(
+    cfg: EvalConfig, method: str, tasks: Any = None, *, model: Any = None, tokenizer: Any = None
+) -> tuple[dict[str, Any], ProveLM]:
+    """lm-eval's ``simple_evaluate`` of one method: ``(results, model)``; the model holds decode stats and outputs.
+
+    ``model`` / ``tokenizer``: the already loaded ``cfg.model`` (and its tokenizer), so a second method reuses it.
+    """
     from lm_eval import simple_evaluate
 
     params = {k: v for k, v in dataclasses.asdict(cfg.params()).items() if v is not None}
     lm = ProveLM(
-        model=cfg.model,
+        model=cfg.model if model is None else model,
+        tokenizer=tokenizer,
         method=method,
         verifier=cfg.verifier if method != "ar" else None,
         draft=cfg.draft if method != "ar" else None,
@@ -302,8 +308,10 @@ def compare_methods(cfg: EvalConfig) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     tasks = task_manager(cfg)
     runs: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+    loaded: dict[str, Any] = {}  # the accelerated model and its tokenizer, loaded by the first method, reused
     for method in dict.fromkeys([cfg.baseline, cfg.method]):
-        results, lm = evaluate_method(cfg, method, tasks)
+        results, lm = evaluate_method(cfg, method, tasks, **loaded)
+        loaded = {"model": lm.decoder.model, "tokenizer": lm.decoder.tokenizer}
         folder = out / method
         folder.mkdir(parents=True, exist_ok=True)
         samples = results.pop("samples", None) or {}
@@ -315,7 +323,7 @@ def compare_methods(cfg: EvalConfig) -> dict[str, Any]:
                 for row in rows:
                     f.write(json.dumps(row, default=handle_non_serializable) + "\n")
         runs[method] = (results, lm.summary())
-        del lm  # free the models before the next method loads its own
+        del lm  # free the verifier / draft; the accelerated model stays for the next method
         gc.collect()
     rows = comparison_rows(runs[cfg.baseline], runs[cfg.method])
     report = {
