@@ -69,6 +69,10 @@ class DecodeParams:
     def field_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
 
+    def params(self) -> DecodeParams:
+        """Just the method parameters of a config that extends this class (``DecodeConfig``, ``EvalConfig``)."""
+        return DecodeParams(**{name: getattr(self, name) for name in DecodeParams.field_names()})
+
     def with_defaults(self, defaults: dict[str, Any]) -> DecodeParams:
         """A copy where every ``None`` field takes its value from ``defaults``."""
         updates = {k: v for k, v in defaults.items() if getattr(self, k) is None}
@@ -119,9 +123,6 @@ class DecodeConfig(DecodeParams):
             raise ValueError(f"max_new_tokens={self.max_new_tokens} must be ≥ 1")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is not one of {DTYPES}")
-
-    def params(self) -> DecodeParams:
-        return DecodeParams(**{name: getattr(self, name) for name in DecodeParams.field_names()})
 
 
 def register_configs() -> None:

@@ -79,9 +79,6 @@ class EvalConfig(DecodeParams):
         if self.max_gen_toks is not None and self.max_gen_toks < 1:
             raise ValueError(f"max_gen_toks={self.max_gen_toks} must be ≥ 1")
 
-    def params(self) -> DecodeParams:
-        return DecodeParams(**{name: getattr(self, name) for name in DecodeParams.field_names()})
-
 
 def register_configs() -> None:
     from hydra.core.config_store import ConfigStore

@@ -16,8 +16,8 @@ from enum import Enum
 from typing import Any
 
 from omegaconf import MISSING
+from prove.decode.checkpoint import MASK_TOKEN
 
-MASK_TOKEN = "<|mask|>"
 GREEDY_EXACT_METHODS = ("prove-lossless", "ar")
 """Decoding methods whose output is exactly the proposer's greedy AR output (needing no second model)."""
 
@@ -340,3 +340,17 @@ def recipe_nodes() -> dict[str, Any]:
         if entry.name.endswith(".yaml"):
             out[entry.name.removesuffix(".yaml")] = OmegaConf.create(entry.read_text())
     return out
+
+
+def run_label(cfg: TrainConfig) -> str:
+    """The run's name in logs and trackers: ``logger.name``, else ``<run_name>-<stage>``."""
+    return cfg.logger.name or f"{cfg.run_name}-{cfg.stage.name}"
+
+
+def config_dict(cfg: TrainConfig) -> dict[str, Any]:
+    """The whole resolved config as plain JSON-able values (for prove.json and the tracker)."""
+    from omegaconf import OmegaConf
+
+    out = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
+    assert isinstance(out, dict)
+    return {str(k): v for k, v in out.items()}

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+from prove.train.masks import IGNORE_INDEX
 
 if TYPE_CHECKING:
     import datasets
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-IGNORE_INDEX = -100
 GENERATION_JSON = "generation.json"
 # generation.json keys that must match for a rerun to resume (or reuse) what is in generated_dir.
 _SETTING_KEYS = ("proposer", "method", "block_size", "max_new_tokens", "dtype", "top_k", "prompts", "num_prompts")

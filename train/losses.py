@@ -21,8 +21,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
-IGNORE_INDEX = -100
+from prove.train.masks import IGNORE_INDEX
 
 
 @dataclass(frozen=True)
@@ -34,15 +33,14 @@ class MarsLoss:
     clean: torch.Tensor
 
 
-def shifted_block_targets(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Targets for the noisy and clean outputs, each ``(B, L)``: ``labels`` shifted left by one.
+def shifted_block_targets(labels: torch.Tensor) -> torch.Tensor:
+    """Targets of both the noisy and the clean outputs ``(B, L)``: ``labels`` shifted left by one.
 
     The output at stream index j predicts the label at j + 1; the last index of each stream has no
     target within its stream (-100).
     """
     pad = torch.full_like(labels[:, :1], IGNORE_INDEX)
-    shifted = torch.cat([labels[:, 1:], pad], dim=1)  # (B, L)
-    return shifted, shifted
+    return torch.cat([labels[:, 1:], pad], dim=1)  # (B, L)
 
 
 def mars_loss(logits: torch.Tensor, labels: torch.Tensor, ar_weight: float = 1.0) -> MarsLoss:
@@ -54,7 +52,7 @@ def mars_loss(logits: torch.Tensor, labels: torch.Tensor, ar_weight: float = 1.0
     bsz, two_l, vocab = logits.shape
     length = labels.shape[1]
     assert two_l == 2 * length, f"logits cover {two_l} positions, expected 2 × {length}"
-    noisy_t, clean_t = shifted_block_targets(labels)  # (B, L) each
+    noisy_t = clean_t = shifted_block_targets(labels)  # (B, L): both streams predict the same next labels
     targets = torch.cat([noisy_t, clean_t], dim=1)  # (B, 2L)
     ce = F.cross_entropy(
         logits.reshape(-1, vocab).float(), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none"

@@ -10,15 +10,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
-
-
 def _torch_dtype(name: str):
     import torch
 
     if name == "auto":
         return "auto" if torch.cuda.is_available() else torch.float32
-    return getattr(torch, _DTYPES[name])
+    return getattr(torch, name)  # float32 | bfloat16 | float16 (ModelConfig checks the name)
 
 
 def check_source(source: str) -> None:

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from prove.train.config import PeftKind, Stage, TrainConfig
+from prove.train.config import PeftKind, Stage, TrainConfig, config_dict, run_label
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def training_arguments(cfg: TrainConfig, report_to: list[str]):
         use_cpu=use_cpu,
         deepspeed=cfg.deepspeed,
         report_to=report_to,
-        run_name=cfg.logger.name or f"{cfg.run_name}-{cfg.stage.name}",
+        run_name=run_label(cfg),
         remove_unused_columns=False,
         save_only_model=False,
         activation_checkpointing_kwargs={"use_reentrant": False} if t.activation_checkpointing else None,
@@ -270,11 +270,10 @@ def apply_lora(model, cfg: TrainConfig, mask_id: int | None):
 
 
 def prove_meta(cfg: TrainConfig, base_model: str, tokenizer, mask_id: int | None):
-    from omegaconf import OmegaConf
     from prove.decode.checkpoint import ProveMeta
 
     is_mars = cfg.stage.name == Stage.mars
-    config = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
+    config = config_dict(cfg)
     extra = {"role": str(cfg.stage.role), "ar_weight": cfg.stage.ar_weight if is_mars else None,
              "init_from": cfg.stage.init_from, "peft": str(cfg.peft.kind), "training_config": config}
     if cfg.stage.name == Stage.distill:

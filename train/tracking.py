@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from prove.train.config import LoggerKind, TrainConfig
+from prove.train.config import LoggerKind, TrainConfig, config_dict, run_label
 
 
 @dataclass
@@ -29,17 +29,14 @@ def open_logger(cfg: TrainConfig) -> Tracker:
     if int(os.environ.get("RANK", "0")) != 0:
         return Tracker(report_to=[])
     import wandb
-    from omegaconf import OmegaConf
 
     lg = cfg.logger
-    config = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
-    assert isinstance(config, dict)
     run = wandb.init(
         project=lg.project,
-        name=lg.name or f"{cfg.run_name}-{cfg.stage.name}",
+        name=run_label(cfg),
         group=lg.group,
         entity=lg.entity,
         tags=list(lg.tags) or None,
-        config={str(k): v for k, v in config.items()},
+        config=config_dict(cfg),
     )
     return Tracker(report_to=["wandb"], run=run)
