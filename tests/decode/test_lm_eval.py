@@ -8,6 +8,7 @@ own ``hf`` model must produce the same completions, and ``until`` strings must c
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +18,6 @@ pytest.importorskip("lm_eval")
 
 from lm_eval import simple_evaluate  # noqa: E402
 from lm_eval.api.instance import Instance  # noqa: E402
-from prove.decode.checkpoint import MASK_TOKEN, ProveMeta, write_prove_json  # noqa: E402
 from prove.decode.eval_cli import EvalConfig  # noqa: E402
 from prove.decode.lm_eval_model import ProveLM, compare_methods, task_manager  # noqa: E402
 
@@ -26,28 +26,10 @@ MAX_GEN = 16
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory, tokenizer, qwen2_factory):
-    """A block-proposer checkpoint dir: random tiny Qwen2, tokenizer with <|mask|>, prove.json (K = 4).
-
-    Matrices are redrawn from N(0, 0.3²): at the default init the greedy text after a chat prompt is one
-    token repeated, which would make "identical outputs" a weak check.
-    """
-    path = tmp_path_factory.mktemp("ckpt")
-    model = qwen2_factory(
-        len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, seed=3
-    )
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
-    write_prove_json(
-        path, ProveMeta("mars", "tiny-random", block_size=4, mask_token=MASK_TOKEN, mask_token_id=mask_id)
-    )
-    return path
+def checkpoint(checkpoints):
+    """The decode tests' random block-proposer checkpoint (tokenizer with <|mask|>, prove.json K = 4, weights
+    redrawn so greedy text varies: "identical outputs" is then a strong check)."""
+    return Path(checkpoints["mars"])
 
 
 @pytest.fixture(scope="module")
