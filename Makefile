@@ -115,6 +115,19 @@ bench: install ## speedup, tokens/cycle, agreement with AR, accuracy, plots of e
 	$(VENV)/bin/prove-bench model=$(BENCH_MODEL) verifier=$(BENCH_VERIFIER) draft=$(BENCH_VERIFIER) \
 	  prompts=$(BENCH_PROMPTS) 'methods=$(BENCH_METHODS)' $(ARGS)
 
+# make gpu-check: on one CUDA GPU, the bf16 MARS training path (FlexAttention BlockMask vs dense mask), CUDA
+# decoding of every method (fp32 lossless = transformers' generate), the pass cost curve t(w) of Qwen2.5
+# 0.5B/3B/7B/32B shapes and the speedups it predicts -> outputs/gpu-check/{gpu-check.json,gpu-check.md,cost_curve.png}.
+# Needs only torch + transformers: it runs without `make install` (a python with both, GPU_CHECK_PY) through a
+# symlinked `prove` package path. GPU_CHECK_ARGS, e.g. "--acceptance outputs/bench/bench.json" or "--tiny" (CPU).
+GPU_CHECK_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
+GPU_CHECK_ARGS ?=
+GPU_CHECK_PKG := outputs/.gpu-check-pkg
+.PHONY: gpu-check
+gpu-check: ## prove the GPU path and measure the pass cost curve + predicted speedups -> outputs/gpu-check (GPU_CHECK_ARGS)
+	@mkdir -p $(GPU_CHECK_PKG)/prove && for p in decode train data; do ln -sfn $(CURDIR)/$$p $(GPU_CHECK_PKG)/prove/$$p; done
+	PYTHONPATH=$(GPU_CHECK_PKG)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_CHECK_PY) -m prove.decode.gpu_check $(GPU_CHECK_ARGS)
+
 decode: install ## decode a prompt file: make decode ARGS='model=PATH method=prove verifier=PATH prompts=FILE output=FILE'
 	$(VENV)/bin/prove-decode $(ARGS)
 
