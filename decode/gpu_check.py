@@ -768,6 +768,34 @@ def predict(
     return rows
 
 
+def predictor_check(
+    decode: Mapping[str, Any] | None, curve: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
+    """The prediction against a measurement: prove-lossless on the decode check's model (same shape and dtype as
+    one cost curve), predicted from that curve and the acceptance it measured, vs its measured speedup over ar.
+    The gap is what the passes do not contain: the engine's per-cycle work on the host."""
+    if not decode or not curve or decode["shape"] not in curve["ms"]:
+        return None
+    run = decode["dtypes"].get(curve["dtype"])
+    row = (run or {}).get("rows", {}).get("prove-lossless")
+    if not row or "error" in row or not row.get("speedup_vs_ar"):
+        return None
+    acc = list(row["acceptance_by_depth"])
+    t = {int(w): v for w, v in curve["ms"][decode["shape"]].items()}
+    pred = [r for r in predict({"m": t}, {"prove-lossless": acc}, draft=None, verifier=None)
+            if r["method"] == "prove-lossless" and r["size"] == f"K={len(acc)}"]  # fmt: skip
+    if not pred:
+        return None
+    return {
+        "shape": decode["shape"],
+        "dtype": curve["dtype"],
+        "block_size": len(acc),
+        "tokens_per_cycle_measured": row["tokens_per_cycle"],
+        "predicted": pred[0]["speedup"],
+        "measured": row["speedup_vs_ar"],
+    }
+
+
 def load_acceptance(path: str | Path | None) -> dict[str, Any]:
     """Per-depth acceptance by method: ``gpu_check_acceptance.json``'s format, or a prove-bench bench.json
     (the first row of each method, i.e. its default parameters or the first point of a sweep)."""
@@ -899,6 +927,12 @@ def render_md(report: Mapping[str, Any]) -> str:
                 f"| {r['target']} | {r['method']} | {r['size']} | {r['tokens_per_cycle']:.2f} | {r['passes']} | "
                 f"{r['cycle_ms']:.2f} | **{r['speedup']:.2f}×** |"
             )
+    pc = report.get("predictor_check")
+    if pc:
+        lines += ["", f"Predictor check — prove-lossless K = {pc['block_size']} on the decode model ({pc['shape']}, "
+                      f"{pc['dtype']}, {pc['tokens_per_cycle_measured']:.2f} tokens/cycle): predicted from t(w) "
+                      f"{pc['predicted']:.2f}×, measured {pc['measured']:.2f}× over ar (the gap is the engine's "
+                      "per-cycle host work, which t(w) leaves out)."]  # fmt: skip
     if report.get("plot_note"):
         lines += ["", report["plot_note"]]
     return "\n".join(lines) + "\n"
@@ -987,6 +1021,7 @@ def run(cfg: CheckConfig) -> dict[str, Any]:
                 sizes=curve["param_bytes"],
             ),
         }
+        report["predictor_check"] = predictor_check(report.get("decode"), curve)
         path, note = write_plot(curve, out)
         report["plot"] = path
         report["plot_note"] = note
