@@ -138,7 +138,7 @@ class CheckConfig:
 
 def tiny_config(**overrides: Any) -> CheckConfig:
     """The CPU smoke run: the same code with tiny shapes, a few steps, a few widths (seconds)."""
-    base = dict(
+    base: dict[str, Any] = dict(
         device="cpu", tiny=True, train_shape="tiny-l", train_dtype="float32", train_steps=2, train_batch=2,
         train_len=16, block_size=4, flex=False, dense_attn="eager", decode_shape="tiny-l", decode_draft_layers=2,
         decode_prompts=2, decode_new_tokens=12, decode_std=0.3, shapes=("tiny-s", "tiny-m", "tiny-l"),
@@ -729,13 +729,14 @@ def predict(
       tokens/cycle = 1 + Σ_{i<k} a[i].
 
     prove and sd rows appear for targets larger than their verifier / draft (``sizes``: parameter bytes
-    per shape; without it, for every other shape). Overheads outside the passes (the rule, cache crops, host syncs) are not in t(w): the prediction is an
-    upper bound that is tight where a pass costs much more than a cycle's bookkeeping.
+    per shape; without it, for every other shape). Overheads outside the passes (the rule, cache crops,
+    host syncs) are not in t(w): the prediction is an upper bound, tight where a pass costs much more than
+    a cycle's bookkeeping (:func:`predictor_check` measures the gap).
     """
     rows: list[dict[str, Any]] = []
 
     def helps(helper: str | None, target: str) -> bool:
-        if helper not in curves or helper == target:
+        if helper is None or helper not in curves or helper == target:
             return False
         return sizes is None or sizes.get(helper, 0) < sizes.get(target, 0)
 
@@ -756,13 +757,12 @@ def predict(
                 target, "prove-lossless fused", f"K={k}", 1 + sum(a[1:k]), interp(curve, k * k), f"t({k * k})"
             )
         a = list(acceptance.get("prove", ()))
-        if helps(verifier, target):
+        if verifier is not None and helps(verifier, target):
             for k in block_sizes_for(a):
                 add(target, "prove", f"K={k}", sum(a[:k]), interp(curve, k) + interp(curves[verifier], k + 1),
                     f"t({k}) + t_v({k + 1})")  # fmt: skip
         a = list(acceptance.get("sd", ()))
-        if helps(draft, target) and len(a) >= sd_k:
-            assert draft is not None
+        if draft is not None and helps(draft, target) and len(a) >= sd_k:
             add(target, "sd", f"k={sd_k}", 1 + sum(a[:sd_k]), sd_k * interp(curves[draft], 1) + interp(curve, sd_k + 1),
                 f"{sd_k}·t_d(1) + t({sd_k + 1})")  # fmt: skip
     return rows

@@ -1,0 +1,200 @@
+"""``python -m prove.decode.gpu_check``: the tiny CPU run end to end (with hydra & co. blocked, so the GPU
+machine's torch + transformers suffice), the no-CUDA exit, and the pure parts (prediction, interpolation,
+acceptance loading, the method rows)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from prove.decode import gpu_check as gc
+
+# What the GPU machine may lack: the check must never import these (matplotlib: it degrades to no plot).
+BLOCKED = (
+    "hydra",
+    "omegaconf",
+    "deepspeed",
+    "datasets",
+    "accelerate",
+    "peft",
+    "wandb",
+    "lm_eval",
+    "matplotlib",
+)
+
+
+def _run_blocked(args: list[str], tmp_path) -> subprocess.CompletedProcess:
+    code = textwrap.dedent(
+        f"""
+        import sys
+        for name in {BLOCKED!r}:
+            sys.modules[name] = None  # `import name` now raises ImportError
+        from prove.decode import gpu_check
+        rc = gpu_check.main({args!r})
+        leaked = [m for m in sys.modules if m.split(".")[0] in {BLOCKED!r} and sys.modules[m] is not None]
+        assert not leaked, leaked
+        sys.exit(rc)
+        """
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_tiny_run_needs_only_torch_and_transformers(tmp_path):
+    """The whole --tiny run (train, decode, curve, prediction) with hydra, deepspeed, datasets, accelerate,
+    matplotlib … unimportable: every check passes, the report is complete, and the plot is skipped with a note."""
+    out = tmp_path / "gc"
+    proc = _run_blocked(["--tiny", "--out", str(out)], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((out / "gpu-check.json").read_text())
+    assert report["ok"] and report["tiny"]
+    assert all(c["ok"] for c in report["checks"]), report["checks"]
+    assert {"train", "decode", "curve", "prediction"} <= set(report)
+    rows = report["decode"]["dtypes"]["float32"]["rows"]
+    assert {"ar", "prove-lossless", "sd", "sd sampling", "nsd sampling"} <= set(rows)
+    for name in ("ar", "prove-lossless", "sd"):
+        assert rows[name]["agreement"] == 1.0
+    assert report["decode"]["dtypes"]["float32"]["distinct_reference_tokens"] > 3  # not one token repeated
+    assert set(report["curve"]["ms"]) == {"tiny-s", "tiny-m", "tiny-l"}
+    methods = {r["method"] for r in report["prediction"]["rows"]}
+    assert {"prove-lossless", "prove-lossless fused", "prove", "sd"} <= methods
+    md = (out / "gpu-check.md").read_text()
+    assert "Predicted speedup" in md and "matplotlib is not installed" in md
+    assert not (out / "cost_curve.png").exists()
+
+
+@pytest.mark.slow
+def test_tiny_run_with_flex_attention_matches_dense_mask(tmp_path):
+    """--tiny --flex: the FlexAttention BlockMask path (compiled; forward only on CPU) gives the dense mask's loss."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    cfg = gc.tiny_config(out=str(tmp_path), flex=True, dense_attn="sdpa", parts=("train",))
+    checks: list = []
+    result = gc.run_train(cfg, checks)
+    assert all(c["ok"] for c in checks), checks
+    assert result["runs"]["flex_attention"]["mask"] == "BlockMask"
+    assert result["loss_rel_diff"][0] <= 1e-4
+
+
+def test_without_cuda_the_real_check_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    rc = gc.main(["--out", str(tmp_path / "gc")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1 and "no CUDA device" in err and "--tiny" in err
+    assert not (tmp_path / "gc").exists()
+
+
+def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
+    assert gc.main(["--tiny", "--parts", "train,bogus", "--out", str(tmp_path)]) == 2
+    assert "pick from train,decode,curve" in capsys.readouterr().err
+    assert gc.main(["--tiny", "--shapes", "llama-70b", "--out", str(tmp_path)]) == 2
+    assert "unknown shape 'llama-70b'" in capsys.readouterr().err
+    assert gc.main(["--tiny", "--acceptance", str(tmp_path / "nope.json"), "--out", str(tmp_path)]) == 2
+    assert "prove-bench bench.json" in capsys.readouterr().err
+
+
+def test_predict_from_a_flat_cost_curve():
+    """With t(w) flat the speedup is tokens per cycle / passes per cycle; each method's cycle as documented."""
+    flat = {w: 10.0 for w in (1, 2, 4, 8, 16, 32, 64)}
+    curves = {"big": flat, "verifier": {w: 1.0 for w in flat}, "draft": {w: 1.0 for w in flat}}
+    acc = {
+        "prove-lossless": [1.0, 0.5, 0.25, 0.0],
+        "prove": [1.0, 1.0, 0.5, 0.5],
+        "sd": [0.8, 0.6, 0.4, 0.2, 0.1],
+    }
+    sizes = {"big": 100, "verifier": 10, "draft": 5}
+    rows = gc.predict(curves, acc, draft="draft", verifier="verifier", sd_k=5, sizes=sizes)
+    got = {(r["target"], r["method"], r["size"]): r for r in rows}
+    assert got[("big", "prove-lossless", "K=4")]["speedup"] == pytest.approx(2.75 * 10 / 20)  # t(4) + t(5)
+    assert got[("big", "prove-lossless", "K=2")]["tokens_per_cycle"] == pytest.approx(2.5)
+    assert got[("big", "prove-lossless fused", "K=4")]["speedup"] == pytest.approx(
+        1.75
+    )  # one pass of width 16
+    assert got[("big", "prove", "K=4")]["speedup"] == pytest.approx(3.0 * 10 / 11)  # t(4) + t_v(5)
+    assert got[("big", "sd", "k=5")]["speedup"] == pytest.approx(3.1 * 10 / 15)  # 5·t_d(1) + t(6)
+    # a verifier or draft is never predicted against a target no larger than itself
+    assert {r["target"] for r in rows if r["method"] == "prove"} == {"big"}
+    assert {r["target"] for r in rows if r["method"] == "sd"} == {"big", "verifier"}
+    assert ("verifier", "prove-lossless", "K=4") in got
+
+
+def test_predict_uses_the_measured_widths_only():
+    """K² beyond the measured widths has no fused row (no extrapolation); an interpolated width is linear."""
+    curve = {1: 1.0, 2: 2.0, 4: 4.0, 8: 4.0}
+    assert gc.interp(curve, 3) == pytest.approx(3.0)
+    assert gc.interp(curve, 6) == pytest.approx(4.0)
+    assert math.isnan(gc.interp(curve, 9)) and math.isnan(gc.interp(curve, 0.5))
+    rows = gc.predict({"m": curve}, {"prove-lossless": [1.0] * 4}, draft=None, verifier=None)
+    sizes = {(r["method"], r["size"]) for r in rows}
+    assert ("prove-lossless fused", "K=2") in sizes and ("prove-lossless fused", "K=4") not in sizes
+    assert ("prove-lossless", "K=4") in sizes  # t(5) interpolated between t(4) and t(8)
+    assert gc.block_sizes_for([1.0] * 8) == [2, 4, 8] and gc.block_sizes_for([1.0] * 5) == [2, 4, 5]
+
+
+def test_acceptance_from_a_bench_json_and_the_shipped_default(tmp_path):
+    bench = {
+        "rows": [
+            {"name": "ar", "method": "ar", "acceptance_by_depth": []},
+            {
+                "name": "prove θ=0.05",
+                "method": "prove",
+                "params": {"theta": 0.05},
+                "acceptance_by_depth": [1.0, 0.9],
+            },
+            {
+                "name": "prove θ=0.1",
+                "method": "prove",
+                "params": {"theta": 0.1},
+                "acceptance_by_depth": [1.0, 0.5],
+            },
+            {"name": "sd", "method": "sd", "acceptance_by_depth": [0.5, None]},
+        ]
+    }
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(bench))
+    acc = gc.load_acceptance(path)
+    assert acc["methods"]["prove"]["acceptance_by_depth"] == [1.0, 0.9]  # the first row of a sweep
+    assert acc["methods"]["sd"]["acceptance_by_depth"] == [0.5, 0.0]
+    assert "prove-lossless" not in acc["methods"]
+    path.write_text(json.dumps({"rows": [bench["rows"][0]]}))
+    with pytest.raises(ValueError, match="no per-depth acceptance"):
+        gc.load_acceptance(path)
+    default = gc.load_acceptance(None)
+    lossless = default["methods"]["prove-lossless"]["acceptance_by_depth"]
+    assert len(lossless) == 8 and lossless[0] == pytest.approx(1.0)
+    assert {"prove", "sd"} <= set(default["methods"]) and len(
+        default["methods"]["sd"]["acceptance_by_depth"]
+    ) >= 5
+
+
+def test_the_fused_row_appears_only_where_the_decoder_fuses():
+    names = [s.name for s in gc.decode_specs(4, fused=False)]
+    assert names == ["ar", "prove-lossless", "sd", "sd sampling", "nsd sampling"]
+    fused = [s for s in gc.decode_specs(4, fused=True) if s.name == "prove-lossless fused"]
+    assert fused and fused[0].params == {"block_size": 4, "fuse": True} and fused[0].lossless
+    auto = [s.name for s in gc.decode_specs(4)]
+    assert ("prove-lossless fused" in auto) == gc.decoder_supports_fuse()
+
+
+def test_a_shape_that_does_not_fit_is_skipped_and_reported(tmp_path, monkeypatch):
+    real_fits = gc.fits
+
+    def fits(config, cfg, dtype):
+        if config.num_hidden_layers == 4:  # tiny-l
+            return False, "40.0 GiB of weights + 2.0 GiB headroom vs 24.0 GiB free"
+        return real_fits(config, cfg, dtype)
+
+    monkeypatch.setattr(gc, "fits", fits)
+    cfg = gc.tiny_config(out=str(tmp_path), widths=(1, 2), repeats=1, warmup=0)
+    checks: list = []
+    curve = gc.run_curve(cfg, checks)
+    assert set(curve["ms"]) == {"tiny-s", "tiny-m"} and "tiny-l" in curve["skipped"]
+    assert all(c["ok"] for c in checks) and len(checks) == 2
+    path, note = gc.write_plot(curve, tmp_path)
+    assert note is None and path is not None and os.path.getsize(path) > 0
