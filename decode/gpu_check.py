@@ -1010,7 +1010,8 @@ def run(cfg: CheckConfig) -> dict[str, Any]:
                 f"prove uses a {cfg.verifier_shape}-shaped verifier, sd a {cfg.draft_shape}-shaped draft at "
                 f"k = {cfg.sd_k}. Fused = one pass per cycle with all K groups (width K²). The acceptance "
                 "rates decide everything: pass `--acceptance bench.json` from `prove-bench` on your own model "
-                "and task. Host overhead per cycle is not counted (an upper bound)."
+                "and task. Host overhead per cycle is not counted, and tokens/cycle is the steady state of long "
+                "outputs (a response's EOS cuts its last cycle short): both make this an upper bound."
             ),
             "rows": predict(
                 curves,
