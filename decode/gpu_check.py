@@ -376,6 +376,7 @@ def run_train(cfg: CheckConfig, checks: list[dict[str, Any]]) -> dict[str, Any]:
             runs[impl] = train_one(cfg, impl, batches, mask_id)
         except Exception as e:  # one path failing must not hide the other
             runs[impl] = {"attn_implementation": impl, "error": _error(e)}
+        free()
         r = runs[impl]
         ok = "error" not in r and r["grads_finite"]
         what = f"train {impl}: steps run, gradients finite"
@@ -665,13 +666,15 @@ def run_curve(cfg: CheckConfig, checks: list[dict[str, Any]]) -> dict[str, Any]:
             skipped[shape] = f"does not fit: {why}"
             print(f"gpu-check: skipping {shape}: {skipped[shape]}", file=sys.stderr)
             continue
+        print(f"gpu-check: cost curve of {shape} ({why})", file=sys.stderr, flush=True)
+        model = None
         try:
             model = random_model(config, cfg.device, dtype, seed=cfg.seed)
             curves[shape] = time_widths(model, cfg, config.vocab_size)
-            free(model)
-        except Exception as e:
+        except Exception as e:  # e.g. out of memory: the other shapes still run
             errors[shape] = _error(e)
-            free()
+        model = None  # outside the except block, whose traceback holds the frames that hold the model
+        free()
         checks.append(_check(f"curve {shape}: timed", shape in curves, errors.get(shape)))
     return {
         "dtype": str(dtype).removeprefix("torch."),
