@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +23,14 @@ from prove.train.distill import (
     training_rows,
 )
 from train_helpers import losses, tiny_overrides, train_config
+
+HERE = Path(__file__).resolve().parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 # -- the loss ----------------------------------------------------------------------------------------------------
 
@@ -352,3 +364,50 @@ def test_distilled_verifier_commits_more_tokens_per_cycle(tmp_path, arithmetic_j
 
     before, after = tokens_per_cycle(tmp_path / "verifier"), tokens_per_cycle(res.output_dir)
     assert before < 1.5 and after > 2.5, (before, after)
+
+
+# -- generation sharded across processes ---------------------------------------------------------------------------
+
+
+def _torchrun(driver_args: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+           str(HERE / "distill_driver.py"), *driver_args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _shard_indices(shard: Path) -> list[int]:
+    return [json.loads(line)["index"] for line in shard.read_text().splitlines() if line.endswith("}")]
+
+
+@pytest.mark.slow
+def test_two_process_generation_partitions_the_prompts_and_a_killed_run_resumes(tmp_path, arithmetic_jsonl, models):
+    """Two ranks over gloo: rank r answers prompts i ≡ r (mod 2) into its own shard; rank 1 is killed after one
+    record (rank 0 torn down wherever it was); the rerun completes the set — nothing lost, nothing repeated, the
+    same dataset as one uninterrupted process."""
+    n = 8
+    whole = build_generated_set(generate_responses(
+        _cfg(tmp_path / "one", arithmetic_jsonl, models, **{"distill.num_prompts": n}), progress=False, rank=0,
+        world_size=1))
+    overrides = tiny_overrides(tmp_path / "two", arithmetic_jsonl, stage="distill", **{
+        "stage.init_from": str(models[1]), "distill.proposer": str(models[0]), "distill.num_prompts": n,
+        "distill.max_new_tokens": 10, "distill.top_k": 4})
+    shards = tmp_path / "two" / "distill-data" / "shards"
+
+    killed = _torchrun(["1", "1", *overrides])
+    assert killed.returncode != 0, killed.stdout[-2000:] + killed.stderr[-4000:]
+    first = {p.name: _shard_indices(p) for p in shards.glob("*.jsonl")}
+    assert len(first.get("part-00001.jsonl", [])) == 1  # rank 1 died after its first record
+    assert sum(map(len, first.values())) < n and not (shards.parent / "dataset").exists()
+
+    done = _torchrun(["-1", "0", *overrides])
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-6000:]
+    final = {p.name: _shard_indices(p) for p in shards.glob("*.jsonl")}
+    assert sorted(final) == ["part-00000.jsonl", "part-00001.jsonl"]
+    assert sorted(final["part-00000.jsonl"]) == list(range(0, n, 2))  # each rank its slice, each prompt once
+    assert sorted(final["part-00001.jsonl"]) == list(range(1, n, 2))
+    for name, indices in first.items():  # what the killed run wrote was kept, not regenerated
+        assert final[name][: len(indices)] == indices
+    resumed = build_generated_set(shards.parent)
+    assert _rows(resumed) == _rows(whole)
+    assert json.loads((shards.parent / "generation.json").read_text())["dtype"] == "float32"  # fp32 on the CPU
