@@ -123,6 +123,41 @@ def test_distill_config_and_the_tiny_recipe():
     assert train_config(["recipe=tiny", "stage=sft"]).model.scratch.layers == 4
 
 
+def test_the_32b_recipe_distills_proves_3b_verifier_in_bf16():
+    """`prove-train --cfg job recipe=qwen2.5-32b stage=distill`: the verifier fine-tuned is ProVe's 3B (was the 32B
+    itself), the proposer generates in bf16 (was fp32: 131 GB per GPU) on a day-sized sample (was all ~2.15M)."""
+    import subprocess as sp
+
+    cfg = train_config(["recipe=qwen2.5-32b", "stage=distill"])
+    assert cfg.stage.init_from == "Qwen/Qwen2.5-3B-Instruct" and cfg.model.name_or_path == "Qwen/Qwen2.5-32B-Instruct"
+    assert cfg.distill.dtype == "bfloat16" and cfg.distill.num_prompts == 16000 and cfg.distill.prompt_seed == 0
+    assert cfg.distill.proposer == "runs/qwen2.5-32b/mars" and cfg.output_dir == "runs/qwen2.5-32b/verifier-distill"
+    assert cfg.distill.method == "prove-lossless" and cfg.deepspeed["zero_optimization"]["stage"] == 3
+    seven = train_config(["recipe=qwen2.5-32b", "stage=distill", "stage.init_from=Qwen/Qwen2.5-7B-Instruct"])
+    assert seven.stage.init_from == "Qwen/Qwen2.5-7B-Instruct"
+    # the recipe's verifier and output folder do not leak into the proposer's stages
+    sft, mars = train_config(["recipe=qwen2.5-32b", "stage=sft"]), train_config(["recipe=qwen2.5-32b", "stage=mars"])
+    assert sft.stage.init_from is None and sft.output_dir == "runs/qwen2.5-32b/sft"
+    assert mars.stage.init_from == "runs/qwen2.5-32b/sft" and mars.output_dir == "runs/qwen2.5-32b/mars"
+    # the CLI composes the same (what a user runs to check it)
+    out = sp.run([sys.executable, "-m", "prove.train.cli", "--cfg", "job", "--resolve", "recipe=qwen2.5-32b",
+                  "stage=distill"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for line in ("init_from: Qwen/Qwen2.5-3B-Instruct", "dtype: bfloat16", "num_prompts: 16000",
+                 "output_dir: runs/qwen2.5-32b/verifier-distill"):
+        assert line in out.stdout, line
+
+
+def test_generation_dtype_defaults_to_bf16_on_gpu_fp32_on_cpu(monkeypatch):
+    from prove.train.distill import generation_dtype
+
+    cfg = train_config(["recipe=tiny", "stage=distill"])
+    assert cfg.distill.dtype is None and generation_dtype(cfg) == "float32"  # this machine: CPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert generation_dtype(cfg) == "bfloat16"
+    assert generation_dtype(train_config(["recipe=tiny", "stage=distill", "distill.dtype=float16"])) == "float16"
+
+
 @pytest.mark.parametrize(
     "overrides,match",
     [
