@@ -175,7 +175,8 @@ def parse_functions(value: Any) -> list[dict[str, Any]]:
     for item in items:
         if not isinstance(item, Mapping):
             raise _Unusable(BAD_FUNCTIONS)
-        fn = item.get("function") if isinstance(item.get("function"), Mapping) else item
+        inner = item.get("function")
+        fn: Mapping[str, Any] = inner if isinstance(inner, Mapping) else item
         if not isinstance(fn.get("name"), str) or not fn["name"]:
             raise _Unusable(BAD_FUNCTIONS)
         tools.append({"type": "function", "function": dict(fn)})
@@ -207,7 +208,8 @@ def parse_function_calls(value: Any, tools: Sequence[Mapping[str, Any]] = ()) ->
 def _json_call(item: Any) -> dict[str, Any]:
     if not isinstance(item, Mapping):
         raise _Unusable(BAD_FUNCTION_CALLS)
-    fn = item.get("function") if isinstance(item.get("function"), Mapping) else item
+    inner = item.get("function")
+    fn: Mapping[str, Any] = inner if isinstance(inner, Mapping) else item
     name = fn.get("name")
     args = fn.get("arguments", fn.get("parameters", {}))
     if isinstance(args, str):

@@ -157,9 +157,8 @@ def prompt_set(cfg: TrainConfig) -> tuple[list[Prompt], str]:
                 break
         source = str(d.prompts)
     else:
-        from prove.train.pipeline import load_rows
-
         from prove.data.chat import to_template_messages
+        from prove.train.pipeline import load_rows
 
         rows = load_rows(cfg)
         if d.prompt_seed is not None:  # a sample of the whole mixture (Dolci's rows are grouped by source)
