@@ -166,6 +166,7 @@ def test_generation_dtype_defaults_to_bf16_on_gpu_fp32_on_cpu(monkeypatch):
         (["stage=distill", "stage.init_from=v", "distill.method=prove"], "greedy"),
         (["stage=distill", "stage.init_from=v", "stage.role=proposer"], "trains the verifier"),
         (["stage=mars", "stage.role=verifier"], "block proposer"),
+        (["peft=lora"], "peft=lora adapts a pretrained model"),  # the merged checkpoint is rebuilt from the base
     ],
 )
 def test_distill_config_errors(overrides, match):
