@@ -1,4 +1,5 @@
-"""Load chat datasets in the Dolci schema: one conversation per row, ``messages = [{role, content, ...}]``.
+"""Load chat datasets in the Dolci schema: one conversation per row, ``{id, messages, source}`` with
+``messages = [{role, content, function_calls, functions}]`` (tool use: see :func:`prove.data.chat.to_template_messages`).
 
 Dolci (allenai/Dolci-Instruct-SFT, allenai/Dolci-Think-SFT-*) is the SFT mixture ProVe trains on
 (DESIGN §2.1); any dataset with the same ``messages`` column works: a hub id, a local JSONL / JSON /

@@ -19,22 +19,67 @@ QWEN2_SPLIT_PATTERN = (
 )
 CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
-# Qwen2.5's template without the tool-calling branches: a default system turn, ChatML turns, and the
-# generation prompt on request.
-_DEFAULT_SYSTEM_TURN = (
-    "{%- if messages[0]['role'] != 'system' %}"
-    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
-    "{%- endif %}"
+# Qwen2.5's chat format, written out for tokenizers built here: ChatML turns, an optional default system turn,
+# and Qwen2.5's tool calling — the schemas (`tools=`) listed in the system turn, an assistant's `tool_calls`
+# as <tool_call> JSON lines after its text, and consecutive `tool` turns as <tool_response> blocks inside one
+# user turn. The fixed instruction text around the schemas is Qwen2.5's own (a fact of its format: a model
+# fine-tuned on it must see the same text it sees at inference).
+_TOOLS_INSTRUCTIONS = (
+    "# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>"
 )
-_CHATML_TURNS = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+_TOOLS_CALL_FORMAT = (
+    "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, "arguments": <args-json-object>}'
+    "\\n</tool_call>"
 )
-CHATML_TEMPLATE = _DEFAULT_SYSTEM_TURN + _CHATML_TURNS
+
+
+def _chatml_template(default_system: str | None) -> str:
+    first_is_system = "messages and messages[0]['role'] == 'system'"
+    head_default = "" if default_system is None else f"{{{{- '{default_system}\\n\\n' }}}}"
+    plain_default = (
+        "" if default_system is None else f"{{%- else %}}{{{{- '<|im_start|>system\\n{default_system}<|im_end|>\\n' }}}}"
+    )
+    return (
+        # the system turn: the given or default system text, then the tool schemas when tools are given
+        "{%- if tools %}{{- '<|im_start|>system\\n' }}"
+        f"{{%- if {first_is_system} %}}{{{{- messages[0]['content'] + '\\n\\n' }}}}"
+        + (f"{{%- else %}}{head_default}" if default_system is not None else "")
+        + "{%- endif %}"
+        f"{{{{- '{_TOOLS_INSTRUCTIONS}' }}}}"
+        "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+        f"{{{{- '{_TOOLS_CALL_FORMAT}<|im_end|>\\n' }}}}"
+        f"{{%- elif {first_is_system} %}}{{{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}}}"
+        f"{plain_default}"
+        "{%- endif %}"
+        # the turns
+        "{%- for message in messages %}"
+        "{%- if message['role'] == 'system' and loop.first %}"
+        "{%- elif message['role'] == 'tool' %}"
+        "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+        "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
+        "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+        "{%- elif message['role'] == 'assistant' and message.get('tool_calls') %}"
+        "{{- '<|im_start|>assistant' }}"
+        "{%- if message['content'] %}{{- '\\n' + message['content'] }}{%- endif %}"
+        "{%- for call in message['tool_calls'] %}"
+        "{%- set fn = call['function'] if call['function'] is defined else call %}"
+        "{{- '\\n<tool_call>\\n{\"name\": \"' + fn['name'] + '\", \"arguments\": ' + (fn['arguments'] | tojson) + '}"
+        "\\n</tool_call>' }}"
+        "{%- endfor %}"
+        "{{- '<|im_end|>\\n' }}"
+        "{%- else %}"
+        "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+        "{%- endif %}"
+        "{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    )
+
+
+CHATML_TEMPLATE = _chatml_template("You are a helpful assistant.")
 # The same without the default system turn: the tiny recipe's template (11 fewer tokens per example).
-CHATML_TEMPLATE_NO_SYSTEM = _CHATML_TURNS
+CHATML_TEMPLATE_NO_SYSTEM = _chatml_template(None)
 
 
 def train_chatml_bpe(

@@ -155,15 +155,19 @@ class DistillConfig:
     """A prompt file as ``prove-decode`` reads it (JSONL ``prompt``/``messages``, or text lines); ``None``: the
     conversations of ``data`` without their final assistant turn."""
     num_prompts: int | None = None
-    """Use only the first N prompts."""
+    """Use only the first N prompts (after the shuffle when ``prompt_seed`` is set)."""
+    prompt_seed: int | None = None
+    """Shuffle ``data``'s conversations with this seed before taking ``num_prompts`` (a sample of the whole
+    mixture; Dolci's rows are grouped by source); ``None``: file order."""
     method: str = "prove-lossless"
     """Decoding method; a greedy-exact one (``prove-lossless``, ``ar``) so responses are the proposer's AR output."""
     block_size: int | None = None
     """K for block methods; ``None``: the proposer's trained block size."""
     max_new_tokens: int = 512
     """Longest response generated."""
-    dtype: str = "float32"
-    """Dtype of the proposer while generating: ``float32``, ``bfloat16``, ``float16``."""
+    dtype: str | None = None
+    """Dtype of the proposer while generating: ``None`` = ``bfloat16`` on a GPU, ``float32`` on the CPU; or
+    ``float32``, ``bfloat16``, ``float16``."""
     device: str | None = None
     """Generation device; ``None``: ``cuda:<LOCAL_RANK>`` when a GPU is present, else ``cpu``."""
     top_k: int = 8
@@ -185,8 +189,8 @@ class DistillConfig:
             raise ValueError(f"distill.num_prompts={self.num_prompts}: use ≥ 1, or null for every prompt")
         if self.max_new_tokens < 1:
             raise ValueError(f"distill.max_new_tokens={self.max_new_tokens} must be ≥ 1")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"distill.dtype={self.dtype!r}: use float32, bfloat16 or float16")
+        if self.dtype not in (None, "float32", "bfloat16", "float16"):
+            raise ValueError(f"distill.dtype={self.dtype!r}: use null (bf16 on GPU, fp32 on CPU), float32, bfloat16 or float16")
         if self.method not in GREEDY_EXACT_METHODS:
             raise ValueError(
                 f"distill.method={self.method!r}: the responses must be the proposer's own greedy output; use one of "
@@ -243,8 +247,7 @@ class PeftConfig:
     )
     train_mask_token: bool = True
     """Train the ``<|mask|>`` embedding row (``trainable_token_indices``) — MARS needs it."""
-    merge: bool = True
-    """Also save the merged model at ``output_dir`` (the adapter always goes to ``output_dir/adapter``)."""
+    # The adapter goes to ``output_dir/adapter`` and the merged model to ``output_dir`` (the checkpoint contract).
 
 
 class LoggerKind(_Choice):
@@ -309,6 +312,9 @@ class TrainConfig:
         if self.stage.name == Stage.mars and self.stage.role == Role.verifier:
             raise ValueError("stage=mars trains the block proposer: drop stage.role=verifier (the verifier is a plain AR "
                              "model: stage=sft stage.role=verifier, or stage=distill)")
+        if self.peft.kind == PeftKind.lora and self.stage.init_from is None and self.model.name_or_path is None:
+            raise ValueError("peft=lora adapts a pretrained model, and the merged checkpoint is rebuilt from it: set "
+                             "model.name_or_path=<hub id or dir> or stage.init_from=<checkpoint> (or drop peft=lora)")
         if self.stage.name == Stage.distill:
             if self.stage.role != Role.verifier:
                 raise ValueError("stage=distill trains the verifier: drop stage.role=proposer")

@@ -3,12 +3,17 @@
 ProVe reports that a verifier fine-tuned on the proposer's greedy responses commits 6–10% more tokens per
 cycle at the same error rate. The stage has two steps:
 
-1) **Generate** (:func:`generate_responses`, :func:`build_generated_set`). The proposer (``distill.proposer``,
-   a MARS checkpoint) answers each prompt greedily through ``prove.decode`` with ``prove-lossless`` (token for
-   token its AR output, ~6× fewer passes). Each finished response is appended to a JSONL shard and flushed,
-   one shard per process (``shards/part-<rank>.jsonl``); a rerun skips every prompt already in any shard and
-   drops a half-written last line, so an interrupted generation resumes where it stopped and ends with the
-   same set as an uninterrupted one. The shards are then assembled, in prompt order, into a ``datasets``
+1) **Generate** (:func:`generate_responses`, :func:`build_generated_set`). Every process joins the launcher's
+   process group first (:func:`init_distributed`), so a long generation never delays the rendezvous. The
+   proposer (``distill.proposer``, a MARS checkpoint; bf16 on a GPU, fp32 on the CPU, loaded straight onto
+   the process's device) answers greedily through ``prove.decode`` with ``prove-lossless`` (token for token
+   its AR output, fewer passes). The engine decodes one request at a time, so each process walks its own
+   slice of the prompts (prompt i → rank ``i % world_size``) request by request. Each finished response is
+   appended to that rank's JSONL shard and flushed (``shards/part-<rank>.jsonl``); a rerun — with any number
+   of processes — skips every prompt already in any shard and drops a half-written last line, so a killed
+   generation resumes where it stopped, nothing lost or repeated, and ends with the same set as an
+   uninterrupted one. The ranks then wait for each other on a gloo group with a long timeout
+   (:func:`wait_for_all_ranks`: they finish hours apart at scale, longer than NCCL's collective timeout). The shards are then assembled, in prompt order, into a ``datasets``
    dataset (``save_to_disk``: ``<generated_dir>/dataset``) in the Dolci schema (``messages`` = the prompt
    turns + the proposer's response as the assistant turn) plus the exact token ids; ``generation.json``
    beside it records the proposer checkpoint (and its prove.json) and the decode settings. A finished set
@@ -40,6 +45,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +61,11 @@ log = logging.getLogger(__name__)
 
 GENERATION_JSON = "generation.json"
 # generation.json keys that must match for a rerun to resume (or reuse) what is in generated_dir.
-_SETTING_KEYS = ("proposer", "method", "block_size", "max_new_tokens", "dtype", "top_k", "prompts", "num_prompts")
+_SETTING_KEYS = ("proposer", "method", "block_size", "max_new_tokens", "dtype", "top_k", "prompts", "num_prompts",
+                 "prompt_seed")
+# How long a rank that finished its shard waits for the slowest one (generation speed varies with response length).
+WAIT_TIMEOUT = timedelta(days=7)
+_wait_group: Any = None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -147,18 +157,32 @@ def prompt_set(cfg: TrainConfig) -> tuple[list[Prompt], str]:
                 break
         source = str(d.prompts)
     else:
+        from prove.data.chat import to_template_messages
         from prove.train.pipeline import load_rows
 
         rows = load_rows(cfg)
+        if d.prompt_seed is not None:  # a sample of the whole mixture (Dolci's rows are grouped by source)
+            rows = rows.shuffle(seed=d.prompt_seed)
         if d.num_prompts is not None:
             rows = rows.select(range(min(d.num_prompts, len(rows))))
+        with_tools = 0
         for i, row in enumerate(rows):
-            turns = _clean(row["messages"])
+            conversation, _ = to_template_messages(row["messages"])
+            if conversation is None:
+                continue
+            turns = conversation.messages
             if turns and turns[-1]["role"] == "assistant":
                 turns = turns[:-1]
+            if conversation.tools or any(m.get("tool_calls") or m["role"] == "tool" for m in turns):
+                with_tools += 1  # the decoder encodes plain chat prompts (no tools=)
+                continue
+            turns = _clean(turns)
             if not turns:
                 continue
             prompts.append(Prompt(len(prompts), str(row.get("id", i)), turns))
+        if with_tools:
+            log.warning("distill: skipped %d prompts with tool schemas or tool turns (generation takes plain chat)",
+                        with_tools)
         source = f"data:{cfg.data.path}" + (f"[{cfg.data.name}]" if cfg.data.name else "") + f":{cfg.data.split}"
     if not prompts:
         raise ValueError(f"no prompts in {source}: set distill.prompts=<prompt file> or data.path=<conversations>")
@@ -181,10 +205,11 @@ def generation_settings(cfg: TrainConfig, source: str, n_prompts: int, block_siz
         "method": d.method,
         "block_size": block_size,
         "max_new_tokens": d.max_new_tokens,
-        "dtype": d.dtype,
+        "dtype": generation_dtype(cfg),
         "top_k": d.top_k,
         "prompts": source,
         "num_prompts": n_prompts,
+        "prompt_seed": d.prompt_seed,
         "top_k_source": "teacher-forced forward of the proposer over [prompt, response] (its AR distribution)",
     }
 
@@ -244,15 +269,58 @@ def read_shards(shard_dir: Path, own: Path | None = None) -> dict[int, dict[str,
     return records
 
 
-def _rank_and_world() -> tuple[int, int]:
-    """From the launcher's environment (torchrun / deepspeed), before torch.distributed is initialised."""
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+def init_distributed() -> tuple[int, int]:
+    """Join the launcher's process group (torchrun / deepspeed set RANK, WORLD_SIZE, MASTER_ADDR) before generating,
+    and open the gloo group :func:`wait_for_all_ranks` uses; returns ``(rank, world_size)``. Without a launcher
+    (WORLD_SIZE unset or 1): ``(0, 1)`` and nothing to join. The training that follows reuses the same group."""
+    import torch.distributed as dist
+
+    global _wait_group
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1 and not dist.is_initialized():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+    if not dist.is_initialized():
+        return 0, 1
+    if _wait_group is None:
+        _wait_group = dist.new_group(backend="gloo", timeout=WAIT_TIMEOUT)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def wait_for_all_ranks() -> None:
+    """Block until every rank has finished its shard (a gloo barrier with a timeout of days, not NCCL's minutes)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier(group=_wait_group)
 
 
 def _device(cfg: TrainConfig) -> str:
     if cfg.distill.device is not None:
         return cfg.distill.device
     return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu"
+
+
+def generation_dtype(cfg: TrainConfig) -> str:
+    """``distill.dtype``, else bfloat16 on a GPU and float32 on the CPU (a 32B proposer is 65 GB in bf16)."""
+    if cfg.distill.dtype is not None:
+        return cfg.distill.dtype
+    return "bfloat16" if _device(cfg).startswith("cuda") else "float32"
+
+
+def load_proposer(cfg: TrainConfig) -> Any:
+    """The proposer as a :class:`prove.decode.Decoder`, its weights loaded straight onto this rank's device in the
+    generation dtype (no full fp32 copy in host memory per rank)."""
+    from prove.decode import Decoder
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    d = cfg.distill
+    device = _device(cfg)
+    dtype = getattr(torch, generation_dtype(cfg))
+    placement = {"device_map": {"": device}} if device != "cpu" else {}
+    model = AutoModelForCausalLM.from_pretrained(str(d.proposer), dtype=dtype, **placement).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(d.proposer))
+    return Decoder(model, tokenizer, method=d.method, device=device, block_size=d.block_size)
 
 
 @torch.no_grad()
@@ -277,15 +345,17 @@ def generate_responses(
 ) -> Path:
     """Step 1a: this process's share of the responses, appended to its shard. Returns ``generated_dir``.
 
-    Prompt i goes to rank ``i % world_size``. Prompts already in any shard are skipped, so a rerun resumes;
-    a finished set (``dataset/`` with matching settings) is not touched. ``on_record`` is called after each
-    record is flushed (progress reporting).
+    Joins the process group first (:func:`init_distributed`) unless ``rank``/``world_size`` are given. Prompt i
+    goes to rank ``i % world_size``, one request at a time (the decode engine is single-request). Prompts
+    already in any shard are skipped, so a rerun resumes; a finished set (``dataset/`` with matching settings)
+    is not touched. ``on_record`` is called after each record is flushed (progress reporting).
     """
-    from prove.decode import Decoder
+    import gc
+
     from tqdm import tqdm
 
     if rank is None or world_size is None:
-        rank, world_size = _rank_and_world()
+        rank, world_size = init_distributed()
     d = cfg.distill
     out = Path(d.generated_dir)
     if not Path(d.proposer).exists():
@@ -303,9 +373,7 @@ def generate_responses(
     own = shard_dir / f"part-{rank:05d}.jsonl"
     done = read_shards(shard_dir, own)
     todo = [p for p in prompts if p.index % world_size == rank and p.index not in done]
-    decoder = Decoder.from_pretrained(
-        str(d.proposer), method=d.method, device=_device(cfg), dtype=d.dtype, block_size=d.block_size
-    )
+    decoder = load_proposer(cfg)
     if decoder.method.needs_mask and decoder.params.block_size != settings["block_size"]:
         raise AssertionError(f"block size {decoder.params.block_size} != {settings['block_size']} recorded")
     log.info("generating %d responses (%d already done) with %s on %s", len(todo), len(done), d.method, d.proposer)
@@ -336,6 +404,10 @@ def generate_responses(
             if on_record is not None:
                 on_record(rec)
     bar.close()
+    del decoder
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the proposer's memory goes back before the verifier loads
     return out
 
 

@@ -1,7 +1,8 @@
 """``train(cfg)``: one stage of the pipeline (DESIGN §2), end to end.
 
-0) stage distill: generate the proposer's responses (:mod:`prove.train.distill`), before TrainingArguments so
-   that under ZeRO-3 the proposer loads whole, for decoding, not partitioned;
+0) stage distill: join the process group, generate this rank's share of the proposer's responses
+   (:mod:`prove.train.distill`) and wait for the other ranks — before TrainingArguments, so that under ZeRO-3 the
+   proposer loads whole, for decoding, not partitioned;
 1) TrainingArguments first (under ZeRO-3 they make ``from_pretrained`` load weights partitioned);
 2) tokenizer and model: from ``stage.init_from`` / ``model.name_or_path``, or a tiny Qwen2 from scratch;
 3) stage mars: add ``<|mask|>`` (a spare embedding row, else resize);
@@ -59,12 +60,14 @@ def _run(cfg: TrainConfig, tracker) -> StageResult:
     if is_distill:  # 0) this rank's share of the proposer's responses (a rerun resumes)
         from prove.train import distill
 
+        distill.init_distributed()  # first: the rendezvous never waits on a rank's generation
         if (source := tokenizer_source(cfg)) is not None:  # refuse a mismatched verifier before generating
             from prove.train.modeling import check_source, load_tokenizer
 
             check_source(source)
             distill.check_same_vocab(load_tokenizer(source, cfg.model.trust_remote_code), cfg.distill.proposer)
         distill.generate_responses(cfg)
+        distill.wait_for_all_ranks()  # ranks finish their shards hours apart at scale
     args = training_arguments(cfg, report_to=tracker.report_to)
 
     # 2) tokenizer + model
@@ -291,39 +294,69 @@ def prove_meta(cfg: TrainConfig, base_model: str, tokenizer, mask_id: int | None
 
 
 def save_checkpoint(trainer, cfg: TrainConfig, output_dir: Path, meta, base_model: str) -> None:
-    """The final checkpoint (DESIGN §2.2). ZeRO-3 gathers the 16-bit weights; LoRA saves adapter (+ merged model)."""
+    """The final checkpoint (DESIGN §2.2): merged weights + tokenizer + prove.json at ``output_dir``, whatever the
+    launcher. ZeRO-3 gathers the 16-bit weights. LoRA also keeps the adapter at ``output_dir/adapter``; the merged
+    model is built in memory when every rank holds the whole model, and under DeepSpeed (whose module is
+    partitioned under ZeRO-3) by rank 0 on the CPU from the base checkpoint + the saved adapter."""
     from prove.decode.checkpoint import write_prove_json
 
     if cfg.peft.kind == PeftKind.lora:
         adapter_dir = output_dir / "adapter"
-        trainer.save_model(str(adapter_dir))
+        trainer.save_model(str(adapter_dir))  # under DeepSpeed: the adapter's gathered weights (every rank takes part)
         if trainer.is_world_process_zero():
             write_prove_json(adapter_dir, meta)
-        if cfg.peft.merge:
-            merged = trainer.accelerator.unwrap_model(trainer.model)
-            if cfg.deepspeed is not None:
-                log.warning("peft.merge under DeepSpeed: merge the adapter offline with prove.train.pipeline.merge_adapter")
-            elif trainer.is_world_process_zero():
-                merged = merged.merge_and_unload()
-                merged.save_pretrained(output_dir)
-                trainer.processing_class.save_pretrained(output_dir)
-                write_prove_json(output_dir, meta)
+        if cfg.deepspeed is not None:
+            _barrier()  # the adapter is on disk before rank 0 reads it back
+            if trainer.is_world_process_zero():
+                source = cfg.stage.init_from or cfg.model.name_or_path
+                assert source is not None  # TrainConfig refuses peft=lora without a pretrained base
+                log.info("merging the LoRA adapter into %s on the CPU (rank 0)", source)
+                merge_adapter(source, adapter_dir, output_dir, dtype=_merge_dtype(cfg))
+        elif trainer.is_world_process_zero():
+            merged = trainer.accelerator.unwrap_model(trainer.model).merge_and_unload()
+            merged.save_pretrained(output_dir)
+            trainer.processing_class.save_pretrained(output_dir)
+            write_prove_json(output_dir, meta)
         return
     trainer.save_model(str(output_dir))
     if trainer.is_world_process_zero():
         write_prove_json(output_dir, meta)  # its training_config holds the whole resolved config
 
 
-def merge_adapter(base: str | os.PathLike, adapter_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
-    """Load ``base``, apply the LoRA adapter at ``adapter_dir`` and save the merged model (+ tokenizer, prove.json)."""
+def _barrier() -> None:
+    import torch
+
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+def _merge_dtype(cfg: TrainConfig) -> str:
+    """The merged checkpoint's dtype: the training precision (bf16/fp16 runs save 16-bit weights), else float32."""
+    if cfg.trainer.bf16:
+        return "bfloat16"
+    return "float16" if getattr(cfg.trainer, "fp16", False) or cfg.trainer.extra.get("fp16") else "float32"
+
+
+def merge_adapter(
+    base: str | os.PathLike, adapter_dir: str | os.PathLike, out_dir: str | os.PathLike, dtype: str = "float32"
+) -> Path:
+    """Load ``base`` on the CPU, apply the LoRA adapter at ``adapter_dir`` and save the merged model (+ tokenizer,
+    prove.json) to ``out_dir``. Outside any DeepSpeed context: the weights load whole, never partitioned."""
     import shutil
 
+    import torch
     from peft import PeftModel
     from prove.train.modeling import embedding_rows
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.integrations import deepspeed as hf_ds
 
     tokenizer = AutoTokenizer.from_pretrained(adapter_dir)
-    model = AutoModelForCausalLM.from_pretrained(base)
+    ds_config = getattr(hf_ds, "_hf_deepspeed_config_weak_ref", None)
+    hf_ds.unset_hf_deepspeed_config()  # else from_pretrained would partition the base under ZeRO-3 (zero.Init)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=getattr(torch, dtype))
+    finally:
+        hf_ds._hf_deepspeed_config_weak_ref = ds_config
     if embedding_rows(model) < len(tokenizer):
         model.resize_token_embeddings(len(tokenizer))
     merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()

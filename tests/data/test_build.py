@@ -25,8 +25,10 @@ def test_sample_rows_are_tokenized_and_bad_rows_counted(sample, tokenizer):
         "unknown_role": 1,
         "last_not_assistant": 1,
         "empty_response": 1,
+        "bad_function_calls": 1,
+        "bad_functions": 1,
     }
-    assert (report.total, report.kept, len(out)) == (50, 46, 46)
+    assert (report.total, report.kept, len(out)) == (55, 49, 49)
     # Row for row what tokenize_conversation gives.
     expected = [tokenize_conversation(tokenizer, m, 4096) for m in sample["messages"]]
     assert [dict(r) for r in out] == [e for e in expected if e is not None]

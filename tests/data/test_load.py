@@ -70,7 +70,7 @@ def test_num_rows(tmp_path):
 
 def test_shipped_sample(sample_path):
     ds = load_chat_dataset(str(sample_path))
-    assert len(ds) == 50 and {"id", "source", "messages"} <= set(ds.column_names)
+    assert len(ds) == 55 and {"id", "source", "messages"} <= set(ds.column_names)
 
 
 @pytest.mark.parametrize("missing", ["missing.jsonl", "no/such/dir/", "./nope", "shards/*.parquet"])

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +23,14 @@ from prove.train.distill import (
     training_rows,
 )
 from train_helpers import losses, tiny_overrides, train_config
+
+HERE = Path(__file__).resolve().parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 # -- the loss ----------------------------------------------------------------------------------------------------
 
@@ -111,6 +123,41 @@ def test_distill_config_and_the_tiny_recipe():
     assert train_config(["recipe=tiny", "stage=sft"]).model.scratch.layers == 4
 
 
+def test_the_32b_recipe_distills_proves_3b_verifier_in_bf16():
+    """`prove-train --cfg job recipe=qwen2.5-32b stage=distill`: the verifier fine-tuned is ProVe's 3B (was the 32B
+    itself), the proposer generates in bf16 (was fp32: 131 GB per GPU) on a day-sized sample (was all ~2.15M)."""
+    import subprocess as sp
+
+    cfg = train_config(["recipe=qwen2.5-32b", "stage=distill"])
+    assert cfg.stage.init_from == "Qwen/Qwen2.5-3B-Instruct" and cfg.model.name_or_path == "Qwen/Qwen2.5-32B-Instruct"
+    assert cfg.distill.dtype == "bfloat16" and cfg.distill.num_prompts == 16000 and cfg.distill.prompt_seed == 0
+    assert cfg.distill.proposer == "runs/qwen2.5-32b/mars" and cfg.output_dir == "runs/qwen2.5-32b/verifier-distill"
+    assert cfg.distill.method == "prove-lossless" and cfg.deepspeed["zero_optimization"]["stage"] == 3
+    seven = train_config(["recipe=qwen2.5-32b", "stage=distill", "stage.init_from=Qwen/Qwen2.5-7B-Instruct"])
+    assert seven.stage.init_from == "Qwen/Qwen2.5-7B-Instruct"
+    # the recipe's verifier and output folder do not leak into the proposer's stages
+    sft, mars = train_config(["recipe=qwen2.5-32b", "stage=sft"]), train_config(["recipe=qwen2.5-32b", "stage=mars"])
+    assert sft.stage.init_from is None and sft.output_dir == "runs/qwen2.5-32b/sft"
+    assert mars.stage.init_from == "runs/qwen2.5-32b/sft" and mars.output_dir == "runs/qwen2.5-32b/mars"
+    # the CLI composes the same (what a user runs to check it)
+    out = sp.run([sys.executable, "-m", "prove.train.cli", "--cfg", "job", "--resolve", "recipe=qwen2.5-32b",
+                  "stage=distill"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for line in ("init_from: Qwen/Qwen2.5-3B-Instruct", "dtype: bfloat16", "num_prompts: 16000",
+                 "output_dir: runs/qwen2.5-32b/verifier-distill"):
+        assert line in out.stdout, line
+
+
+def test_generation_dtype_defaults_to_bf16_on_gpu_fp32_on_cpu(monkeypatch):
+    from prove.train.distill import generation_dtype
+
+    cfg = train_config(["recipe=tiny", "stage=distill"])
+    assert cfg.distill.dtype is None and generation_dtype(cfg) == "float32"  # this machine: CPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert generation_dtype(cfg) == "bfloat16"
+    assert generation_dtype(train_config(["recipe=tiny", "stage=distill", "distill.dtype=float16"])) == "float16"
+
+
 @pytest.mark.parametrize(
     "overrides,match",
     [
@@ -119,6 +166,7 @@ def test_distill_config_and_the_tiny_recipe():
         (["stage=distill", "stage.init_from=v", "distill.method=prove"], "greedy"),
         (["stage=distill", "stage.init_from=v", "stage.role=proposer"], "trains the verifier"),
         (["stage=mars", "stage.role=verifier"], "block proposer"),
+        (["peft=lora"], "peft=lora adapts a pretrained model"),  # the merged checkpoint is rebuilt from the base
     ],
 )
 def test_distill_config_errors(overrides, match):
@@ -352,3 +400,50 @@ def test_distilled_verifier_commits_more_tokens_per_cycle(tmp_path, arithmetic_j
 
     before, after = tokens_per_cycle(tmp_path / "verifier"), tokens_per_cycle(res.output_dir)
     assert before < 1.5 and after > 2.5, (before, after)
+
+
+# -- generation sharded across processes ---------------------------------------------------------------------------
+
+
+def _torchrun(driver_args: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+           str(HERE / "distill_driver.py"), *driver_args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _shard_indices(shard: Path) -> list[int]:
+    return [json.loads(line)["index"] for line in shard.read_text().splitlines() if line.endswith("}")]
+
+
+@pytest.mark.slow
+def test_two_process_generation_partitions_the_prompts_and_a_killed_run_resumes(tmp_path, arithmetic_jsonl, models):
+    """Two ranks over gloo: rank r answers prompts i ≡ r (mod 2) into its own shard; rank 1 is killed after one
+    record (rank 0 torn down wherever it was); the rerun completes the set — nothing lost, nothing repeated, the
+    same dataset as one uninterrupted process."""
+    n = 8
+    whole = build_generated_set(generate_responses(
+        _cfg(tmp_path / "one", arithmetic_jsonl, models, **{"distill.num_prompts": n}), progress=False, rank=0,
+        world_size=1))
+    overrides = tiny_overrides(tmp_path / "two", arithmetic_jsonl, stage="distill", **{
+        "stage.init_from": str(models[1]), "distill.proposer": str(models[0]), "distill.num_prompts": n,
+        "distill.max_new_tokens": 10, "distill.top_k": 4})
+    shards = tmp_path / "two" / "distill-data" / "shards"
+
+    killed = _torchrun(["1", "1", *overrides])
+    assert killed.returncode != 0, killed.stdout[-2000:] + killed.stderr[-4000:]
+    first = {p.name: _shard_indices(p) for p in shards.glob("*.jsonl")}
+    assert len(first.get("part-00001.jsonl", [])) == 1  # rank 1 died after its first record
+    assert sum(map(len, first.values())) < n and not (shards.parent / "dataset").exists()
+
+    done = _torchrun(["-1", "0", *overrides])
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-6000:]
+    final = {p.name: _shard_indices(p) for p in shards.glob("*.jsonl")}
+    assert sorted(final) == ["part-00000.jsonl", "part-00001.jsonl"]
+    assert sorted(final["part-00000.jsonl"]) == list(range(0, n, 2))  # each rank its slice, each prompt once
+    assert sorted(final["part-00001.jsonl"]) == list(range(1, n, 2))
+    for name, indices in first.items():  # what the killed run wrote was kept, not regenerated
+        assert final[name][: len(indices)] == indices
+    resumed = build_generated_set(shards.parent)
+    assert _rows(resumed) == _rows(whole)
+    assert json.loads((shards.parent / "generation.json").read_text())["dtype"] == "float32"  # fp32 on the CPU

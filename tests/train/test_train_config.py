@@ -16,6 +16,7 @@ REQUIRED = {
     ("model", "hf"): ["model.name_or_path=Qwen/Qwen2.5-0.5B-Instruct"],
     ("data", "jsonl"): ["data.path=conversations.jsonl"],
     ("stage", "distill"): ["stage.init_from=Qwen/Qwen2.5-0.5B-Instruct"],
+    ("peft", "lora"): ["model=hf", "model.name_or_path=Qwen/Qwen2.5-0.5B-Instruct"],  # LoRA adapts a pretrained model
 }
 
 
@@ -73,7 +74,7 @@ def test_deepspeed_configs_defer_to_training_arguments():
 
 
 def test_peft_and_logger_groups():
-    assert train_config(["peft=lora"]).peft.kind == PeftKind.lora
+    assert train_config(["peft=lora", "model=hf", "model.name_or_path=base"]).peft.kind == PeftKind.lora
     assert train_config(["logger=wandb", "run_name=x"]).logger.name == "x-sft"
 
 

@@ -58,3 +58,47 @@ def test_zero3_two_process_mars_checkpoint_matches_in_memory_model(tmp_path, tok
     torch.testing.assert_close(logits, ref["logits"], rtol=1e-4, atol=1e-4)
     before = AutoModelForCausalLM.from_pretrained(sft)
     assert not torch.equal(before.model.embed_tokens.weight, model.model.embed_tokens.weight)
+
+
+def test_zero3_two_process_lora_leaves_a_merged_checkpoint_that_decodes(tmp_path, tokenizer, qwen2_factory,
+                                                                       arithmetic_jsonl):  # fmt: skip
+    """LoRA under DeepSpeed used to leave only ``adapter/``: the output dir must hold the merged model + tokenizer +
+    prove.json (rank 0 rebuilds it on the CPU from the base + adapter), equal to the in-memory adapted model."""
+    pytest.importorskip("deepspeed")
+    from prove.decode import Decoder
+    from transformers import AutoModelForCausalLM
+
+    sft = tmp_path / "sft"
+    qwen2_factory(len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id).save_pretrained(sft)
+    tokenizer.save_pretrained(sft)
+    overrides = tiny_overrides(
+        tmp_path, arithmetic_jsonl, model="hf", stage="mars", deepspeed="zero3", peft="lora", max_steps=3, lr=1e-2,
+        **{"model.name_or_path": str(sft), "stage.init_from": str(sft), "trainer.per_device_train_batch_size": 4,
+           "peft.r": 4, "peft.alpha": 8, "peft.dropout": 0.0,
+           # peft's trainable-token rows gather their ZeRO-3 weights on torch.cuda.current_device(): GPU-only, so
+           # the <|mask|> row stays frozen here (it is already a row of the base model's embedding)
+           "peft.train_mask_token": "false"},
+    )
+    out = tmp_path / "inmemory.pt"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+           str(HERE / "zero3_driver.py"), str(out), *overrides]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+    mars = tmp_path / "mars"
+    assert (mars / "adapter" / "adapter_config.json").is_file()
+    assert (mars / "config.json").is_file() and (mars / "tokenizer_config.json").is_file()
+    meta = json.loads((mars / "prove.json").read_text())
+    assert meta["stage"] == "mars" and meta["block_size"] == 4 and meta["peft"] == "lora"
+    ref = torch.load(out)
+    merged = AutoModelForCausalLM.from_pretrained(mars).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(merged(input_ids=ref["input_ids"]).logits, ref["logits"], rtol=1e-4, atol=1e-4)
+        before = AutoModelForCausalLM.from_pretrained(sft).eval()(input_ids=ref["input_ids"]).logits
+    assert not torch.allclose(before, ref["logits"], atol=1e-4)  # the adapter trained: not the base model
+    dec = Decoder.from_pretrained(str(mars), method="prove-lossless")
+    res = dec.generate([{"role": "user", "content": "Ana has 3 apples. How many?"}], max_new_tokens=6)
+    ar = Decoder.from_pretrained(str(mars), method="ar").generate(
+        [{"role": "user", "content": "Ana has 3 apples. How many?"}], max_new_tokens=6)
+    assert len(res.token_ids) > 0 and res.token_ids == ar.token_ids
