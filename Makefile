@@ -27,6 +27,11 @@ NNODES ?= 1
 GPUS_PER_NODE ?= $(if $(HAS_GPU),$(shell nvidia-smi -L 2>/dev/null | wc -l),1)
 ARGS ?=
 
+define newline
+
+
+endef
+
 .PHONY: help install test test-fast lint typecheck demo decode clean train train-proposer eval
 
 help: ## list the targets
@@ -81,9 +86,10 @@ TRAIN_ENV =
 TRAIN_LAUNCH = $(VENV)/bin/prove-train
 endif
 
-train-proposer: install ## train the block proposer: sft then mars -> runs/<recipe>/{sft,mars} (RECIPE, NNODES, GPUS_PER_NODE, HOSTFILE, ARGS)
-	$(TRAIN_ENV) $(TRAIN_LAUNCH) recipe=$(RECIPE) stage=sft $(ARGS)
-	$(TRAIN_ENV) $(TRAIN_LAUNCH) recipe=$(RECIPE) stage=mars $(ARGS)
+# STAGES: the proposer stages to run, in order (STAGES=mars: only mars, e.g. once sft has finished).
+STAGES ?= sft mars
+train-proposer: install ## train the block proposer: sft then mars -> runs/<recipe>/{sft,mars} (RECIPE, NNODES, GPUS_PER_NODE, HOSTFILE, STAGES, ARGS)
+	$(foreach stage,$(STAGES),$(TRAIN_ENV) $(TRAIN_LAUNCH) recipe=$(RECIPE) stage=$(stage) $(ARGS)$(newline))
 
 # make train-verifier: stage distill (DESIGN §2.3) — the proposer's greedy responses (prove-lossless) to the recipe's
 # prompts, then the verifier fine-tuned on them -> runs/<recipe>/{distill-data,<distill output>}. A recipe without a
