@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 from urllib.parse import urlparse
 
 from prove.train.config import LoggerKind, TrainConfig, config_dict, run_label
@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 
 LOCAL_MODES = ("offline", "disabled", "dryrun")
 """``WANDB_MODE`` values that never contact the server (no login needed)."""
+WandbMode = Literal["online", "offline", "disabled", "shared"]
+WANDB_MODES = ("online", "offline", "disabled", "shared")
 
 
 @dataclass
@@ -58,14 +60,18 @@ def wandb_has_credentials(environ: Mapping[str, str] | None = None, home: str | 
     return False
 
 
-def wandb_mode(environ: Mapping[str, str] | None = None, home: str | os.PathLike | None = None) -> tuple[str, str | None]:
+def wandb_mode(
+    environ: Mapping[str, str] | None = None, home: str | os.PathLike | None = None
+) -> tuple[WandbMode, str | None]:
     """``(mode to run wandb in, warning or None)``: ``WANDB_MODE``, or ``offline`` when it would go online
     without credentials."""
     env = os.environ if environ is None else environ
     mode = env.get("WANDB_MODE", "online").strip().lower() or "online"
     mode = "offline" if mode == "dryrun" else mode  # wandb's old name for it
+    if mode not in WANDB_MODES:
+        raise ValueError(f"WANDB_MODE={mode!r}: use one of {list(WANDB_MODES)} (or logger=none)")
     if mode in LOCAL_MODES or wandb_has_credentials(env, home):
-        return mode, None
+        return cast(WandbMode, mode), None
     return "offline", (
         "logger=wandb with WANDB_MODE=online but no wandb login on this node (no WANDB_API_KEY, no ~/.netrc entry): "
         "logging offline to ./wandb instead (`wandb sync wandb/offline-run-*` later; `wandb login` on the nodes, "
@@ -85,10 +91,9 @@ def open_logger(cfg: TrainConfig) -> Tracker:
         import wandb
     except ImportError as e:
         raise ValueError("logger=wandb needs the wandb package: pip install wandb, or pass logger=none") from e
+    mode, warning = wandb_mode()  # on every rank: a bad WANDB_MODE fails them all
     if int(os.environ.get("RANK", "0")) != 0:
         return Tracker(report_to=[])
-
-    mode, warning = wandb_mode()
     if warning:
         log.warning(warning)
         os.environ["WANDB_MODE"] = mode  # the Trainer's WandbCallback reads it too
