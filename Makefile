@@ -37,6 +37,7 @@ endef
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@echo "  variables: VENV=$(VENV) TORCH=$(TORCH) RECIPE=$(RECIPE) NNODES=$(NNODES) GPUS_PER_NODE=$(GPUS_PER_NODE) ARGS='...'"
+	@echo "  launch (README \"Train\"): HOSTFILE, or MASTER_ADDR + NODE_RANK per node; MASTER_PORT=$(MASTER_PORT) STAGES='$(STAGES)'"
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)

@@ -97,10 +97,11 @@ def _records(dump: Path, tool: str) -> list[dict[str, dict[str, str] | str]]:
 def test_training_reaches_the_hub_tests_stay_offline(tmp_path):
     dump = tmp_path / "calls.txt"
     venv = _stand_in_venv(tmp_path / "venv", dump, real_python=False)
-    assert "HF_HUB_OFFLINE" not in "".join(_lines(make("train-proposer")))
+    one = ("NNODES=1", "GPUS_PER_NODE=1")  # one plain process whatever GPUs this machine has
+    assert "HF_HUB_OFFLINE" not in "".join(_lines(make("train-proposer", *one)))
     assert "HF_HUB_OFFLINE=1" in "".join(_lines(make("test")))
     for target in ("train-proposer", "test"):
-        assert make(target, f"VENV={venv}", dry=False).returncode == 0
+        assert make(target, f"VENV={venv}", *one, dry=False).returncode == 0
     (train_sft, _train_mars), (test,) = _records(dump, "prove-train"), _records(dump, "python")
     assert "recipe=tiny stage=sft" in train_sft["argv"]
     assert "HF_HUB_OFFLINE" not in train_sft["env"] and "HF_DATASETS_OFFLINE" not in train_sft["env"]
@@ -108,7 +109,7 @@ def test_training_reaches_the_hub_tests_stay_offline(tmp_path):
     assert test["env"]["HF_HUB_OFFLINE"] == "1" and test["env"]["HF_DATASETS_OFFLINE"] == "1"
     # a user's own choice still wins
     dump.unlink()
-    make("train-proposer", f"VENV={venv}", env=_env(HF_HUB_OFFLINE="1"), dry=False)
+    make("train-proposer", f"VENV={venv}", *one, env=_env(HF_HUB_OFFLINE="1"), dry=False)
     assert _records(dump, "prove-train")[0]["env"]["HF_HUB_OFFLINE"] == "1"
 
 
