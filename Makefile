@@ -12,7 +12,9 @@ TORCH ?= $(if $(HAS_GPU),torch,torch==2.13.0)
 # TORCH_INDEX=https://download.pytorch.org/whl/cpu to fetch the small CPU wheel instead.
 TORCH_INDEX ?=
 STAMP := $(VENV)/.prove-installed
-export HF_HUB_OFFLINE ?= 1
+# Training, decoding and eval reach the Hugging Face hub (a fresh cluster downloads the model and Dolci); set
+# HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 yourself once they are cached. The tests and the demo run offline.
+OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export WANDB_MODE ?= offline
 export TOKENIZERS_PARALLELISM ?= false
 # Tiny models are framework-overhead bound: one OpenMP thread per process is faster here (the suite ran in
@@ -25,11 +27,17 @@ NNODES ?= 1
 GPUS_PER_NODE ?= $(if $(HAS_GPU),$(shell nvidia-smi -L 2>/dev/null | wc -l),1)
 ARGS ?=
 
+define newline
+
+
+endef
+
 .PHONY: help install test test-fast lint typecheck demo decode clean train train-proposer eval
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@echo "  variables: VENV=$(VENV) TORCH=$(TORCH) RECIPE=$(RECIPE) NNODES=$(NNODES) GPUS_PER_NODE=$(GPUS_PER_NODE) ARGS='...'"
+	@echo "  launch (README \"Train\"): HOSTFILE, or MASTER_ADDR + NODE_RANK per node; MASTER_PORT=$(MASTER_PORT) STAGES='$(STAGES)'"
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -43,10 +51,10 @@ $(STAMP): pyproject.toml
 install: $(STAMP) ## create $(VENV) and install prove with torch, transformers, deepspeed, lm-eval, dev tools
 
 test: install ## run the whole test suite (slow tests included, as CI does)
-	$(PY) -m pytest -q tests
+	$(OFFLINE) $(PY) -m pytest -q tests
 
 test-fast: install ## the suite without tests marked slow
-	$(PY) -m pytest -q -m "not slow" tests
+	$(OFFLINE) $(PY) -m pytest -q -m "not slow" tests
 
 lint: install ## ruff over the packages and tests
 	$(VENV)/bin/ruff check decode train data tests
@@ -54,24 +62,35 @@ lint: install ## ruff over the packages and tests
 typecheck: install ## mypy over the three packages
 	$(VENV)/bin/mypy decode train data
 
-# prove-train launcher: the deepspeed launcher with a HOSTFILE, torchrun for several processes
-# (rendezvous: MASTER_ADDR, MASTER_PORT, NODE_RANK on each node), else one plain process (CPU, 1 GPU).
-MASTER_ADDR ?= 127.0.0.1
+# prove-train launcher (README "Train"): the deepspeed launcher with a HOSTFILE (started from one node; ssh to
+# all), torchrun for several processes (run on each node with its NODE_RANK), else one plain process (CPU, 1 GPU).
+# MASTER_ADDR: only passed to the deepspeed launcher when set (it then defaults to the hostfile's first host);
+# required by torchrun when NNODES > 1 (the address of node 0, the same on every node).
+# DS_ENV_FILE: the file the deepspeed launcher forwards to every node's ranks (it reads ./$(DS_ENV_FILE) and
+# ~/$(DS_ENV_FILE)); `python -m prove.train.launch` writes the run's HF_*, WANDB_*, OMP_*, ... variables into it.
 MASTER_PORT ?= 29500
 NODE_RANK ?= 0
+DS_ENV_FILE ?= .deepspeed_env
 ifneq ($(HOSTFILE),)
-TRAIN_LAUNCH = $(VENV)/bin/deepspeed --hostfile $(HOSTFILE) --num_nodes $(NNODES) --num_gpus $(GPUS_PER_NODE) \
-	--master_addr $(MASTER_ADDR) --master_port $(MASTER_PORT) --no_local_rank --module prove.train.cli
+TRAIN_ENV = $(PY) -m prove.train.launch --env-file $(DS_ENV_FILE) &&
+TRAIN_LAUNCH = DS_ENV_FILE=$(DS_ENV_FILE) $(VENV)/bin/deepspeed --hostfile $(HOSTFILE) --num_nodes $(NNODES) \
+	--num_gpus $(GPUS_PER_NODE) $(if $(MASTER_ADDR),--master_addr $(MASTER_ADDR) )--master_port $(MASTER_PORT) \
+	--no_local_rank --module prove.train.cli
 else ifneq ($(NNODES)x$(GPUS_PER_NODE),1x1)
+TRAIN_ENV =
 TRAIN_LAUNCH = $(VENV)/bin/torchrun --nnodes $(NNODES) --nproc_per_node $(GPUS_PER_NODE) --node_rank $(NODE_RANK) \
-	--master_addr $(MASTER_ADDR) --master_port $(MASTER_PORT) -m prove.train.cli
+	--master_addr $(or $(MASTER_ADDR),$(if $(filter-out 1,$(NNODES)),$(error NNODES=$(NNODES) without a HOSTFILE: \
+	set MASTER_ADDR=<node 0 address> (and NODE_RANK=<this node>) on every node),127.0.0.1)) \
+	--master_port $(MASTER_PORT) -m prove.train.cli
 else
+TRAIN_ENV =
 TRAIN_LAUNCH = $(VENV)/bin/prove-train
 endif
 
-train-proposer: install ## train the block proposer: sft then mars -> runs/<recipe>/{sft,mars} (RECIPE, NNODES, GPUS_PER_NODE, HOSTFILE, ARGS)
-	$(TRAIN_LAUNCH) recipe=$(RECIPE) stage=sft $(ARGS)
-	$(TRAIN_LAUNCH) recipe=$(RECIPE) stage=mars $(ARGS)
+# STAGES: the proposer stages to run, in order (STAGES=mars: only mars, e.g. once sft has finished).
+STAGES ?= sft mars
+train-proposer: install ## train the block proposer: sft then mars -> runs/<recipe>/{sft,mars} (RECIPE, NNODES, GPUS_PER_NODE, HOSTFILE, STAGES, ARGS)
+	$(foreach stage,$(STAGES),$(TRAIN_ENV) $(TRAIN_LAUNCH) recipe=$(RECIPE) stage=$(stage) $(ARGS)$(newline))
 
 # make train-verifier: stage distill (DESIGN §2.3) — the proposer's greedy responses (prove-lossless) to the recipe's
 # prompts, then the verifier fine-tuned on them -> runs/<recipe>/{distill-data,<distill output>}. A recipe without a
@@ -80,8 +99,8 @@ train-proposer: install ## train the block proposer: sft then mars -> runs/<reci
 VERIFIER_SFT ?= $(if $(filter tiny,$(RECIPE)),1,)
 .PHONY: train-verifier
 train-verifier: install ## distil the verifier on the proposer's outputs: [verifier sft] then distill (RECIPE, VERIFIER_SFT, ARGS)
-	$(if $(VERIFIER_SFT),$(TRAIN_LAUNCH) recipe=$(RECIPE) stage=sft stage.role=verifier $(ARGS))
-	$(TRAIN_LAUNCH) recipe=$(RECIPE) stage=distill $(ARGS)
+	$(if $(VERIFIER_SFT),$(TRAIN_ENV) $(TRAIN_LAUNCH) recipe=$(RECIPE) stage=sft stage.role=verifier $(ARGS))
+	$(TRAIN_ENV) $(TRAIN_LAUNCH) recipe=$(RECIPE) stage=distill $(ARGS)
 
 train: train-proposer train-verifier ## the whole training pipeline for RECIPE: proposer sft -> mars, then verifier [sft ->] distill
 
@@ -100,6 +119,7 @@ eval: install ## accuracy (Δ pts vs AR) and speed of EVAL_METHOD on lm-eval tas
 DEMO_ARGS ?=
 DEMO_THREADS ?= $(shell nproc 2>/dev/null || echo 1)
 demo: export OMP_NUM_THREADS = $(DEMO_THREADS)
+demo: export HF_HUB_OFFLINE ?= 1
 demo: install ## the tiny recipe end to end on CPU: train proposer + verifier, then bench every method -> outputs/demo
 	$(PY) -m prove.decode.demo $(DEMO_ARGS)
 
@@ -132,4 +152,4 @@ decode: install ## decode a prompt file: make decode ARGS='model=PATH method=pro
 	$(VENV)/bin/prove-decode $(ARGS)
 
 clean: ## remove caches and run outputs (keeps $(VENV))
-	rm -rf outputs multirun runs wandb .pytest_cache .ruff_cache .mypy_cache
+	rm -rf outputs multirun runs wandb .pytest_cache .ruff_cache .mypy_cache $(DS_ENV_FILE)

@@ -220,7 +220,13 @@ class TrainerConfig:
     """Recompute activations in the backward pass (transformers' new name for gradient checkpointing)."""
     logging_steps: int = 10
     save_steps: int = 500
+    """Write a ``checkpoint-N/`` folder every this many optimizer steps (the final model is saved regardless)."""
     save_total_limit: int | None = 2
+    """Keep only the newest N ``checkpoint-N/`` folders (``None``: all)."""
+    save_only_model: bool = False
+    """``checkpoint-N/`` holds the weights only: a fraction of the size (the 32B run's optimizer state is
+    ~390 GB per save) but not resumable — a restart begins the stage again. ``False`` keeps optimizer,
+    scheduler and RNG states so a killed run resumes where it stopped."""
     seed: int = 42
     dataloader_num_workers: int = 0
     max_minutes: float | None = None
@@ -309,6 +315,15 @@ class TrainConfig:
             raise ValueError(f"block_size={k} exceeds max_len={max_len}: lower block_size or raise max_len")
         if max_len < 2:
             raise ValueError(f"max_len={max_len}: an example needs at least a prompt and one response token")
+        if self.stage.name == Stage.mars and max_len % k:
+            # The collator pads each example to a multiple of K with EOS *labelled* as a target. A row
+            # right-truncated at max_len has no EOS of its own: padding it would teach an EOS in mid-answer.
+            # With max_len a multiple of K a truncated row already ends on a block boundary.
+            lower, upper = max_len // k * k, -(-max_len // k) * k
+            raise ValueError(
+                f"max_len={max_len} is not a multiple of block_size={k}: rows truncated at max_len would be "
+                f"padded with EOS labels inside the answer; use max_len={lower or upper} or max_len={upper}"
+            )
         if self.stage.name == Stage.mars and self.stage.role == Role.verifier:
             raise ValueError("stage=mars trains the block proposer: drop stage.role=verifier (the verifier is a plain AR "
                              "model: stage=sft stage.role=verifier, or stage=distill)")

@@ -170,7 +170,6 @@ def training_arguments(cfg: TrainConfig, report_to: list[str]):
         report_to=report_to,
         run_name=run_label(cfg),
         remove_unused_columns=False,
-        save_only_model=False,
         activation_checkpointing_kwargs={"use_reentrant": False} if t.activation_checkpointing else None,
     )
 

@@ -1,0 +1,153 @@
+"""The Makefile's training launch, read from `make -n` and from runs against stand-in executables.
+
+A stand-in venv (``VENV=<tmp>``) holds scripts named like the real tools that write down their arguments,
+their environment and DeepSpeed's environment file, so the real recipe lines run without training anything.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from prove.train.launch import forwarded_env, write_env_file
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+# Variables a user may have set that change the Makefile's choices.
+CLEAN = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "MASTER_ADDR", "HOSTFILE", "NNODES",
+         "GPUS_PER_NODE", "NODE_RANK", "DS_ENV_FILE", "WANDB_MODE", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in CLEAN}
+    return {**env, **extra}
+
+
+def make(*args: str, env: dict[str, str] | None = None, dry: bool = True) -> subprocess.CompletedProcess:
+    venv = next((a.split("=", 1)[1] for a in args if a.startswith("VENV=")), ".venv")
+    cmd = ["make", "--no-print-directory", "-o", f"{venv}/.prove-installed", *(["-n"] if dry else []), *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env or _env(), capture_output=True, text=True, timeout=60)
+
+
+def _lines(proc: subprocess.CompletedProcess) -> list[str]:
+    assert proc.returncode == 0, proc.stderr
+    return [ln for ln in proc.stdout.splitlines() if ln.strip()]
+
+
+def test_hostfile_launch_passes_master_addr_only_when_set():
+    lines = _lines(make("train-proposer", "HOSTFILE=hostfile", "NNODES=4", "GPUS_PER_NODE=8", "RECIPE=qwen2.5-32b"))
+    launches = [ln for ln in lines if "/deepspeed " in ln]
+    assert len(launches) == 2  # sft, mars
+    for ln in launches:
+        # The launcher then takes the hostfile's first host; 127.0.0.1 would strand nodes 1..N-1.
+        assert "--master_addr" not in ln and "127.0.0.1" not in ln, ln
+        assert "--hostfile hostfile --num_nodes 4 --num_gpus 8" in ln and "--no_local_rank" in ln
+        # ... and the environment file is written first, in the same shell line
+        assert ln.index("-m prove.train.launch --env-file .deepspeed_env") < ln.index("DS_ENV_FILE=.deepspeed_env ")
+    set_ = _lines(make("train-proposer", "HOSTFILE=hostfile", "NNODES=4", "MASTER_ADDR=10.1.2.3"))
+    assert all("--master_addr 10.1.2.3" in ln for ln in set_ if "/deepspeed " in ln)
+    from_env = _lines(make("train-proposer", "HOSTFILE=hostfile", "NNODES=4", env=_env(MASTER_ADDR="node0")))
+    assert all("--master_addr node0" in ln for ln in from_env if "/deepspeed " in ln)
+
+
+def test_torchrun_launch_per_node():
+    one = _lines(make("train-proposer", "NNODES=1", "GPUS_PER_NODE=2"))
+    assert all("--master_addr 127.0.0.1" in ln for ln in one)  # one node: loopback is right
+    node1 = _lines(make("train-proposer", "NNODES=2", "GPUS_PER_NODE=8", "NODE_RANK=1", "MASTER_ADDR=node0"))
+    assert all("torchrun --nnodes 2 --nproc_per_node 8 --node_rank 1 --master_addr node0" in ln for ln in node1)
+    # several nodes and no address of node 0: a clear error, not ranks waiting on their own loopback
+    proc = make("train-proposer", "NNODES=2", "GPUS_PER_NODE=8", "NODE_RANK=1")
+    assert proc.returncode != 0 and "set MASTER_ADDR=<node 0 address>" in proc.stderr
+
+
+def _stand_in_venv(root: Path, dump: Path, real_python: bool) -> Path:
+    """bin/{python,deepspeed,torchrun,prove-train}: each appends its argv, env and $DS_ENV_FILE to ``dump``."""
+    bin_ = root / "bin"
+    bin_.mkdir(parents=True)
+    record = (f'{{ echo "ARGV $(basename "$0") $*"; env | sed "s/^/ENV /"; '
+              f'[ -n "$DS_ENV_FILE" ] && [ -f "$DS_ENV_FILE" ] && sed "s/^/DSENV /" "$DS_ENV_FILE"; }} >> {dump}\nexit 0\n')
+    for name in ("python", "deepspeed", "torchrun", "prove-train"):
+        script = bin_ / name
+        if name == "python" and real_python:
+            script.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} \"$@\"\n")
+        else:
+            script.write_text("#!/bin/sh\n" + record)
+        script.chmod(0o755)
+    return root
+
+
+def _records(dump: Path, tool: str) -> list[dict[str, dict[str, str] | str]]:
+    out: list[dict] = []
+    for line in dump.read_text().splitlines():
+        if line.startswith(f"ARGV {tool} ") or line == f"ARGV {tool}":
+            out.append({"argv": line, "env": {}, "dsenv": {}})
+        elif out and line.startswith(("ENV ", "DSENV ")):
+            kind, kv = line.split(" ", 1)
+            if "=" in kv:
+                k, v = kv.split("=", 1)
+                out[-1]["env" if kind == "ENV" else "dsenv"][k] = v
+    return out
+
+
+def test_training_reaches_the_hub_tests_stay_offline(tmp_path):
+    dump = tmp_path / "calls.txt"
+    venv = _stand_in_venv(tmp_path / "venv", dump, real_python=False)
+    one = ("NNODES=1", "GPUS_PER_NODE=1")  # one plain process whatever GPUs this machine has
+    assert "HF_HUB_OFFLINE" not in "".join(_lines(make("train-proposer", *one)))
+    assert "HF_HUB_OFFLINE=1" in "".join(_lines(make("test")))
+    for target in ("train-proposer", "test"):
+        assert make(target, f"VENV={venv}", *one, dry=False).returncode == 0
+    (train_sft, _train_mars), (test,) = _records(dump, "prove-train"), _records(dump, "python")
+    assert "recipe=tiny stage=sft" in train_sft["argv"]
+    assert "HF_HUB_OFFLINE" not in train_sft["env"] and "HF_DATASETS_OFFLINE" not in train_sft["env"]
+    assert train_sft["env"]["WANDB_MODE"] == "offline"  # the Makefile's default, still
+    assert test["env"]["HF_HUB_OFFLINE"] == "1" and test["env"]["HF_DATASETS_OFFLINE"] == "1"
+    # a user's own choice still wins
+    dump.unlink()
+    make("train-proposer", f"VENV={venv}", *one, env=_env(HF_HUB_OFFLINE="1"), dry=False)
+    assert _records(dump, "prove-train")[0]["env"]["HF_HUB_OFFLINE"] == "1"
+
+
+def test_hostfile_launch_writes_the_environment_file_first(tmp_path):
+    dump, env_file = tmp_path / "calls.txt", tmp_path / "ds_env"
+    venv = _stand_in_venv(tmp_path / "venv", dump, real_python=True)
+    env = _env(HF_HOME="/shared/hf", HF_HUB_ENABLE_HF_TRANSFER="1", HF_TOKEN="hf_secret", WANDB_API_KEY="k",
+               WANDB_PROJECT="prove-32b", CUDA_VISIBLE_DEVICES="0,1", PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True",
+               NCCL_DEBUG="WARN")
+    proc = make("train-proposer", f"VENV={venv}", "HOSTFILE=hostfile", "NNODES=2", "GPUS_PER_NODE=8",
+                f"DS_ENV_FILE={env_file}", env=env, dry=False)
+    assert proc.returncode == 0, proc.stderr
+    launches = _records(dump, "deepspeed")
+    assert len(launches) == 2
+    for call in launches:
+        dsenv = call["dsenv"]  # what the launcher will export on every node, read when it starts
+        assert call["env"]["DS_ENV_FILE"] == str(env_file)
+        assert dsenv["WANDB_MODE"] == "offline" and dsenv["TOKENIZERS_PARALLELISM"] == "false"
+        assert dsenv["OMP_NUM_THREADS"] == "1" and dsenv["HF_HOME"] == "/shared/hf"
+        assert dsenv["HF_HUB_ENABLE_HF_TRANSFER"] == "1" and dsenv["WANDB_PROJECT"] == "prove-32b"
+        assert dsenv["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+        assert "HF_HUB_OFFLINE" not in dsenv
+        # credentials stay out of files; the launcher sets the devices per node; NCCL_* it forwards itself
+        assert not {"HF_TOKEN", "WANDB_API_KEY", "CUDA_VISIBLE_DEVICES", "NCCL_DEBUG"} & set(dsenv)
+    # the file parses the way DeepSpeed's runner reads it: every line KEY=value, nothing else
+    for line in env_file.read_text().splitlines(keepends=True):
+        key, val = line.split("=", maxsplit=1)
+        assert key.strip() and val.endswith("\n")
+
+
+def test_forwarded_env_rules(tmp_path):
+    keep, skipped = forwarded_env({"HF_HOME": "/x", "HF_TOKEN": "t", "WANDB_API_KEY": "k", "PATH": "/bin",
+                                   "OMP_NUM_THREADS": "4", "TRANSFORMERS_CACHE": 'a"b', "HF_X": "a\nb",
+                                   "CUDA_VISIBLE_DEVICES": "0", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+                                   "TOKENIZERS_PARALLELISM": "false"})
+    assert keep == {"HF_HOME": "/x", "OMP_NUM_THREADS": "4", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+                    "TOKENIZERS_PARALLELISM": "false"}
+    assert {s.split()[0] for s in skipped} == {"HF_TOKEN", "WANDB_API_KEY", "TRANSFORMERS_CACHE", "HF_X"}
+    path = tmp_path / ".deepspeed_env"
+    write_env_file(path, {"HF_HOME": "/x"})
+    assert path.read_text() == "HF_HOME=/x\n"
