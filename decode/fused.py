@@ -226,7 +226,11 @@ class FusedBlockProposer:
         if c is None:
             return None
         n = len(seq) - len(c.base) - 1
-        if n not in c.groups or list(seq[: len(c.base)]) != c.base or list(seq[len(c.base) : len(c.base) + n]) != c.tokens[:n]:
+        if (
+            n not in c.groups
+            or list(seq[: len(c.base)]) != c.base
+            or list(seq[len(c.base) : len(c.base) + n]) != c.tokens[:n]
+        ):
             return None
         return c.groups[n]
 
@@ -273,7 +277,9 @@ class FusedVerifier:
 
 def build_fused(models, params, generator) -> tuple[FusedBlockProposer, FusedVerifier]:
     """The pair for a Decoder with ``fuse=true`` (the method's proposer is ``block``, its verifier ``self``)."""
-    assert models.mask_token_id is not None, "the Decoder checks the mask token before building a block proposer"
+    assert models.mask_token_id is not None, (
+        "the Decoder checks the mask token before building a block proposer"
+    )
     proposer = FusedBlockProposer(
         models.target,
         models.mask_token_id,

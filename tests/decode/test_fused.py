@@ -55,7 +55,11 @@ def test_tree_layout_positions_and_mask():
     ]
     assert lay.attend.int().tolist() == expected
     empty = tree_layout(0, [(0, 3)])  # no proposal: the plain block pass [c, M, M, M]
-    assert empty.offsets.tolist() == [0, 1, 2] and empty.attend.int().tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+    assert empty.offsets.tolist() == [0, 1, 2] and empty.attend.int().tolist() == [
+        [1, 0, 0],
+        [1, 1, 0],
+        [1, 1, 1],
+    ]
     with pytest.raises(ValueError, match="0 ≤ j ≤ k"):
         tree_layout(2, [(3, 1)])
     with pytest.raises(ValueError, match="repeat"):
@@ -97,13 +101,17 @@ def test_choose_groups_all_pruned_and_budget():
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize("cached", [0, 2])
-def test_group_j_equals_a_block_pass_from_the_context_ending_at_y_j(make_lm, tokenizer, prompts, attn, cached):
+def test_group_j_equals_a_block_pass_from_the_context_ending_at_y_j(
+    make_lm, tokenizer, prompts, attn, cached
+):
     """Row j of the tree pass (at y_j) is the block pass's position 1 (g_{j+1}) and G_j's rows its positions
     2..K, for every j; the y rows are a plain causal pass over [context, y_1..y_k]."""
     lm = make_lm(seed=0, attn=attn)
     mask_id, K = tokenizer.convert_tokens_to_ids("<|mask|>"), 5
     ctx = prompts[3]
-    ys = [int(t) for t in torch.randint(0, len(tokenizer) - 1, (4,), generator=torch.Generator().manual_seed(1))]
+    ys = [
+        int(t) for t in torch.randint(0, len(tokenizer) - 1, (4,), generator=torch.Generator().manual_seed(1))
+    ]
     k = len(ys)
     runner = ModelRunner(lm)
     if cached:  # a cache that ends `cached` tokens before the context does: pending = those tokens
@@ -143,7 +151,9 @@ def test_fused_carries_a_proposal_into_every_cycle_but_the_first(lm, tokenizer, 
     if budget is left); a random model's placeholders rarely guess right, so here that is all we check."""
     dec = Decoder(lm, tokenizer, method="prove-lossless", block_size=4, fuse=True)
     s = no_eos(dec, prompts[0], N).stats
-    assert s.proposed_by_depth[0] == s.cycles - 2  # not the first cycle, nor the last (budget 0: one token left)
+    assert (
+        s.proposed_by_depth[0] == s.cycles - 2
+    )  # not the first cycle, nor the last (budget 0: one token left)
     assert s.model_passes == s.cycles
 
 
@@ -161,7 +171,10 @@ class ScriptedFused(FusedBlockProposer):
         for j, logits in groups.items():
             at = len(seq) - self.prompt_len + j + 1  # the new-token index after y_1..y_j and g_{j+1}
             ids = [self.ref[i] if i < len(self.ref) else 0 for i in range(at, at + logits.shape[0])]
-            ids = [(t + 1) % vocab if i in self.wrong else t for i, t in zip(range(at, at + len(ids)), ids, strict=True)]
+            ids = [
+                (t + 1) % vocab if i in self.wrong else t
+                for i, t in zip(range(at, at + len(ids)), ids, strict=True)
+            ]
             scripted[j] = torch.nn.functional.one_hot(torch.tensor(ids), vocab).float() * 20
         super().receive(seq, tokens, scripted)
 
@@ -223,13 +236,17 @@ def test_fused_stop_string_inside_a_block_ends_where_ar_does(lm, tokenizer, prom
     j = next(i for i in range(len(ref)) if stop in tokenizer.decode(ref[: i + 1]))
     ar = no_eos(Decoder(lm, tokenizer, method="ar"), p, N, stop=[stop])
     fused = no_eos(scripted_decoder(lm, tokenizer, p, ref, set(), 8), p, N, stop=[stop])
-    plain = no_eos(Decoder(lm, tokenizer, method="prove-lossless", block_size=8, fuse=True), p, N, stop=[stop])
+    plain = no_eos(
+        Decoder(lm, tokenizer, method="prove-lossless", block_size=8, fuse=True), p, N, stop=[stop]
+    )
     assert ar.token_ids == fused.token_ids == plain.token_ids == ref[: j + 1]
 
 
 @pytest.mark.parametrize("scripted", [True, False])
 @pytest.mark.parametrize("groups", ["all", 2])
-def test_fused_cache_holds_exactly_the_committed_prefix_after_every_cycle(lm, tokenizer, prompts, refs, scripted, groups):
+def test_fused_cache_holds_exactly_the_committed_prefix_after_every_cycle(
+    lm, tokenizer, prompts, refs, scripted, groups
+):
     pending: list[int] = []
 
     def check(ev):
@@ -296,3 +313,31 @@ def test_fuse_on_the_command_line():
     cfg = config("model=M", "prompts=P", "output=O", "method=prove-lossless", "fuse=true", "fuse_groups=3")
     assert cfg.fuse is True and cfg.fuse_groups == 3
     assert config("model=M", "prompts=P", "output=O", "fuse=true", "fuse_groups=all").fuse_groups == "all"
+
+
+# -- the bench: fused and unfused rows side by side, the pass cost curve ---------------------------------------------
+
+
+def test_bench_rows_fused_and_unfused_side_by_side():
+    from prove.decode.bench import expand_rows
+
+    uses = {"ar": (), "prove-lossless": ("block_size", "fuse", "fuse_groups"), "mars": ("tau", "block_size")}
+    rows = expand_rows(["prove-lossless", "mars"], {"fuse": [False, True], "fuse_groups": ["all", 2, 3]}, uses)
+    assert [(r.name, r.params) for r in rows] == [
+        ("ar", {}),
+        ("prove-lossless unfused", {"fuse": False}),  # once, not once per J
+        ("prove-lossless fused J=all", {"fuse": True, "fuse_groups": "all"}),
+        ("prove-lossless fused J=2", {"fuse": True, "fuse_groups": 2}),
+        ("prove-lossless fused J=3", {"fuse": True, "fuse_groups": 3}),
+        ("mars", {}),
+    ]
+
+
+def test_pass_cost_curve_and_its_table(lm):
+    from prove.decode.bench import pass_cost, render_pass_cost
+
+    cost = pass_cost(lm, [5, 6, 7], widths=12, context=20, repeats=1, device="cpu")
+    assert cost["widths"] == list(range(1, 13)) and len(cost["ms"]) == 12 and cost["ratio"][0] == 1.0
+    assert all(t > 0 for t in cost["ms"]) and cost["plain_t1_ms"] > 0
+    md = render_pass_cost(cost)
+    assert "Pass cost t(w)/t(1)" in md and "| 1 | 1.00 |" in md and "\n| 11 |" in md
