@@ -494,7 +494,7 @@ class BenchConfig:
     how many groups a fused pass should carry on a given machine."""
     pass_cost_context: int = 128
     """Cached context length of the pass-cost measurement."""
-    pass_cost_repeats: int = 5
+    pass_cost_repeats: int = 10
     """Timed passes per width (round-robin over the widths; the fastest counts)."""
     device: str = "cpu"
     dtype: str = "float32"
