@@ -322,7 +322,7 @@ def _fmt(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def _label(key: str, value: Any) -> str:
+def param_label(key: str, value: Any) -> str:
     if key == "fuse":
         return "fused" if value else "unfused"
     return f"{SYMBOLS.get(key, key)}={_fmt(value)}"
@@ -360,7 +360,7 @@ def expand_rows(
             dropped = [k for k, parent in ONLY_WITH.items() if k in params and not params.get(parent)]
             for k in dropped:
                 del params[k]
-            label = " ".join(_label(k, params[k]) for k in swept if k in params)
+            label = " ".join(param_label(k, params[k]) for k in swept if k in params)
             row = RowSpec(f"{m} {label}".strip(), m, params)
             if dropped and row in rows:  # e.g. fuse=false once, whatever fuse_groups sweeps
                 continue
@@ -400,7 +400,7 @@ def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
             flagged = True
         cells = [
             r["name"],
-            " ".join(_label(k, v) for k, v in (r.get("params") or {}).items()) or "–",
+            " ".join(param_label(k, v) for k, v in (r.get("params") or {}).items()) or "–",
             _num(r["tokens_per_cycle"]),
             _num(r["model_passes_per_token"]),
             _num(r["verifier_passes_per_token"] or None),

@@ -322,7 +322,9 @@ def test_bench_rows_fused_and_unfused_side_by_side():
     from prove.decode.bench import expand_rows
 
     uses = {"ar": (), "prove-lossless": ("block_size", "fuse", "fuse_groups"), "mars": ("tau", "block_size")}
-    rows = expand_rows(["prove-lossless", "mars"], {"fuse": [False, True], "fuse_groups": ["all", 2, 3]}, uses)
+    rows = expand_rows(
+        ["prove-lossless", "mars"], {"fuse": [False, True], "fuse_groups": ["all", 2, 3]}, uses
+    )
     assert [(r.name, r.params) for r in rows] == [
         ("ar", {}),
         ("prove-lossless unfused", {"fuse": False}),  # once, not once per J
@@ -341,3 +343,20 @@ def test_pass_cost_curve_and_its_table(lm):
     assert all(t > 0 for t in cost["ms"]) and cost["plain_t1_ms"] > 0
     md = render_pass_cost(cost)
     assert "Pass cost t(w)/t(1)" in md and "| 1 | 1.00 |" in md and "\n| 11 |" in md
+
+
+def test_plots_take_fused_and_unfused_rows(tmp_path):
+    """The speed / accuracy plot orders and labels a sweep of fuse (bool) and fuse_groups (all or m)."""
+    from prove.decode.bench_plots import PLOTS, write_plots
+    from test_bench import hand_report
+
+    report = hand_report()
+    base = report["rows"][1]
+    for i, swept in enumerate(
+        ({"fuse": False}, {"fuse": True, "fuse_groups": "all"}, {"fuse": True, "fuse_groups": 2})
+    ):
+        name = "prove-lossless " + " ".join(map(str, swept.values()))
+        report["rows"].append(
+            {**base, "name": name, "method": "prove-lossless", "swept": swept, "speedup_total": 1 + i / 10}
+        )
+    assert set(write_plots(report, tmp_path)) == set(PLOTS)
