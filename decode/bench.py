@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 SCHEMA = "prove-bench/1"
 REFERENCE = "ar"
-SWEEP_KEYS = ("theta", "tau", "block_size", "k")
+SWEEP_KEYS = ("theta", "tau", "block_size", "k", "fuse", "fuse_groups")
 """Parameters that take a list (one row per value) from the command line: ``theta=[0.05,0.1]``."""
 SYMBOLS = {
     "theta": "θ",
@@ -49,7 +49,11 @@ SYMBOLS = {
     "budget": "B",
     "gate": "g",
     "max_mismatches": "m",
+    "fuse_groups": "J",
 }
+ONLY_WITH = {"fuse_groups": "fuse"}
+"""Parameters read only when another is true: a row with ``fuse=false`` drops ``fuse_groups`` (one unfused
+row, not one per J)."""
 LOSSLESS_GREEDY = frozenset({"ar", "prove-lossless", "sd", "hf-greedy", "hf-assisted"})
 """Methods whose greedy output is, by construction, exactly AR's (DESIGN §3 "Guarantees"; ASD with B=0
 too, which the bench does not assume)."""
@@ -318,6 +322,12 @@ def _fmt(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
+def param_label(key: str, value: Any) -> str:
+    if key == "fuse":
+        return "fused" if value else "unfused"
+    return f"{SYMBOLS.get(key, key)}={_fmt(value)}"
+
+
 def expand_rows(
     methods: Sequence[str],
     sweeps: Mapping[str, Any],
@@ -347,8 +357,14 @@ def expand_rows(
         swept = [k for k, g in zip(keys, grids, strict=True) if len(g) > 1]
         for point in itertools.product(*grids):
             params = {k: v for k, v in zip(keys, point, strict=True) if v is not None}
-            label = " ".join(f"{SYMBOLS.get(k, k)}={_fmt(params[k])}" for k in swept if k in params)
-            rows.append(RowSpec(f"{m} {label}".strip(), m, params))
+            dropped = [k for k, parent in ONLY_WITH.items() if k in params and not params.get(parent)]
+            for k in dropped:
+                del params[k]
+            label = " ".join(param_label(k, params[k]) for k in swept if k in params)
+            row = RowSpec(f"{m} {label}".strip(), m, params)
+            if dropped and row in rows:  # e.g. fuse=false once, whatever fuse_groups sweeps
+                continue
+            rows.append(row)
     names = [r.name for r in rows]
     if len(set(names)) != len(names):
         raise ValueError(f"the sweep repeats a row ({names}): give each value once")
@@ -384,7 +400,7 @@ def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
             flagged = True
         cells = [
             r["name"],
-            " ".join(f"{SYMBOLS.get(k, k)}={_fmt(v)}" for k, v in (r.get("params") or {}).items()) or "–",
+            " ".join(param_label(k, v) for k, v in (r.get("params") or {}).items()) or "–",
             _num(r["tokens_per_cycle"]),
             _num(r["model_passes_per_token"]),
             _num(r["verifier_passes_per_token"] or None),
@@ -441,6 +457,11 @@ class BenchConfig:
     """K: a value or a list to sweep (null = the trained block size)."""
     k: Any = None
     """The draft lookahead of the SD family: a value or a list to sweep."""
+    fuse: Any = None
+    """Fused verify-and-draft for the methods that can (prove-lossless; nsd / asd on the block proposer):
+    a value or a list, e.g. ``fuse=[false,true]`` for unfused and fused rows side by side."""
+    fuse_groups: Any = None
+    """J of the fused rows: ``all`` or m, or a list, e.g. ``fuse_groups=[all,2,3]`` (unfused rows ignore it)."""
     method_params: Any = None
     """Per-method values or sweeps of any ``DecodeParams`` the method reads, overriding the shared ones:
     ``method_params={prove:{theta:[0.05,0.1,0.3]},asd:{budget:[0,8]}}``."""
@@ -467,6 +488,14 @@ class BenchConfig:
     output_dir: str = "outputs/bench"
     """Where bench.json, bench.md and the PNG plots go."""
     plots: bool = True
+    pass_cost_widths: int = 0
+    """Measure the model's pass cost t(w)/t(1) for widths w = 1..N (tokens fed in one pass over a cached
+    context, through the fused pass's masked path) and print it in bench.md; 0 = skip. It is what decides
+    how many groups a fused pass should carry on a given machine."""
+    pass_cost_context: int = 128
+    """Cached context length of the pass-cost measurement."""
+    pass_cost_repeats: int = 10
+    """Timed passes per width (round-robin over the widths; the fastest counts)."""
     device: str = "cpu"
     dtype: str = "float32"
     progress: bool = True
@@ -480,6 +509,11 @@ class BenchConfig:
             raise ValueError(f"repeats={self.repeats} must be ≥ 1")
         if self.warmup < 0:
             raise ValueError(f"warmup={self.warmup} must be ≥ 0")
+        if self.pass_cost_widths < 0 or self.pass_cost_context < 1 or self.pass_cost_repeats < 1:
+            raise ValueError(
+                f"pass_cost_widths={self.pass_cost_widths} must be ≥ 0 (0 = off), pass_cost_context="
+                f"{self.pass_cost_context} and pass_cost_repeats={self.pass_cost_repeats} ≥ 1"
+            )
         if not self.methods:
             raise ValueError("methods is empty: give e.g. methods=[ar,prove-lossless]")
         for key in SWEEP_KEYS:
@@ -711,7 +745,10 @@ def build_decoders(
 
 
 def _resolved_params(decoder: Decoder) -> dict[str, Any]:
-    return {k: getattr(decoder.params, k) for k in decoder.method.uses}
+    params = {k: getattr(decoder.params, k) for k in decoder.method.uses}
+    if not params.get("fuse"):  # unfused: the fuse knobs say nothing
+        params = {k: v for k, v in params.items() if k not in ("fuse", "fuse_groups")}
+    return params
 
 
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
@@ -796,6 +833,12 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             runs[name].append(min(tries[name], key=lambda r: r.wall_s))
     # 3) untimed trace pass for the ROC / per-position match curves
     trace = trace_pass(cfg, models, prompts, eos, stop) if cfg.trace else None
+    # 4) the pass cost curve t(w)/t(1)
+    cost = None
+    if cfg.pass_cost_widths:
+        cost = pass_cost(
+            models["model"], prompts[0], cfg.pass_cost_widths, cfg.pass_cost_context, cfg.pass_cost_repeats, cfg.device
+        )
 
     spec_by_name = {s.name: s for s in specs}
     rows = []
@@ -841,6 +884,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "rows": rows,
         "lossless_violations": [r["name"] for r in rows if r["lossless"] and r["agreement"] < 1],
         "trace": trace,
+        "pass_cost": cost,
         "plots": {},
     }
     return write_report(report, cfg.output_dir, plots=cfg.plots)
@@ -894,6 +938,65 @@ def trace_pass(
     }
 
 
+def pass_cost(
+    model: Any, prompt: Sequence[int], widths: int, context: int, repeats: int, device: Any
+) -> dict[str, Any]:
+    """Wall time of one pass feeding w tokens (w = 1..``widths``) after ``context`` cached tokens: the last
+    committed token plus a causal chain of w − 1 through ``ModelRunner.forward_tree`` (the fused pass's
+    masked path; w = 1 is an AR step). Round-robin over the widths, ``repeats`` times; the fastest counts.
+    Also times the plain ``forward`` for w = 1 (AR's unmasked step), to show the mask's own overhead."""
+    import torch
+    from prove.decode.engine import ModelRunner
+
+    seq = (list(prompt) * (context // max(len(prompt), 1) + 1))[:context]
+    runner = ModelRunner(model)
+    runner.forward(seq)  # cache the context; every timed pass re-feeds only its last token
+    best = [math.inf] * widths
+    plain = math.inf
+    for _ in range(repeats):
+        for w in range(1, widths + 1):
+            e = w - 1
+            offsets, attend = torch.arange(e), torch.ones(e, e, dtype=torch.bool).tril()
+            _sync(device)
+            t0 = _now()
+            runner.forward_tree(seq, seq[:e], offsets=offsets, attend=attend, chain=e)
+            _sync(device)
+            best[w - 1] = min(best[w - 1], _now() - t0)
+        t0 = _now()
+        runner.forward(seq)
+        _sync(device)
+        plain = min(plain, _now() - t0)
+    return {
+        "context": context,
+        "repeats": repeats,
+        "widths": list(range(1, widths + 1)),
+        "ms": [1000 * t for t in best],
+        "ratio": [t / best[0] for t in best],
+        "plain_t1_ms": 1000 * plain,
+    }
+
+
+def render_pass_cost(cost: Mapping[str, Any], per_line: int = 10) -> str:
+    """bench.md's section for ``pass_cost``: t(w)/t(1), ``per_line`` widths a table row."""
+    widths, ratio = cost["widths"], cost["ratio"]
+    head = ["w"] + [f"+{i}" for i in range(per_line)]
+    lines = [
+        "",
+        f"## Pass cost t(w)/t(1): one pass feeding w tokens after {cost['context']} cached ones",
+        "",
+        f"t(1) = {cost['ms'][0]:.2f} ms through the fused pass's masked path ({cost['plain_t1_ms']:.2f} ms as a "
+        f"plain AR step); fastest of {cost['repeats']}. A fused pass with all groups is k + 1 + (k+1)(K−1) wide.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join(["---:"] * len(head)) + "|",
+    ]
+    for lo in range(0, len(widths), per_line):
+        cells = [str(widths[lo])] + [f"{r:.2f}" for r in ratio[lo : lo + per_line]]
+        cells += [""] * (len(head) - len(cells))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def write_report(report: dict[str, Any], output_dir: str | Path, *, plots: bool = True) -> dict[str, Any]:
     """Write bench.json, bench.md (and print it) and, if asked, the plots; returns the report."""
     out = Path(output_dir)
@@ -904,7 +1007,8 @@ def write_report(report: dict[str, Any], output_dir: str | Path, *, plots: bool 
         report["plots"] = {k: str(v) for k, v in write_plots(report, out).items()}
     table = render_table(report["rows"])
     header = _md_header(report)
-    (out / "bench.md").write_text(header + table)
+    cost = report.get("pass_cost")
+    (out / "bench.md").write_text(header + table + (render_pass_cost(cost) if cost else ""))
     (out / "bench.json").write_text(json.dumps(_jsonable(report), indent=1, ensure_ascii=False) + "\n")
     return report
 

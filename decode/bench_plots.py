@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from prove.decode.bench import SYMBOLS
+from prove.decode.bench import param_label
 
 LABELS = {"p_tilde": "p̃ (proposer)", "q": "q (verifier)", "p_tilde_q": "p̃·q"}
 
@@ -118,6 +118,11 @@ def plot_roc(report: Mapping[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
+def _sort_key(v: Any) -> tuple[int, Any]:
+    """Numbers first, in order; then anything else (``fuse_groups=all``) by its text."""
+    return (0, v) if isinstance(v, (int, float)) else (1, str(v))
+
+
 def plot_speed_accuracy(report: Mapping[str, Any], path: Path) -> Path:
     with_answers = report["prompts"].get("with_answers", 0) > 0
     key, ylabel = ("accuracy", "task accuracy") if with_answers else ("agreement", "agreement with AR")
@@ -135,10 +140,10 @@ def plot_speed_accuracy(report: Mapping[str, Any], path: Path) -> Path:
         if not pts:
             continue
         # a sweep is drawn in the order of its parameter (θ ascending), else by speed
-        pts.sort(key=lambda p: (tuple(p[2].get("swept", {}).values()), p[0]))
+        pts.sort(key=lambda p: (tuple(_sort_key(v) for v in p[2].get("swept", {}).values()), p[0]))
         (line,) = ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", ms=5, label=method)
         for i, (x, y, r) in enumerate(pts):
-            note = " ".join(f"{SYMBOLS.get(k, k)}={v:g}" for k, v in r.get("swept", {}).items())
+            note = " ".join(param_label(k, v) for k, v in r.get("swept", {}).items())
             if note and len(pts) > 1:  # label the points of a sweep, alternately above and below
                 ax.annotate(
                     note,

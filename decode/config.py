@@ -37,6 +37,13 @@ class DecodeParams:
     """ASD's gate g: a mismatch at depth i passes only if its regret r_i ≤ g·(K − i) (ASD: 0.25; 0 = exact greedy)."""
     max_mismatches: int | None = None
     """ASD's m: mismatches accepted per block at most (ASD: 2; 0 = exact greedy)."""
+    fuse: bool | None = None
+    """Fused verify-and-draft (``prove.decode.fused``): the model's verification pass also drafts the next
+    block, so a cycle is one model pass. For block proposals the model verifies itself (prove-lossless;
+    nsd / asd with proposer=block); greedy only; the output is unchanged."""
+    fuse_groups: Any = None
+    """With ``fuse``: draft after ``all`` acceptance lengths, or after the m likeliest ones (an integer m ≥ 1,
+    by the proposer's confidences): a narrower pass, and a one-token cycle when the guess misses."""
     temperature: float = 0.0
     """0 = greedy. > 0 samples (proposers draw from, and rules read, the tempered distributions)."""
     top_p: float = 1.0
@@ -64,6 +71,9 @@ class DecodeParams:
         for name in ("budget", "gate", "max_mismatches"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be ≥ 0 (0 makes asd exactly greedy)")
+        if self.fuse_groups is not None:
+            m = parse_fuse_groups(self.fuse_groups)
+            self.fuse_groups = "all" if m is None else m
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -123,6 +133,17 @@ class DecodeConfig(DecodeParams):
             raise ValueError(f"max_new_tokens={self.max_new_tokens} must be ≥ 1")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is not one of {DTYPES}")
+
+
+def parse_fuse_groups(value: Any) -> int | None:
+    """``fuse_groups``: ``all`` → None, or a count m ≥ 1 (an int, or its decimal string from the CLI)."""
+    if value is None or value == "all":
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    raise ValueError(f"fuse_groups={value!r}: give all or a number of groups m ≥ 1 (e.g. fuse_groups=3)")
 
 
 def register_configs() -> None:

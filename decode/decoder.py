@@ -92,6 +92,9 @@ class Decoder:
 
     ``proposer`` (``block`` or ``draft``) runs the method's rule on another proposer: ``method="nsd",
     proposer="block"`` is NSD's nucleus gate on the MARS block proposer, verified by the model itself.
+
+    ``fuse=True`` (block proposals the model verifies itself) makes each cycle one model pass: the
+    verification pass also drafts the next block (``prove.decode.fused``; ``fuse_groups="all"`` or m).
     """
 
     def __init__(
@@ -124,7 +127,14 @@ class Decoder:
                 f"method {self.method.name} is greedy (exactly the model's greedy output): set temperature=0, "
                 "or use a sampling method such as sd"
             )
-        method_keys = {"theta", "tau", "block_size", "k", "budget", "gate", "max_mismatches"}
+        if self.params.fuse and not self.method.can_fuse:
+            raise ValueError(
+                f"fuse=true needs block proposals that the model verifies itself: method=prove-lossless, or "
+                f"method=nsd / asd with proposer=block (not {self.method.name})"
+            )
+        if self.params.fuse and self.params.temperature > 0:
+            raise ValueError("fuse=true is greedy only: set temperature=0, or fuse=false to sample")
+        method_keys = {"theta", "tau", "block_size", "k", "budget", "gate", "max_mismatches", "fuse", "fuse_groups"}
         ignored = method_keys & set(given) - set(self.method.uses)
         if ignored:
             warnings.warn(f"method {self.method.name} does not read {sorted(ignored)}; ignoring", stacklevel=2)
@@ -187,6 +197,10 @@ class Decoder:
         factory = self.method.proposer if callable(self.method.proposer) else PROPOSERS[self.method.proposer]
         self.proposer = factory(self.models, self.params, self.generator)
         self.verifier = build_verifier(self.method.verifier, self.models)
+        if self.params.fuse:  # one pass a cycle: the verifier drafts the proposer's next block
+            from prove.decode.fused import build_fused
+
+            self.proposer, self.verifier = build_fused(self.models, self.params, self.generator)
         probe_wanted = self.trace and self.models.verifier is not None and self.method.verifier != "small"
         self.probe = ModelVerifier(self.models.verifier, is_target=False) if probe_wanted else None
 

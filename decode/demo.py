@@ -7,7 +7,8 @@
 
 The pipeline (recipes/tiny.yaml): the generated arithmetic task (``prove.data.synthetic``, written on first
 use), proposer SFT → MARS (K = 8), a 2-layer verifier SFT'd from scratch → distilled on the proposer's
-outputs, then every method over the held-out prompts: ar, mars, prove (a θ sweep), prove-lossless, and the
+outputs, then every method over the held-out prompts: ar, mars, prove (a θ sweep), prove-lossless (unfused
+and fused, one model pass a cycle), and the
 speculative-decoding family (sd, nsd, asd) with the tiny verifier as the draft, beside transformers' own
 greedy and assisted generation.
 
@@ -31,6 +32,9 @@ from prove.decode.checkpoint import PROVE_JSON
 RECIPE = "tiny"
 METHODS = ("ar", "mars", "prove", "prove-lossless", "sd", "nsd", "asd")
 THETAS = (0.02, 0.05, 0.1, 0.2, 0.4)
+FUSE_GROUPS = ("all", 2)
+"""prove-lossless runs unfused and fused (``prove.decode.fused``) with these J settings, side by side."""
+PASS_COST_WIDTHS = 80
 
 
 @dataclass(frozen=True)
@@ -123,25 +127,33 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"note: method(s) {missing} are not registered in prove.decode.methods; benching without them")
     verifier = str(run_dir / STAGES[-1].dir)
+    method_params: dict[str, dict[str, list]] = {}
+    if "prove" in methods:
+        method_params["prove"] = {"theta": list(THETAS)}
+    if "prove-lossless" in methods:
+        method_params["prove-lossless"] = {"fuse": [False, True], "fuse_groups": list(FUSE_GROUPS)}
     cfg = BenchConfig(
         model=str(run_dir / "mars"),
         verifier=verifier,
         draft=verifier,
         prompts=str(data.parent / "test.jsonl"),
         methods=methods,
-        method_params={"prove": {"theta": list(THETAS)}} if "prove" in methods else None,
+        method_params=method_params,
         n_prompts=2 if args.smoke else args.n_prompts,
         max_new_tokens=24 if args.smoke else args.max_new_tokens,
         repeats=1 if args.smoke else args.repeats,
+        pass_cost_widths=8 if args.smoke else PASS_COST_WIDTHS,
         output_dir=str(out),
         device=args.device,
     )
     sweep = ",".join(f"{t:g}" for t in THETAS)
+    groups = ",".join(map(str, FUSE_GROUPS))
     _say(
         f"bench: {', '.join(methods)} on {cfg.n_prompts} held-out prompts\n$ prove-bench model={cfg.model} "
         f"verifier={verifier} draft={verifier} prompts={cfg.prompts} methods=[{','.join(methods)}] "
-        f"'method_params={{prove:{{theta:[{sweep}]}}}}' n_prompts={cfg.n_prompts} "
-        f"max_new_tokens={cfg.max_new_tokens} repeats={cfg.repeats} output_dir={out}"
+        f"'method_params={{prove:{{theta:[{sweep}]}},prove-lossless:{{fuse:[false,true],fuse_groups:[{groups}]}}}}' "
+        f"n_prompts={cfg.n_prompts} max_new_tokens={cfg.max_new_tokens} repeats={cfg.repeats} "
+        f"pass_cost_widths={cfg.pass_cost_widths} output_dir={out}"
     )
     report = run_bench(cfg)
     print()

@@ -111,6 +111,41 @@ class ModelRunner:
         assert self.cached == len(self.fed), "cache length and fed tokens disagree"
         return out.logits[0, -rows:]  # (len(extra)+1, V)
 
+    @torch.no_grad()
+    def forward_tree(
+        self, seq: Sequence[int], extra: Sequence[int], *, offsets: torch.Tensor, attend: torch.Tensor, chain: int
+    ) -> torch.Tensor:
+        """One pass over ``[pending, extra]`` where ``extra`` is a tree rather than a continuation (the fused
+        verify-and-draft pass, ``prove.decode.fused``): entry e sits at position ``len(seq) + offsets[e]``
+        and attends the cache, the pending tokens and the entries ``attend[e]`` (E, E) allows.
+
+        Only the first ``chain`` entries continue ``seq`` causally (their KV is what AR would hold if they
+        get committed); the others are recorded as ``-1`` in ``fed``, so ``sync`` never keeps them.
+        Returns logits (len(extra) + 1, V): row 0 predicts the token after ``seq``, row 1 + e is entry e's.
+        """
+        from prove.decode.fused import SKIPPED, tree_attention_bias
+
+        assert 0 <= chain <= len(extra) == offsets.shape[0] == attend.shape[0]
+        keep = min(self._valid_prefix(seq), len(seq) - 1)
+        self._crop(keep)
+        pending = list(seq[keep:])
+        ids = torch.tensor([pending + list(extra)], dtype=torch.long, device=self.device)  # (1, P+E)
+        positions = torch.cat([torch.arange(keep, len(seq)), len(seq) + offsets.cpu()]).to(self.device)[None]
+        dtype = next(self.model.parameters()).dtype
+        bias = tree_attention_bias(keep, len(pending), attend, dtype=dtype, device=self.device)
+        kwargs: dict[str, Any] = {
+            self._cache_kw: self.cache, "position_ids": positions, "attention_mask": bias, "use_cache": True,
+        }  # fmt: skip
+        rows = len(extra) + 1
+        if self._logits_to_keep:
+            kwargs["logits_to_keep"] = rows
+        out = self.model(input_ids=ids, **kwargs)
+        self.passes += 1
+        self.fed.extend(pending + list(extra[:chain]) + [SKIPPED] * (len(extra) - chain))
+        self.valid = len(seq)
+        assert self.cached == len(self.fed), "cache length and fed tokens disagree"
+        return out.logits[0, -rows:]  # (len(extra)+1, V)
+
 
 @dataclass
 class Models:

@@ -10,7 +10,7 @@ state) and calls a pure rule from ``prove.decode.rules``.
 | `ar`             | none     | self     | the target's next token (greedy, or sampled)            |
 | `mars`           | block    | none     | y_1, then y_i while p̃_i ≥ τ (τ = 0.95, MARS)            |
 | `prove`          | block    | small    | longest leading run with p̃_i·q_i ≥ θ, y_1 always (θ = 0.1) |
-| `prove-lossless` | block    | self     | greedy match + correction / bonus (exactly AR greedy)   |
+| `prove-lossless` | block    | self     | greedy match + correction / bonus (exactly AR greedy); `fuse=true`: one pass a cycle |
 | `sd`             | draft    | self     | greedy match (greedy); min(1, p/q) + residual + bonus (sampling) |
 | `nsd`            | draft    | self     | SD, or y_i in the target's top-θ nucleus (θ = 0.9); same residual |
 | `asd`            | draft    | self     | greedy; mismatches within gate g, m per block, budget B per request |
@@ -63,11 +63,20 @@ class Method:
                 f"methods that propose ({', '.join(sorted(_SIZE_PARAM))}) can swap between {sorted(_SIZE_PARAM)}"
             )
         old, new = _SIZE_PARAM[self.proposer], _SIZE_PARAM[proposer]
-        uses = tuple(new if u == old else u for u in self.uses)
-        defaults = {k: v for k, v in self.defaults.items() if k != old}
+        uses = tuple(new if u == old else u for u in self.uses if u not in FUSE_PARAMS)
+        defaults = {k: v for k, v in self.defaults.items() if k != old and k not in FUSE_PARAMS}
         if new == "k":
             defaults["k"] = DRAFT_K
+        if proposer == "block" and self.verifier == "self":  # the model verifies block proposals: fusable
+            uses += FUSE_PARAMS
+            defaults.update(FUSE_DEFAULTS)
         return dataclasses.replace(self, name=f"{self.name}[{proposer}]", proposer=proposer, uses=uses, defaults=defaults)
+
+    @property
+    def can_fuse(self) -> bool:
+        """Block proposals verified by the model itself: the verification pass can draft the next block
+        (``fuse=true``, ``prove.decode.fused``)."""
+        return self.proposer == "block" and self.verifier == "self"
 
     @property
     def needs_mask(self) -> bool:
@@ -76,6 +85,11 @@ class Method:
 
 
 _SIZE_PARAM = {"block": "block_size", "draft": "k"}
+FUSE_PARAMS = ("fuse", "fuse_groups")
+"""The parameters of fused verify-and-draft, read by every method that ``can_fuse``."""
+FUSE_DEFAULTS = {"fuse": False, "fuse_groups": "all"}
+"""Unfused by default: fused halves the passes per cycle but widens each (64 tokens for K = 8 with all
+groups), which pays where width is cheap (a GPU), not on the demo's CPU (``prove.decode.fused``)."""
 DRAFT_K = 5
 """Tokens a draft model proposes per cycle unless ``k`` says otherwise (the SD family's usual k = 5)."""
 """The parameter that sets how many tokens each proposer proposes per cycle (block_size: None = trained)."""
@@ -135,8 +149,8 @@ register_method(
         "block",
         "self",
         _prove_lossless,
-        {},
-        ("block_size",),
+        dict(FUSE_DEFAULTS),
+        ("block_size", *FUSE_PARAMS),
         greedy_only=True,
         summary="block proposals verified by the model itself: exactly its greedy output",
     )

@@ -51,7 +51,8 @@ def test_smoke_demo(tmp_path, capsys):
         "asd",
     } <= methods
     assert sum(r["method"] == "prove" for r in report["rows"]) == len(demo.THETAS)
-    assert "| prove-lossless |" in printed
+    assert "| prove-lossless unfused |" in printed and "| prove-lossless fused J=all |" in printed
+    assert report["pass_cost"]["widths"] == list(range(1, 9)) and "Pass cost t(w)/t(1)" in printed
     from prove.decode.bench_plots import PLOTS
 
     assert set(report["plots"]) == set(PLOTS)

@@ -280,7 +280,8 @@ def test_rules_without_a_correction_token_run_on_the_draft_proposer(lm, tokenize
 def test_with_proposer_swaps_the_size_parameter_and_refuses_what_cannot_propose():
     nsd = get_method("nsd").with_proposer("block")
     assert nsd.name == "nsd[block]" and nsd.proposer == "block" and nsd.needs_mask
-    assert nsd.uses == ("block_size", "theta") and dict(nsd.defaults) == {"theta": 0.9}
+    assert nsd.uses == ("block_size", "theta", "fuse", "fuse_groups")  # self-verified blocks: fusable
+    assert dict(nsd.defaults) == {"theta": 0.9, "fuse": False, "fuse_groups": "all"}
     assert get_method("nsd").with_proposer("draft") is get_method("nsd")
     back = get_method("prove-lossless").with_proposer("draft")
     assert back.uses == ("k",) and dict(back.defaults) == {"k": 5} and not back.needs_mask

@@ -1,0 +1,302 @@
+"""Fused verify-and-draft: one pass of the model per cycle for block proposals it verifies itself
+(``fuse=true``: ProVe-lossless, and NSD / ASD with ``proposer=block``; docs/design.md §3).
+
+The unfused cycle spends two passes: a block pass ``[c, M_1..M_{K-1}]`` proposes y_1..y_K, a verification
+pass over them gives the greedy tokens g_1..g_{k+1}. The fused cycle does both in the verification pass.
+
+The tree. With the committed sequence of length L (positions 0..L-1, c = its last token, KV cached up to
+the pending tokens), the pass feeds ``[pending, y_1..y_k, G_{j_1}, G_{j_2}, ...]``: one group
+G_j = ``M × m_j`` (m_j ≤ K−1 placeholders) for each acceptance length j in the chosen set J ⊆ {0..k}.
+
+- Positions (``position_ids``, not the layout, carry them): y_i sits at L+i−1 as in a plain pass; G_j's
+  r-th placeholder (r = 0..m_j−1) at L+j+r, the positions of y_{j+1}..y_{j+m_j}.
+- Attention (a float additive 4D mask: 0 = may attend, finfo.min = may not): every new entry sees the
+  cached context and the pending tokens; pending and y rows are causal among themselves and never see a
+  group; G_j's placeholder r sees y_1..y_j and G_j's placeholders 0..r, nothing else.
+
+So G_j is, entry for entry, the block pass the proposer would run from the context ending at y_j
+(``prove.decode.proposers.block``: ``[y_j, M_1..M_{K-1}]`` under a plain causal mask, M_r at the
+position after y_j's plus r−1): its row r predicts the token at L+j+r+1. The row of y_j predicts g_{j+1}
+(the block pass's position 1, exact); G_j's rows are that block pass's positions 2..K, i.e. proposals
+for the m_j tokens after g_{j+1}, made with g_{j+1}'s position held by a placeholder, which is the
+situation the proposer was trained for (the block's first slot is a placeholder too). When the rule
+accepts n tokens and commits the correction / bonus g_{n+1} at position L+n, G_n's outputs are the next
+cycle's proposal, whatever token was committed there (that position is masked), so the next cycle is
+again a single pass. ``tests/decode/test_fused.py`` checks this equivalence against separate block passes.
+
+Layout and the KV cache. The y's come first and all groups after them, so the entries of the accepted
+y_1..y_n are contiguous right after the context and cropping stays contiguous; ``ModelRunner.forward_tree``
+records group entries as ``-1`` in its ``fed`` list (never a committed token), so the engine's per-cycle
+sync keeps exactly context + accepted y's, as AR would hold (the invariant of ``prove.decode.engine``).
+
+Choosing J (``fuse_groups``). ``all``: every j with room left in the token budget, so every cycle after
+the first carries a proposal (one pass per cycle; width ≈ k + (k+1)(K−1), 63 for K = 8). An integer m:
+the m likeliest acceptance lengths under the proposer's own confidences p̃_i, read as independent
+acceptances: P(n = j) = p̃_1 ⋯ p̃_j (1 − p̃_{j+1}) for j < k and p̃_1 ⋯ p̃_k for j = k. A narrower pass
+costs less where the cost of a pass grows with its width (``prove-bench pass_cost_widths=80`` measures
+t(w)/t(1)); a miss (n ∉ J) costs one cycle: see below.
+
+Carrying a proposal without breaking the one-loop engine. ``FusedBlockProposer`` and ``FusedVerifier``
+share one state: the verifier's ``score`` runs the tree pass and hands the groups' logits to the proposer
+(``receive``), keyed by the committed sequence and block they were computed from. The next ``propose``
+takes G_n's proposal iff the new committed sequence is that sequence + y_1..y_n + one token: the carried
+proposal is a pure function of the token prefix, so matching by content is all the bookkeeping there is
+(no engine hook, and the rule stays the same pure function of the cycle's view). With nothing to carry
+(the first cycle, n ∉ J, or a rule that committed no correction) the proposal is empty and the pass is
+``[pending, G_0]``: exactly the unfused block pass, whose first row (the next token, exact) the rule
+commits as an AR step and whose placeholders' outputs become the next proposal. Two passes then commit
+what the unfused block + verify passes commit, and every later cycle is one pass.
+
+Stats. ``model_passes`` counts the one pass per cycle; ``model_passes`` / ``new_tokens`` is the headline.
+A cycle that proposed nothing (``proposed_by_depth[0]`` < ``cycles``) is a miss (or the first cycle).
+
+What it buys. The carried proposal is the block pass's positions 2..K, so a fused cycle commits about one
+token less than an unfused one (T − 1 against T tokens a cycle, y_1 being the exact token the unfused cycle
+spends a pass to re-derive), in one pass instead of two: passes per token fall by 2(T − 1)/T (1.4× at
+T = 3.5, 1.7× at T = 6). Whether that is wall-clock depends on how a pass's cost grows with its width: with
+all groups a K = 8 pass is 64 tokens wide. It is not the default (``fuse=false``): on the 2-core CPU of the
+tiny demo a 64-wide pass of the 4-layer model costs ~2.3× a 9-wide one, so fused J=all ran slower than
+unfused there and only pruned J (2) was a little faster; on hardware where a pass costs about the same at
+width 64 as at 9 (a large model on a GPU) the pass count is the cost and J=all is the setting to use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from prove.decode.config import parse_fuse_groups
+from prove.decode.proposers.base import Proposal
+from prove.decode.sampling import logits_to_probs, pick
+
+if TYPE_CHECKING:
+    from prove.decode.engine import ModelRunner
+
+SKIPPED = -1
+"""What ``ModelRunner.fed`` records for a tree entry off the causal line: it never equals a committed token."""
+
+
+# -- pure parts: the tree's positions and mask, and the choice of J -------------------------------------------
+
+
+@dataclass(frozen=True)
+class TreeLayout:
+    """The new entries after the pending tokens: y_1..y_k, then the groups in increasing j."""
+
+    k: int
+    offsets: torch.Tensor
+    """(E,) long: each entry's position minus L (the length of the committed sequence; y_1 is at 0)."""
+    attend: torch.Tensor
+    """(E, E) bool: entry (row) may attend entry (column). Every entry also sees context and pending."""
+    groups: tuple[tuple[int, int, int], ...]
+    """(j, index of G_j's first entry among the E, m_j) per group."""
+
+    @property
+    def width(self) -> int:
+        return int(self.offsets.shape[0])
+
+
+def tree_layout(k: int, groups: Sequence[tuple[int, int]]) -> TreeLayout:
+    """The fused tree for a proposal of ``k`` tokens and ``groups`` = [(j, m_j)] (0 ≤ j ≤ k, m_j ≥ 1,
+    each j once): y_i at offset i−1, causal among the y's; G_j's entry r at offset j+r, seeing y_1..y_j and
+    G_j's entries 0..r."""
+    if k < 0:
+        raise ValueError(f"k={k} must be ≥ 0")
+    js = [j for j, _ in groups]
+    if len(set(js)) != len(js):
+        raise ValueError(f"groups {list(groups)} repeat an acceptance length")
+    for j, m in groups:
+        if not 0 <= j <= k or m < 1:
+            raise ValueError(f"group (j={j}, m={m}) needs 0 ≤ j ≤ k={k} and m ≥ 1")
+    sizes = [m for _, m in sorted(groups)]
+    width = k + sum(sizes)
+    offsets = torch.empty(width, dtype=torch.long)
+    attend = torch.zeros(width, width, dtype=torch.bool)
+    offsets[:k] = torch.arange(k)
+    attend[:k, :k] = torch.ones(k, k, dtype=torch.bool).tril()
+    placed = []
+    start = k
+    for j, m in sorted(groups):
+        rows = slice(start, start + m)
+        offsets[rows] = torch.arange(j, j + m)
+        attend[rows, :j] = True  # y_1..y_j
+        attend[rows, rows] = torch.ones(m, m, dtype=torch.bool).tril()  # causal inside the group
+        placed.append((j, start, m))
+        start += m
+    return TreeLayout(k=k, offsets=offsets, attend=attend, groups=tuple(placed))
+
+
+def tree_attention_bias(
+    cached: int,
+    pending: int,
+    attend: torch.Tensor,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Float additive mask (1, 1, P+E, cached+P+E) of a pass over ``[pending (P), tree entries (E)]`` on top
+    of ``cached`` cache entries: 0 where a query (row) may attend a key (column), ``finfo(dtype).min``
+    elsewhere (eager attention adds the mask to the scores: a boolean 4D mask would be wrong there).
+
+    Every row sees the cache; pending rows are causal and see no tree entry; tree rows see every pending
+    token and the tree entries ``attend`` (E, E) allows.
+    """
+    if pending < 1:
+        raise ValueError("a pass feeds at least one pending token (the last committed one)")
+    e = int(attend.shape[0])
+    q = pending + e
+    allowed = torch.zeros(q, cached + q, dtype=torch.bool, device=device)
+    allowed[:, :cached] = True
+    allowed[:pending, cached : cached + pending] = torch.ones(pending, pending, dtype=torch.bool).tril()
+    allowed[pending:, cached : cached + pending] = True
+    allowed[pending:, cached + pending :] = attend.to(device)
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    bias.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return bias[None, None]
+
+
+def acceptance_probs(conf: torch.Tensor) -> torch.Tensor:
+    """P(n = j), j = 0..k, for a proposal with confidences p̃ (k,) read as independent acceptances:
+    p̃_1 ⋯ p̃_j (1 − p̃_{j+1}), and p̃_1 ⋯ p̃_k for j = k. Sums to 1."""
+    c = conf.detach().double().cpu().clamp(0, 1)
+    reach = torch.cat([torch.ones(1, dtype=c.dtype), torch.cumprod(c, 0)])  # (k+1,) P(n ≥ j)
+    stop = torch.cat([1 - c, torch.ones(1, dtype=c.dtype)])  # (k+1,)
+    return reach * stop
+
+
+def choose_groups(conf: torch.Tensor, budget: int, width: int, limit: int | None) -> list[tuple[int, int]]:
+    """J as [(j, m_j)] in increasing j, for a proposal with confidences ``conf`` (k,) in a cycle whose
+    proposal budget is ``budget``.
+
+    m_j = min(``width``, budget − j − 1): after accepting j tokens and the correction, the next cycle may
+    propose budget − j − 1 tokens, so a longer group would be wasted work; j with m_j < 1 gets none.
+    ``limit`` None keeps every such j; an integer m the m likeliest under ``acceptance_probs`` (ties: the
+    shorter acceptance).
+    """
+    k = int(conf.shape[0])
+    cand = [(j, min(width, budget - j - 1)) for j in range(k + 1)]
+    cand = [(j, m) for j, m in cand if m >= 1]
+    if limit is None or limit >= len(cand):
+        return cand
+    p = acceptance_probs(conf)
+    best = sorted(cand, key=lambda jm: (-float(p[jm[0]]), jm[0]))[:limit]
+    return sorted(best)
+
+
+# -- the proposer / verifier pair ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Carry:
+    base: list[int]
+    """The committed sequence the tree pass ran on."""
+    tokens: list[int]
+    """Its proposal y_1..y_k."""
+    groups: dict[int, torch.Tensor]
+    """j → G_j's logits (m_j, V)."""
+
+
+class FusedBlockProposer:
+    """Block proposals that come out of the previous cycle's verification pass (see the module docstring).
+
+    ``propose`` returns the carried proposal of G_n when the committed sequence is the one the last tree
+    pass ran on + its y_1..y_n + one token, else an empty proposal; either way it plans J for the pass the
+    paired ``FusedVerifier`` runs next. ``groups`` = None for all acceptance lengths, or m.
+    """
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        mask_token_id: int,
+        block_size: int,
+        *,
+        groups: int | None = None,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size={block_size} must be ≥ 1")
+        self.runner = runner
+        self.mask_token_id = mask_token_id
+        self.block_size = block_size
+        self.groups = groups
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        self.generator = generator
+        self.carry: _Carry | None = None
+        self.plan: list[tuple[int, int]] = []
+        self.carried = 0
+        """Cycles whose proposal came from the previous pass (over the proposer's life)."""
+
+    def _carried(self, seq: Sequence[int]) -> torch.Tensor | None:
+        c = self.carry
+        if c is None:
+            return None
+        n = len(seq) - len(c.base) - 1
+        if (
+            n not in c.groups
+            or list(seq[: len(c.base)]) != c.base
+            or list(seq[len(c.base) : len(c.base) + n]) != c.tokens[:n]
+        ):
+            return None
+        return c.groups[n]
+
+    def propose(self, seq: Sequence[int], budget: int) -> Proposal:
+        logits = self._carried(seq)
+        self.carry = None
+        device = self.runner.device
+        if logits is None or budget < 1:
+            proposal = Proposal.empty(device)
+        else:
+            logits = logits[:budget]
+            probs = logits_to_probs(logits, self.temperature, self.top_k, self.top_p)  # (m, V)
+            tokens = pick(probs, self.temperature, self.generator)  # (m,)
+            proposal = Proposal(tokens=tokens, conf=probs.gather(-1, tokens[:, None])[:, 0], probs=probs)
+            self.carried += 1
+        self.plan = choose_groups(proposal.conf, budget, self.block_size - 1, self.groups)
+        return proposal
+
+    def receive(self, seq: Sequence[int], tokens: Sequence[int], groups: dict[int, torch.Tensor]) -> None:
+        """The tree pass's group logits (j → (m_j, V)) for the committed ``seq`` and proposal ``tokens``."""
+        self.carry = _Carry(base=list(seq), tokens=list(tokens), groups=groups) if groups else None
+
+
+class FusedVerifier:
+    """The model scores the proposal and drafts the next one in one tree pass (``is_target``: its rows over
+    y_1..y_k are the target logits the rule reads, exactly as ``ModelVerifier``'s)."""
+
+    is_target = True
+
+    def __init__(self, runner: ModelRunner, proposer: FusedBlockProposer) -> None:
+        self.runner = runner
+        self.proposer = proposer
+
+    def score(self, seq: Sequence[int], tokens: torch.Tensor) -> torch.Tensor:
+        k = int(tokens.shape[0])
+        layout = tree_layout(k, self.proposer.plan)
+        extra = tokens.tolist() + [self.proposer.mask_token_id] * (layout.width - k)
+        logits = self.runner.forward_tree(seq, extra, offsets=layout.offsets, attend=layout.attend, chain=k)
+        # row 0 is the last pending token; row 1 + e is tree entry e
+        groups = {j: logits[1 + start : 1 + start + m] for j, start, m in layout.groups}
+        self.proposer.receive(seq, tokens.tolist(), groups)
+        return logits[: k + 1]  # (k+1, V)
+
+
+def build_fused(models, params, generator) -> tuple[FusedBlockProposer, FusedVerifier]:
+    """The pair for a Decoder with ``fuse=true`` (the method's proposer is ``block``, its verifier ``self``)."""
+    assert models.mask_token_id is not None, (
+        "the Decoder checks the mask token before building a block proposer"
+    )
+    proposer = FusedBlockProposer(
+        models.target,
+        models.mask_token_id,
+        params.block_size,
+        groups=parse_fuse_groups(params.fuse_groups),
+        temperature=params.temperature,
+        top_k=params.top_k,
+        top_p=params.top_p,
+        generator=generator,
+    )
+    return proposer, FusedVerifier(models.target, proposer)

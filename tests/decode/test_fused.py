@@ -1,0 +1,362 @@
+"""Fused verify-and-draft (``prove.decode.fused``): the tree's positions and mask, G_j = a separate block
+pass from the context ending at y_j, output identical to transformers' greedy generate (block sizes, J
+settings, EOS / stop strings / max_new_tokens inside a block), one model pass per cycle, and the KV-cache
+invariant after every cycle."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from decode_helpers import hf_generate
+from prove.decode import Decoder
+from prove.decode.config import DecodeParams
+from prove.decode.engine import ModelRunner
+from prove.decode.fused import (
+    FusedBlockProposer,
+    acceptance_probs,
+    choose_groups,
+    tree_attention_bias,
+    tree_layout,
+)
+from prove.decode.methods import get_method
+from test_engine import _check_cache
+
+pytestmark = pytest.mark.filterwarnings("ignore:checkpoint .* records no trained block size")
+
+N = 40
+
+
+@pytest.fixture(scope="module")
+def refs(lm, prompts):
+    return [hf_generate(lm, p, N) for p in prompts]
+
+
+def no_eos(dec: Decoder, prompt, n: int, **kw):
+    return dec.generate(prompt, max_new_tokens=n, eos_token_id=[], **kw)
+
+
+# -- the pure parts -------------------------------------------------------------------------------------------
+
+
+def test_tree_layout_positions_and_mask():
+    lay = tree_layout(3, [(3, 1), (0, 2), (2, 2)])  # groups come out in increasing j
+    assert lay.groups == ((0, 3, 2), (2, 5, 2), (3, 7, 1))
+    #                     y1 y2 y3 G0 G0 G2 G2 G3
+    assert lay.offsets.tolist() == [0, 1, 2, 0, 1, 2, 3, 3]
+    expected = [
+        [1, 0, 0, 0, 0, 0, 0, 0],  # y1
+        [1, 1, 0, 0, 0, 0, 0, 0],  # y2: causal among the y's
+        [1, 1, 1, 0, 0, 0, 0, 0],  # y3
+        [0, 0, 0, 1, 0, 0, 0, 0],  # G0 r=0: context only, and itself
+        [0, 0, 0, 1, 1, 0, 0, 0],  # G0 r=1
+        [1, 1, 0, 0, 0, 1, 0, 0],  # G2 r=0: y1, y2, itself
+        [1, 1, 0, 0, 0, 1, 1, 0],  # G2 r=1
+        [1, 1, 1, 0, 0, 0, 0, 1],  # G3: all y's
+    ]
+    assert lay.attend.int().tolist() == expected
+    empty = tree_layout(0, [(0, 3)])  # no proposal: the plain block pass [c, M, M, M]
+    assert empty.offsets.tolist() == [0, 1, 2] and empty.attend.int().tolist() == [
+        [1, 0, 0],
+        [1, 1, 0],
+        [1, 1, 1],
+    ]
+    with pytest.raises(ValueError, match="0 ≤ j ≤ k"):
+        tree_layout(2, [(3, 1)])
+    with pytest.raises(ValueError, match="repeat"):
+        tree_layout(2, [(1, 1), (1, 2)])
+
+
+def test_tree_attention_bias_sees_cache_and_pending():
+    lay = tree_layout(1, [(0, 1), (1, 1)])  # y1, G0, G1
+    bias = tree_attention_bias(cached=2, pending=2, attend=lay.attend)
+    assert bias.shape == (1, 1, 5, 7) and bias.dtype == torch.float32
+    allowed = (bias[0, 0] == 0).int().tolist()
+    assert allowed == [
+        # cache  pending  y1 G0 G1
+        [1, 1, 1, 0, 0, 0, 0],  # pending 1
+        [1, 1, 1, 1, 0, 0, 0],  # pending 2 (= c)
+        [1, 1, 1, 1, 1, 0, 0],  # y1
+        [1, 1, 1, 1, 0, 1, 0],  # G0
+        [1, 1, 1, 1, 1, 0, 1],  # G1
+    ]
+    assert bias.min() == torch.finfo(torch.float32).min  # additive, not boolean
+    assert tree_attention_bias(0, 1, lay.attend, dtype=torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_choose_groups_all_pruned_and_budget():
+    conf = torch.tensor([0.9, 0.5, 0.2])
+    p = acceptance_probs(conf)
+    torch.testing.assert_close(p, torch.tensor([0.1, 0.45, 0.36, 0.09], dtype=torch.float64))
+    assert choose_groups(conf, budget=20, width=7, limit=None) == [(j, 7) for j in range(4)]
+    assert choose_groups(conf, budget=20, width=7, limit=2) == [(1, 7), (2, 7)]
+    assert choose_groups(conf, budget=20, width=7, limit=1) == [(1, 7)]
+    # after accepting j and the correction the next cycle may propose budget − j − 1 tokens
+    assert choose_groups(conf, budget=3, width=7, limit=None) == [(0, 2), (1, 1)]
+    assert choose_groups(torch.zeros(0), budget=5, width=7, limit=2) == [(0, 4)]
+    assert choose_groups(torch.zeros(0), budget=0, width=7, limit=None) == []
+
+
+# -- G_j is a separate block pass from the context ending at y_j --------------------------------------------------
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("cached", [0, 2])
+def test_group_j_equals_a_block_pass_from_the_context_ending_at_y_j(
+    make_lm, tokenizer, prompts, attn, cached
+):
+    """Row j of the tree pass (at y_j) is the block pass's position 1 (g_{j+1}) and G_j's rows its positions
+    2..K, for every j; the y rows are a plain causal pass over [context, y_1..y_k]."""
+    lm = make_lm(seed=0, attn=attn)
+    mask_id, K = tokenizer.convert_tokens_to_ids("<|mask|>"), 5
+    ctx = prompts[3]
+    ys = [
+        int(t) for t in torch.randint(0, len(tokenizer) - 1, (4,), generator=torch.Generator().manual_seed(1))
+    ]
+    k = len(ys)
+    runner = ModelRunner(lm)
+    if cached:  # a cache that ends `cached` tokens before the context does: pending = those tokens
+        runner.forward(ctx[: len(ctx) - cached])
+    lay = tree_layout(k, [(j, K - 1) for j in range(k + 1)])
+    extra = ys + [mask_id] * (lay.width - k)
+    out = runner.forward_tree(ctx, extra, offsets=lay.offsets, attend=lay.attend, chain=k)
+    assert out.shape[0] == lay.width + 1
+    L = len(ctx)
+    with torch.no_grad():
+        plain = lm(torch.tensor([ctx + ys])).logits[0]
+        torch.testing.assert_close(out[: k + 1], plain[L - 1 :], atol=1e-4, rtol=1e-4)
+        for j, start, m in lay.groups:
+            block = lm(torch.tensor([ctx + ys[:j] + [mask_id] * (K - 1)])).logits[0]  # the block pass
+            torch.testing.assert_close(out[j], block[L + j - 1], atol=1e-4, rtol=1e-4)  # position 1
+            torch.testing.assert_close(out[1 + start : 1 + start + m], block[L + j :], atol=1e-4, rtol=1e-4)
+
+
+# -- decoding: identical to greedy, one pass per cycle ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("groups", ["all", 1, 2])
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_fused_prove_lossless_equals_hf_generate(lm, tokenizer, prompts, refs, k, groups):
+    dec = Decoder(lm, tokenizer, method="prove-lossless", block_size=k, fuse=True, fuse_groups=groups)
+    for p, ref in zip(prompts, refs, strict=True):
+        for n in (1, 9, N):
+            out = no_eos(dec, p, n)
+            assert out.token_ids == ref[:n], (k, groups, n)
+            s = out.stats
+            assert s.model_passes == s.cycles and s.verifier_passes == 0 == s.draft_passes  # one pass a cycle
+            assert s.new_tokens == n == sum(s.committed_per_cycle)
+
+
+def test_fused_carries_a_proposal_into_every_cycle_but_the_first(lm, tokenizer, prompts, refs):
+    """With a group for every acceptance length, every cycle after the first proposes (the last one only
+    if budget is left); a random model's placeholders rarely guess right, so here that is all we check."""
+    dec = Decoder(lm, tokenizer, method="prove-lossless", block_size=4, fuse=True)
+    s = no_eos(dec, prompts[0], N).stats
+    assert (
+        s.proposed_by_depth[0] == s.cycles - 2
+    )  # not the first cycle, nor the last (budget 0: one token left)
+    assert s.model_passes == s.cycles
+
+
+class ScriptedFused(FusedBlockProposer):
+    """The real tree pass, but the carried groups are replaced by the true greedy continuation ``ref``
+    (corrupted at ``wrong``, indices into the new tokens): high acceptance through the fused machinery."""
+
+    def __init__(self, *a, prompt_len: int, ref: list[int], wrong: set[int], **kw):
+        super().__init__(*a, **kw)
+        self.prompt_len, self.ref, self.wrong = prompt_len, ref, wrong
+
+    def receive(self, seq, tokens, groups):
+        vocab = self.runner.vocab_size
+        scripted = {}
+        for j, logits in groups.items():
+            at = len(seq) - self.prompt_len + j + 1  # the new-token index after y_1..y_j and g_{j+1}
+            ids = [self.ref[i] if i < len(self.ref) else 0 for i in range(at, at + logits.shape[0])]
+            ids = [
+                (t + 1) % vocab if i in self.wrong else t
+                for i, t in zip(range(at, at + len(ids)), ids, strict=True)
+            ]
+            scripted[j] = torch.nn.functional.one_hot(torch.tensor(ids), vocab).float() * 20
+        super().receive(seq, tokens, scripted)
+
+
+def scripted_decoder(lm, tokenizer, prompt, ref, wrong, k, groups="all") -> Decoder:
+    dec = Decoder(lm, tokenizer, method="prove-lossless", block_size=k, fuse=True, fuse_groups=groups)
+    old = dec.proposer
+    assert isinstance(old, FusedBlockProposer)
+    new = ScriptedFused(
+        old.runner, old.mask_token_id, k, groups=old.groups, prompt_len=len(prompt), ref=ref, wrong=wrong
+    )
+    dec.proposer = dec.verifier.proposer = new  # type: ignore[attr-defined]
+    return dec
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_scripted_high_acceptance_stays_lossless_with_one_pass_per_cycle(lm, tokenizer, prompts, refs, k):
+    for p, ref in zip(prompts, refs, strict=True):
+        out = no_eos(scripted_decoder(lm, tokenizer, p, ref, {3, 4, 11, 25}, k), p, N)
+        assert out.token_ids == ref
+        assert out.stats.model_passes == out.stats.cycles
+    p, ref = prompts[0], refs[0]
+    perfect = no_eos(scripted_decoder(lm, tokenizer, p, ref, set(), k), p, N).stats
+    # first cycle: the block pass as an AR step (1 token); then K−1 carried proposals + bonus = K a pass
+    assert perfect.committed_per_cycle[:3] == [1, k, k]
+    assert perfect.tokens_per_cycle > (k + 1) / 2
+
+
+def _first_new_token_at(ref: list[int], lo: int) -> int:
+    return next(i for i in range(lo, len(ref)) if ref[i] not in ref[:i])
+
+
+@pytest.mark.parametrize("scripted", [True, False])
+def test_fused_eos_inside_a_block_ends_where_ar_does(lm, tokenizer, prompts, refs, scripted):
+    p, ref = prompts[1], refs[1]
+    e = _first_new_token_at(ref, 5)
+    expected = hf_generate(lm, p, N, eos=ref[e])
+    assert expected == ref[: e + 1]
+    if scripted:
+        dec = scripted_decoder(lm, tokenizer, p, ref, set(), 8)
+    else:
+        dec = Decoder(lm, tokenizer, method="prove-lossless", block_size=8, fuse=True)
+    out = dec.generate(p, max_new_tokens=N, eos_token_id=ref[e])
+    assert out.token_ids == expected
+    if scripted:  # the EOS was inside an accepted block: the cycle that reached it committed > 1 token
+        assert out.stats.committed_per_cycle[-1] > 1
+
+
+@pytest.mark.parametrize("n", [1, 7, 17])
+def test_fused_max_new_tokens_inside_a_block(lm, tokenizer, prompts, refs, n):
+    p, ref = prompts[0], refs[0]
+    out = no_eos(scripted_decoder(lm, tokenizer, p, ref, {9}, 8), p, n)
+    assert out.token_ids == ref[:n] == hf_generate(lm, p, n)
+
+
+def test_fused_stop_string_inside_a_block_ends_where_ar_does(lm, tokenizer, prompts, refs):
+    p, ref = prompts[0], refs[0]
+    stop = tokenizer.decode(ref[12:14])
+    j = next(i for i in range(len(ref)) if stop in tokenizer.decode(ref[: i + 1]))
+    ar = no_eos(Decoder(lm, tokenizer, method="ar"), p, N, stop=[stop])
+    fused = no_eos(scripted_decoder(lm, tokenizer, p, ref, set(), 8), p, N, stop=[stop])
+    plain = no_eos(
+        Decoder(lm, tokenizer, method="prove-lossless", block_size=8, fuse=True), p, N, stop=[stop]
+    )
+    assert ar.token_ids == fused.token_ids == plain.token_ids == ref[: j + 1]
+
+
+@pytest.mark.parametrize("scripted", [True, False])
+@pytest.mark.parametrize("groups", ["all", 2])
+def test_fused_cache_holds_exactly_the_committed_prefix_after_every_cycle(
+    lm, tokenizer, prompts, refs, scripted, groups
+):
+    pending: list[int] = []
+
+    def check(ev):
+        for runner in ev.models.runners():
+            _check_cache(runner, ev.seq)
+        pending.append(len(ev.seq) - ev.models.target.valid)
+
+    p, ref = prompts[3], refs[3]
+    if scripted:
+        dec = scripted_decoder(lm, tokenizer, p, ref, {5, 6, 20}, 4, groups)
+    else:
+        dec = Decoder(lm, tokenizer, method="prove-lossless", block_size=4, fuse=True, fuse_groups=groups)
+    with torch.no_grad():
+        out = no_eos(dec, p, 24, on_cycle=check)
+    assert out.token_ids == ref[:24]
+    assert len(pending) == out.stats.cycles
+    assert set(pending) == {1}  # context + accepted y's are cached; only the correction / bonus waits
+
+
+def test_mask_token_as_a_greedy_token_is_never_taken_for_a_group_entry(lm, tokenizer, prompts):
+    """Group entries are recorded as -1 in the runner's ``fed``: even when the committed token equals the
+    mask token, the cache keeps only the y entries (a group entry sits at another position)."""
+    mask_id = tokenizer.convert_tokens_to_ids("<|mask|>")
+    runner = ModelRunner(lm)
+    ctx = prompts[0]
+    lay = tree_layout(1, [(0, 2), (1, 2)])
+    ys = [5]
+    runner.forward_tree(ctx, ys + [mask_id] * 4, offsets=lay.offsets, attend=lay.attend, chain=1)
+    runner.sync(ctx + ys + [mask_id])  # y_1 accepted, then the "correction" happens to be <|mask|>
+    assert runner.valid == len(ctx) + 1 == runner.cached
+    _check_cache(runner, ctx + ys + [mask_id])
+
+
+# -- other methods, the interface ----------------------------------------------------------------------------------
+
+
+def test_fused_exact_settings_of_nsd_and_asd_on_the_block_proposer_equal_ar(lm, tokenizer, prompts, refs):
+    for method, kw in (("nsd", {"theta": 0.0}), ("asd", {"budget": 0.0})):
+        dec = Decoder(lm, tokenizer, method=method, proposer="block", block_size=4, fuse=True, **kw)
+        out = no_eos(dec, prompts[2], 30)
+        assert out.token_ids == refs[2][:30], method
+        assert out.stats.model_passes == out.stats.cycles
+
+
+def test_fuse_is_refused_where_it_does_not_apply(lm, small, tokenizer):
+    with pytest.raises(ValueError, match="fuse=true needs block proposals"):
+        Decoder(lm, tokenizer, method="prove", verifier=small, block_size=4, fuse=True)
+    with pytest.raises(ValueError, match="fuse=true needs block proposals"):
+        Decoder(lm, tokenizer, method="mars", block_size=4, fuse=True)
+    with pytest.raises(ValueError, match="greedy"):
+        Decoder(lm, tokenizer, method="nsd", proposer="block", block_size=4, fuse=True, temperature=0.7)
+    for bad in (0, -1, "some", 1.5, True):
+        with pytest.raises(ValueError, match="fuse_groups"):
+            Decoder(lm, tokenizer, method="prove-lossless", block_size=4, fuse=True, fuse_groups=bad)
+    assert DecodeParams(fuse_groups="3").fuse_groups == 3
+    assert get_method("prove-lossless").can_fuse and not get_method("sd").can_fuse
+    assert {"fuse", "fuse_groups"} <= set(get_method("nsd").with_proposer("block").uses)
+    assert "fuse" not in get_method("prove-lossless").with_proposer("draft").uses
+
+
+def test_fuse_on_the_command_line():
+    from test_cli import config
+
+    cfg = config("model=M", "prompts=P", "output=O", "method=prove-lossless", "fuse=true", "fuse_groups=3")
+    assert cfg.fuse is True and cfg.fuse_groups == 3
+    assert config("model=M", "prompts=P", "output=O", "fuse=true", "fuse_groups=all").fuse_groups == "all"
+
+
+# -- the bench: fused and unfused rows side by side, the pass cost curve ---------------------------------------------
+
+
+def test_bench_rows_fused_and_unfused_side_by_side():
+    from prove.decode.bench import expand_rows
+
+    uses = {"ar": (), "prove-lossless": ("block_size", "fuse", "fuse_groups"), "mars": ("tau", "block_size")}
+    rows = expand_rows(
+        ["prove-lossless", "mars"], {"fuse": [False, True], "fuse_groups": ["all", 2, 3]}, uses
+    )
+    assert [(r.name, r.params) for r in rows] == [
+        ("ar", {}),
+        ("prove-lossless unfused", {"fuse": False}),  # once, not once per J
+        ("prove-lossless fused J=all", {"fuse": True, "fuse_groups": "all"}),
+        ("prove-lossless fused J=2", {"fuse": True, "fuse_groups": 2}),
+        ("prove-lossless fused J=3", {"fuse": True, "fuse_groups": 3}),
+        ("mars", {}),
+    ]
+
+
+def test_pass_cost_curve_and_its_table(lm):
+    from prove.decode.bench import pass_cost, render_pass_cost
+
+    cost = pass_cost(lm, [5, 6, 7], widths=12, context=20, repeats=1, device="cpu")
+    assert cost["widths"] == list(range(1, 13)) and len(cost["ms"]) == 12 and cost["ratio"][0] == 1.0
+    assert all(t > 0 for t in cost["ms"]) and cost["plain_t1_ms"] > 0
+    md = render_pass_cost(cost)
+    assert "Pass cost t(w)/t(1)" in md and "| 1 | 1.00 |" in md and "\n| 11 |" in md
+
+
+def test_plots_take_fused_and_unfused_rows(tmp_path):
+    """The speed / accuracy plot orders and labels a sweep of fuse (bool) and fuse_groups (all or m)."""
+    from prove.decode.bench_plots import PLOTS, write_plots
+    from test_bench import hand_report
+
+    report = hand_report()
+    base = report["rows"][1]
+    for i, swept in enumerate(
+        ({"fuse": False}, {"fuse": True, "fuse_groups": "all"}, {"fuse": True, "fuse_groups": 2})
+    ):
+        name = "prove-lossless " + " ".join(map(str, swept.values()))
+        report["rows"].append(
+            {**base, "name": name, "method": "prove-lossless", "swept": swept, "speedup_total": 1 + i / 10}
+        )
+    assert set(write_plots(report, tmp_path)) == set(PLOTS)
