@@ -503,6 +503,9 @@ class BenchConfig:
     """``hf_compare``: decoder layers of the layer-skip draft."""
     prompt_len: int = 128
     """``hf_compare``: tokens per random prompt."""
+    deep_scale: float = 1.0
+    """``hf_compare``: scale of the output projections of the layers the draft skips (< 1: the draft agrees
+    with the target more often, like a trained layer-skip draft; ``random_models.random_target_and_draft``)."""
 
     def __post_init__(self) -> None:
         if self.hf_compare is not None:
@@ -912,6 +915,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             "shape": cfg.hf_compare,
             "draft_layers": cfg.draft_layers,
             "prompt_len": cfg.prompt_len,
+            "deep_scale": cfg.deep_scale,
             **{f"{ours}_vs_{theirs}": paired_speedup(runs[ours], runs[theirs])
                for ours, theirs in HF_PAIRS if ours in runs and theirs in runs},
         }  # fmt: skip
@@ -930,7 +934,9 @@ def hf_compare_setup(cfg: BenchConfig) -> tuple[dict[str, Any], list[list[int]]]
     if cfg.dtype not in DTYPES:
         raise ValueError(f"dtype={cfg.dtype!r} is not one of {DTYPES}")
     assert cfg.hf_compare is not None
-    target, draft = random_target_and_draft(cfg.hf_compare, cfg.draft_layers, dtype=cfg.dtype, device=cfg.device)
+    target, draft = random_target_and_draft(
+        cfg.hf_compare, cfg.draft_layers, dtype=cfg.dtype, device=cfg.device, deep_scale=cfg.deep_scale
+    )
     vocab = SHAPES[cfg.hf_compare]["vocab_size"]
     prompts = random_prompts(cfg.n_prompts or 3, cfg.prompt_len, vocab)
     return {"tokenizer": None, "model": target, "draft": draft}, prompts

@@ -41,10 +41,17 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 
 
-def random_target_and_draft(shape: str, draft_layers: int, *, seed: int = 0, dtype: str = "float32",
-                            device: str = "cpu") -> tuple[Any, Any]:
+def random_target_and_draft(
+    shape: str, draft_layers: int, *, seed: int = 0, dtype: str = "float32", device: str = "cpu",
+    deep_scale: float = 1.0,
+) -> tuple[Any, Any]:
     """(target, draft): a random-weight Qwen2 causal LM of ``SHAPES[shape]`` and a ``draft_layers``-layer
-    draft that shares the target's embeddings, first layers, final norm and output head."""
+    draft that shares the target's embeddings, first layers, final norm and output head.
+
+    ``deep_scale`` multiplies the output projections (attention ``o_proj``, MLP ``down_proj``) of the layers
+    the draft skips: below 1 the skipped layers change the residual stream less, so the draft agrees with the
+    target more often, as a trained layer-skip draft does (at 1, random layers make it agree almost never).
+    It changes weights only, never the shape or the amount of compute."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -60,6 +67,11 @@ def random_target_and_draft(shape: str, draft_layers: int, *, seed: int = 0, dty
     common = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None, use_cache=True)
     torch.manual_seed(seed)
     target = Qwen2ForCausalLM(Qwen2Config(**spec, **common))
+    if deep_scale != 1.0:
+        with torch.no_grad():
+            for layer in target.model.layers[draft_layers:]:
+                layer.self_attn.o_proj.weight.mul_(deep_scale)
+                layer.mlp.down_proj.weight.mul_(deep_scale)
     draft_cfg = Qwen2Config(**{**spec, "num_hidden_layers": draft_layers}, **common)
     with torch.device("meta"):  # no second random init: every weight is the target's
         draft = Qwen2ForCausalLM(draft_cfg)
