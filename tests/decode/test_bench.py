@@ -416,6 +416,11 @@ def test_random_draft_is_a_layer_cut_of_the_target():
         torch.testing.assert_close(draft(ids).logits, expect)
     with pytest.raises(ValueError, match="draft_layers=4"):
         random_target_and_draft("tiny", 4)
+    # deep_scale shrinks only the layers the draft skips
+    shrunk, _ = random_target_and_draft("tiny", 2, deep_scale=0.5)
+    for i, layer in enumerate(shrunk.model.layers):
+        factor = 0.5 if i >= 2 else 1.0
+        torch.testing.assert_close(layer.mlp.down_proj.weight, factor * target.model.layers[i].mlp.down_proj.weight)
 
 
 def test_hf_compare_runs_on_the_tiny_shape(tmp_path):
