@@ -58,6 +58,10 @@ LOSSLESS_GREEDY = frozenset({"ar", "prove-lossless", "sd", "hf-greedy", "hf-assi
 """Methods whose greedy output is, by construction, exactly AR's (DESIGN §3 "Guarantees"; ASD with B=0
 too, which the bench does not assume)."""
 HF_ROWS = ("hf-greedy", "hf-assisted")
+DEFAULT_METHODS = ("ar", "mars", "prove", "prove-lossless")
+HF_COMPARE_METHODS = ("ar", "sd")
+HF_PAIRS = (("ar", "hf-greedy"), ("sd", "hf-assisted"))
+"""(our row, transformers' row) whose paired time ratio ``hf_compare`` reports."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -250,6 +254,22 @@ def summarize(
     }
 
 
+def paired_speedup(ours: Sequence[PromptRun], theirs: Sequence[PromptRun]) -> dict[str, Any]:
+    """How much faster ``ours`` ran than ``theirs`` on the same prompts (same order): per prompt their time over
+    ours (> 1: ours is faster), its median, the ratio of total times, and whether the tokens are identical
+    on every prompt (only then is a time ratio a speed ratio)."""
+    if len(ours) != len(theirs) or not ours:
+        raise ValueError(f"{len(ours)} and {len(theirs)} runs: give both rows the same, non-empty prompt set")
+    ratios = [t.wall_s / o.wall_s for o, t in zip(ours, theirs, strict=True) if o.wall_s > 0 and t.wall_s > 0]
+    total_ours, total_theirs = sum(o.wall_s for o in ours), sum(t.wall_s for t in theirs)
+    return {
+        "median": statistics.median(ratios) if ratios else math.nan,
+        "total": total_theirs / total_ours if total_ours > 0 else math.nan,
+        "per_prompt": ratios,
+        "identical": all(o.token_ids == t.token_ids for o, t in zip(ours, theirs, strict=True)),
+    }
+
+
 def trace_points(traces: Iterable[Sequence[Mapping[str, Any]] | None]) -> dict[str, list[Any]]:
     """Flatten per-cycle trace rows (``Stats.trace``) into per-position columns: ``depth``, ``conf`` (p̃),
     ``q`` (verifier probability, ``None`` when no verifier scored), ``matched`` (the token equals the
@@ -439,15 +459,17 @@ class BenchConfig:
     theta=[0.05,0.1,0.3]``.
     """
 
-    model: str = "???"
-    """The model being accelerated: the block proposer (mars / prove / prove-lossless) and the SD target."""
+    model: str | None = None
+    """The model being accelerated: the block proposer (mars / prove / prove-lossless) and the SD target
+    (required unless ``hf_compare`` builds one)."""
     verifier: str | None = None
     """ProVe's small scorer (method prove); also the probe whose q the ROC plot uses."""
     draft: str | None = None
     """The SD family's small AR proposer (sd / nsd / asd, and transformers' assisted generation)."""
-    prompts: str = "???"
-    """JSONL (``prompt`` or ``messages`` per line, optional ``answer``) or plain text, one prompt a line."""
-    methods: list[str] = field(default_factory=lambda: ["ar", "mars", "prove", "prove-lossless"])
+    prompts: str | None = None
+    """JSONL (``prompt`` or ``messages`` per line, optional ``answer``) or plain text, one prompt a line
+    (required unless ``hf_compare`` draws random ones)."""
+    methods: list[str] = field(default_factory=lambda: list(DEFAULT_METHODS))
     """Methods to run (``prove.decode.methods``); ``ar`` is always run first, as the reference."""
     theta: Any = None
     """ProVe's θ (NSD's nucleus mass): a value, or a list to sweep, e.g. ``theta=[0.05,0.1,0.3]``."""
@@ -499,8 +521,41 @@ class BenchConfig:
     device: str = "cpu"
     dtype: str = "float32"
     progress: bool = True
+    hf_compare: str | None = None
+    """Our ``ar`` / ``sd`` against transformers' ``generate`` greedy and assisted generation on random-weight
+    models of a real model's shape, built in-process (``prove.decode.random_models.SHAPES``: ``qwen2.5-0.5b``,
+    ``tiny``): the target, a ``draft_layers``-layer cut of it as the draft, ``n_prompts`` prompts of
+    ``prompt_len`` random token ids, no EOS (every request decodes ``max_new_tokens``). No ``model``,
+    ``draft`` or ``prompts``; ``methods`` defaults to ``[ar, sd]``. Tokens must be identical between all four
+    rows (a mismatch is an error); bench.json's ``hf_compare`` has the paired time ratios."""
+    draft_layers: int = 6
+    """``hf_compare``: decoder layers of the layer-skip draft."""
+    prompt_len: int = 128
+    """``hf_compare``: tokens per random prompt."""
+    deep_scale: float = 1.0
+    """``hf_compare``: scale of the output projections of the layers the draft skips (< 1: the draft agrees
+    with the target more often, like a trained layer-skip draft; ``random_models.random_target_and_draft``)."""
 
     def __post_init__(self) -> None:
+        if self.hf_compare is not None:
+            from prove.decode.random_models import SHAPES
+
+            if self.hf_compare not in SHAPES:
+                raise ValueError(f"hf_compare={self.hf_compare!r} is not a known shape; pick one of: {', '.join(SHAPES)}")
+            if self.model is not None or self.draft is not None or self.prompts is not None:
+                raise ValueError("hf_compare builds its own models and prompts: drop model=, draft= and prompts=")
+            if list(self.methods) == list(DEFAULT_METHODS):
+                self.methods = list(HF_COMPARE_METHODS)
+            extra = set(self.methods) - set(HF_COMPARE_METHODS)
+            if extra:
+                raise ValueError(f"hf_compare runs methods {list(HF_COMPARE_METHODS)} only (no mask token, no verifier); drop {sorted(extra)}")
+            if self.prompt_len < 1:
+                raise ValueError(f"prompt_len={self.prompt_len} must be ≥ 1")
+        else:
+            if self.model is None:
+                raise ValueError("pass model=PATH (the model being accelerated), or hf_compare=SHAPE")
+            if self.prompts is None:
+                raise ValueError("pass prompts=FILE (JSONL or plain text), or hf_compare=SHAPE")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens} must be ≥ 1")
         if self.n_prompts is not None and self.n_prompts < 1:
@@ -626,7 +681,7 @@ class _HFRow:
             "do_sample": False,
             "eos_token_id": eos or None,
             "pad_token_id": (eos or [0])[0]
-            if self.tokenizer.pad_token_id is None
+            if getattr(self.tokenizer, "pad_token_id", None) is None
             else self.tokenizer.pad_token_id,
         }
         if stop:
@@ -674,7 +729,7 @@ class _HFRow:
         return PromptRun(
             id=None,
             token_ids=new,
-            text=self.tokenizer.decode(new, skip_special_tokens=True),
+            text="" if self.tokenizer is None else self.tokenizer.decode(new, skip_special_tokens=True),
             wall_s=0.0,
             cycles=target.n,
             model_passes=target.n,
@@ -762,11 +817,17 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     unknown = [m for m in cfg.methods if m not in METHODS]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; registered: {', '.join(sorted(METHODS))}")
-    records = read_prompts(cfg.prompts)[: cfg.n_prompts]
-    answers = [r.answer for r in records]
+    if cfg.hf_compare is not None:
+        models, prompt_ids = hf_compare_setup(cfg)
+        records: list[Any] = [None] * len(prompt_ids)
+        keys: list[Any] = list(range(len(prompt_ids)))
+    else:
+        assert cfg.prompts is not None, "BenchConfig checks prompts="
+        records = read_prompts(cfg.prompts)[: cfg.n_prompts]
+        keys = [r.id for r in records]
+        models = load_models(cfg)
+    answers = [None if r is None else r.answer for r in records]
     has_answers = any(a is not None for a in answers)
-
-    models = load_models(cfg)
     tokenizer = models["tokenizer"]
     uses = {name: m.uses for name, m in METHODS.items()}
     specs = expand_rows(cfg.methods, cfg.sweeps(), uses, cfg.method_params)
@@ -780,7 +841,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                 models["model"], tokenizer, models["draft"], cfg.hf_assistant_tokens
             )
     names = [REFERENCE, *hf_rows, *(s.name for s in specs[1:])]
-    prompts = [ref.encode(render(r, cfg.chat)) for r in records]
+    prompts = prompt_ids if cfg.hf_compare is not None else [ref.encode(render(r, cfg.chat)) for r in records]
     eos = ref.eos_ids()
     stop = list(cfg.stop)
 
@@ -816,8 +877,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             run_one(name, ids, None)
     # 2) timed loop: prompt by prompt, every row in turn (AR first)
     runs: dict[str, list[PromptRun]] = {name: [] for name in names}
-    for rec, ids in tqdm(
-        list(zip(records, prompts, strict=True)),
+    for key, ids in tqdm(
+        list(zip(keys, prompts, strict=True)),
         desc="bench",
         unit="prompt",
         file=sys.stderr,
@@ -828,11 +889,11 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             cfg.repeats
         ):  # round-robin, so one stall of the machine does not hit every try of a row
             for name in names:
-                tries[name].append(run_one(name, ids, rec.id))
+                tries[name].append(run_one(name, ids, key))
         for name in names:
             runs[name].append(min(tries[name], key=lambda r: r.wall_s))
     # 3) untimed trace pass for the ROC / per-position match curves
-    trace = trace_pass(cfg, models, prompts, eos, stop) if cfg.trace else None
+    trace = trace_pass(cfg, models, prompts, eos, stop) if cfg.trace and cfg.hf_compare is None else None
     # 4) the pass cost curve t(w)/t(1)
     cost = None
     if cfg.pass_cost_widths:
@@ -874,9 +935,15 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "schema": SCHEMA,
         "env": environment(cfg.device, cfg.dtype),
         "config": dataclasses.asdict(cfg),
-        "models": {"model": cfg.model, "verifier": cfg.verifier, "draft": cfg.draft},
+        "models": {"model": cfg.model, "verifier": cfg.verifier, "draft": cfg.draft}
+        if cfg.hf_compare is None
+        else {
+            "model": f"random {cfg.hf_compare}",
+            "verifier": None,
+            "draft": f"its first {cfg.draft_layers} layers",
+        },
         "prompts": {
-            "path": str(cfg.prompts),
+            "path": str(cfg.prompts) if cfg.hf_compare is None else f"{len(prompts)} × {cfg.prompt_len} random ids",
             "n": len(records),
             "with_answers": sum(a is not None for a in answers),
         },
@@ -887,7 +954,36 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "pass_cost": cost,
         "plots": {},
     }
-    return write_report(report, cfg.output_dir, plots=cfg.plots)
+    if cfg.hf_compare is not None:
+        report["hf_compare"] = {
+            "shape": cfg.hf_compare,
+            "draft_layers": cfg.draft_layers,
+            "prompt_len": cfg.prompt_len,
+            "deep_scale": cfg.deep_scale,
+            **{f"{ours}_vs_{theirs}": paired_speedup(runs[ours], runs[theirs])
+               for ours, theirs in HF_PAIRS if ours in runs and theirs in runs},
+        }  # fmt: skip
+    write_report(report, cfg.output_dir, plots=cfg.plots)
+    differ = [k for k, v in (report.get("hf_compare") or {}).items() if isinstance(v, dict) and not v["identical"]]
+    if differ:
+        raise RuntimeError(f"hf_compare: tokens differ between ours and transformers' ({differ}); see {cfg.output_dir}")
+    return report
+
+
+def hf_compare_setup(cfg: BenchConfig) -> tuple[dict[str, Any], list[list[int]]]:
+    """``hf_compare``'s random-weight target and layer-skip draft, and its random prompts."""
+    from prove.decode.config import DTYPES
+    from prove.decode.random_models import SHAPES, random_prompts, random_target_and_draft
+
+    if cfg.dtype not in DTYPES:
+        raise ValueError(f"dtype={cfg.dtype!r} is not one of {DTYPES}")
+    assert cfg.hf_compare is not None
+    target, draft = random_target_and_draft(
+        cfg.hf_compare, cfg.draft_layers, dtype=cfg.dtype, device=cfg.device, deep_scale=cfg.deep_scale
+    )
+    vocab = SHAPES[cfg.hf_compare]["vocab_size"]
+    prompts = random_prompts(cfg.n_prompts or 3, cfg.prompt_len, vocab)
+    return {"tokenizer": None, "model": target, "draft": draft}, prompts
 
 
 def _now() -> float:
@@ -1023,6 +1119,15 @@ def _md_header(report: Mapping[str, Any]) -> str:
         f"commit {(env['git_commit'] or 'n/a')[:10]}{' (dirty)' if env.get('git_dirty') else ''}",
         "",
     ]
+    hfc = report.get("hf_compare")
+    if hfc:
+        pairs = "; ".join(
+            f"{k.replace('_vs_', ' vs ')}: {v['median']:.2f}× (median), {v['total']:.2f}× (total), tokens "
+            + ("identical" if v["identical"] else "DIFFER ⚠")
+            for k, v in hfc.items()
+            if isinstance(v, dict)
+        )
+        lines += [f"hf_compare ({hfc['shape']} shape, {hfc['draft_layers']}-layer draft): {pairs}", ""]
     trace = report.get("trace") or {}
     if trace.get("roc"):
         aucs = ", ".join(

@@ -326,6 +326,8 @@ def run(
     for runner in models.runners():
         runner.reset()
     start_passes = {id(r): r.passes for r in models.runners()}
+    if hasattr(proposer, "stop_tokens"):  # a proposer that drafts token by token stops at the request's EOS
+        proposer.stop_tokens = frozenset(stopper.eos)
     seq = [int(t) for t in prompt_ids]
     new: list[int] = []
     tally = _Tally()

@@ -44,6 +44,9 @@ class DraftProposer:
         self.vocab_size = vocab_size
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         self.generator = generator
+        self.stop_tokens: frozenset[int] = frozenset()
+        """The request's EOS ids (the engine sets them): drafting stops after proposing one, since nothing
+        after an EOS can be committed (transformers' assisted generation stops its draft there too)."""
 
     def _fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """(Vd,) draft logits → (V,) on the target's vocabulary."""
@@ -63,8 +66,10 @@ class DraftProposer:
             probs = logits_to_probs(logits, self.temperature, self.top_k, self.top_p)  # (V,)
             tokens.append(int(pick(probs, self.temperature, self.generator)))
             rows.append(probs)
+            if tokens[-1] in self.stop_tokens:
+                break
         device = self.runner.device
-        if k == 0:
+        if not tokens:
             return Proposal.empty(device)
         y = torch.tensor(tokens, dtype=torch.long, device=device)  # (k,)
         probs = torch.stack(rows)  # (k, V)

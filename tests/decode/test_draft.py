@@ -95,6 +95,20 @@ def test_eos_inside_a_block_ends_where_hf_does(lm, tokenizer, prompts, refs, dra
         assert dec.generate(p, max_new_tokens=N, eos_token_id=ref[e]).token_ids == expected, name
 
 
+def test_drafting_stops_at_eos(lm, tokenizer, prompts, refs, drafts):
+    """A draft never proposes past an EOS (nothing after it can be committed): old code drafted all k."""
+    p, ref = prompts[1], refs[1]
+    # an EOS in the middle of a proposal: cycles commit K + 1 tokens, so position e is y_{e mod (K+1) + 1}
+    e = next(i for i in range(7, len(ref)) if ref[i] not in ref[:i] and i % (K + 1) < K - 1)
+    proposals: list[list[int]] = []
+    dec = Decoder(lm, tokenizer, method="sd", draft=drafts["equal"])
+    out = dec.generate(p, max_new_tokens=N, eos_token_id=ref[e], on_cycle=lambda ev: proposals.append(ev.proposal.tokens.tolist()))
+    assert out.token_ids == ref[: e + 1]
+    assert ref[e] in proposals[-1] and proposals[-1][-1] == ref[e], proposals
+    assert all(ref[e] not in block[:-1] for block in proposals)
+    assert out.stats.draft_passes == sum(len(b) for b in proposals) < K * len(proposals)
+
+
 @pytest.mark.parametrize("kind", ["equal", "random", "partly"])
 def test_greedy_sd_equals_hf_assisted_generation(lm, tokenizer, prompts, drafts, kind):
     draft = copy.deepcopy(drafts[kind])  # assisted generation writes into the draft's generation_config
