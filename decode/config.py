@@ -34,7 +34,7 @@ class DecodeParams:
     budget: float | None = None
     """ASD's per-request regret budget B: the summed regret of accepted mismatches (ASD: 8.0; 0 = exact greedy)."""
     gate: float | None = None
-    """ASD's gate g: a mismatch at depth i passes only if its regret r_i ≤ g·(K − i) (ASD: 0.25; 0 = exact greedy)."""
+    """ASD's gate g: a mismatch at depth i (1-based) passes only if its regret r_i ≤ g·(K − i + 1) (ASD: 0.25; 0 = exact greedy)."""
     max_mismatches: int | None = None
     """ASD's m: mismatches accepted per block at most (ASD: 2; 0 = exact greedy)."""
     temperature: float = 0.0

@@ -270,10 +270,9 @@ def asd_greedy(
     With z_i = ``target_logits[i]`` and regret r_i = max z_i − z_i[y_i] (0 when y_i is the greedy
     token), scan i = 1..k: a greedy y_i is accepted; a mismatch is accepted iff all of
 
-    - the gate r_i / (K − i) ≤ g, evaluated as r_i ≤ g · (K − i) (K = ``block_size``, default k;
-      i 1-based). The product form is the same test for i < K and extends it to i = K without a
-      division by zero: a mismatch in the last slot buys nothing but the bonus, so only a tie with
-      the greedy logit (r_K = 0) passes there — the last slot is effectively exact;
+    - the gate r_i / v_i ≤ g, with v_i = K − i + 1 the number of block slots from i to the end
+      (K = ``block_size``, default k; i 1-based), as in the ASD reference code (``K − i`` there, with
+      0-based i). Evaluated as r_i ≤ g · v_i; the last slot (v_K = 1) accepts a mismatch of regret ≤ g;
     - fewer than m = ``max_mismatches`` mismatches already accepted in this block;
     - ``state.spent`` + r_i ≤ B = ``budget`` (B is per request: it persists across cycles through
       the returned state and resets when a new request starts from ``AsdState()``).
@@ -302,7 +301,7 @@ def asd_greedy(
         if y == int(greedy[i - 1]):
             n = i
             continue
-        if relaxed and r <= gate * (K - i) and used < max_mismatches and spent + r <= budget:
+        if relaxed and r <= gate * (K - i + 1) and used < max_mismatches and spent + r <= budget:
             spent, used, n = spent + r, used + 1, i
             continue
         break
