@@ -109,9 +109,14 @@ def sample_from_probs(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.minimum(idx, last_pos)
 
 
-def _draw_uniforms(k: int, uniforms: torch.Tensor | None, generator: torch.Generator | None):
+def _draw_uniforms(
+    k: int, uniforms: torch.Tensor | None, generator: torch.Generator | None, device: torch.device
+) -> torch.Tensor:
+    """k+1 uniforms on ``device`` (the block's). They are drawn on the generator's own device (a CUDA
+    generator cannot fill a CPU tensor, nor the reverse), never on torch's default device."""
     if uniforms is None:
-        return torch.rand(k + 1, generator=generator)
+        where = generator.device if generator is not None else device
+        return torch.rand(k + 1, generator=generator, device=where).to(device)
     if uniforms.shape[-1] != k + 1:
         raise ValueError(f"need k+1 = {k + 1} uniforms (k accept tests + 1 draw), got {uniforms.shape[-1]}")
     return uniforms
@@ -186,7 +191,7 @@ def sd_sample(
     (``warp_probs`` with the same temperature/top-p/top-k for both). Preserves the target's
     distribution exactly. See ``speculative_accept_batch``.
     """
-    u = _draw_uniforms(tokens.shape[-1], uniforms, generator)
+    u = _draw_uniforms(tokens.shape[-1], uniforms, generator, target_probs.device)
     n, extra = speculative_accept_batch(tokens, draft_probs, target_probs, u)
     return Accept(int(n), int(extra))
 
@@ -210,7 +215,7 @@ def nsd_sample(
     """
     if not 0.0 <= theta <= 1.0:
         raise ValueError(f"nsd theta must be in [0, 1] (0 = exact SD), got {theta}")
-    u = _draw_uniforms(tokens.shape[-1], uniforms, generator)
+    u = _draw_uniforms(tokens.shape[-1], uniforms, generator, target_probs.device)
     n, extra = speculative_accept_batch(tokens, draft_probs, target_probs, u, theta=theta)
     return Accept(int(n), int(extra))
 
