@@ -597,6 +597,11 @@ class _HFRow:
         }
         if stop:
             kw.update(stop_strings=list(stop), tokenizer=self.tokenizer)
+        from prove.decode.checkpoint import MASK_TOKEN
+
+        mask = self.tokenizer.get_vocab().get(MASK_TOKEN)
+        if mask is not None:  # our Decoder never outputs <|mask|>; transformers' rows suppress it alike
+            kw["suppress_tokens"] = [mask]
         from transformers.utils import logging as hf_logging
 
         verbosity = hf_logging.get_verbosity()

@@ -177,11 +177,13 @@ class Decoder:
             self._check_vocab_rows(role, other, other_name)
             aux[role] = ModelRunner(other.eval(), role)
 
+        target_runner = ModelRunner(target, "model")
         self.models = Models(
-            target=ModelRunner(target, "model"),
+            target=target_runner,
             verifier=aux.get("verifier"),
             draft=aux.get("draft"),
             mask_token_id=mask_id,
+            allowed=self._allowed_ids(target_runner, aux.values(), model_meta, mask_id),
         )
         self.generator = torch.Generator(device=self.device).manual_seed(self.params.seed)
         factory = self.method.proposer if callable(self.method.proposer) else PROPOSERS[self.method.proposer]
@@ -255,11 +257,35 @@ class Decoder:
                 "same model family"
             )
 
+    def _tokenizer_mask_id(self) -> int | None:
+        vocab = self.tokenizer.get_vocab() if self.tokenizer is not None else {}
+        return vocab.get(MASK_TOKEN)
+
+    def _allowed_ids(
+        self, target: ModelRunner, aux: Any, meta: ProveMeta | None, mask_id: int | None
+    ) -> torch.Tensor | None:
+        """The ids any proposer may propose and any rule may commit (``Models.allowed``): not ``<|mask|>`` (a
+        placeholder, never text; wherever its id is), not an id some model has no row for (a stock verifier
+        or draft lacks the mask row), not an id past the tokenizer's vocabulary (padding rows)."""
+        V = target.vocab_size
+        allowed = torch.ones(V, dtype=torch.bool, device=self.device)
+        for runner in aux:
+            allowed[runner.vocab_size :] = False
+        if self.tokenizer is not None:
+            allowed[max(self.tokenizer.get_vocab().values()) + 1 :] = False
+        masks = {mask_id, self._tokenizer_mask_id(), None if meta is None else meta.mask_token_id} - {None}
+        for m in masks:
+            if 0 <= m < V:
+                allowed[m] = False
+        return None if bool(allowed.all()) else allowed
+
     def _check_vocab_rows(self, role: str, other: Any, other_name: str | None) -> None:
         if self.tokenizer is None:
             return
         rows = other.get_output_embeddings().weight.shape[0]
-        needed = len(self.tokenizer) - (MASK_TOKEN in self.tokenizer.get_vocab())
+        # every id of the tokenizer but <|mask|> needs a row; the mask may sit anywhere (not only last)
+        ids = set(self.tokenizer.get_vocab().values()) - {self._tokenizer_mask_id()}
+        needed = max(ids) + 1
         if rows < needed:
             raise ValueError(
                 f"the {role} {other_name} scores {rows} tokens but model {self.model_name}'s tokenizer has "

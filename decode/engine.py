@@ -120,6 +120,9 @@ class Models:
     verifier: ModelRunner | None = None
     draft: ModelRunner | None = None
     mask_token_id: int | None = None
+    allowed: torch.Tensor | None = None
+    """(V,) bool over the target's logit rows: the ids a proposer may propose and a rule may commit. False for
+    ``<|mask|>`` and for ids some model cannot score or the tokenizer does not have (set by the Decoder)."""
 
     def runners(self) -> list[ModelRunner]:
         return [r for r in (self.target, self.verifier, self.draft) if r is not None]

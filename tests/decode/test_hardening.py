@@ -43,3 +43,65 @@ def test_sampling_through_the_decoder_draws_on_the_generator_device(lm, tokenize
     with torch.device("meta"):
         out = dec.generate(prompts[0], max_new_tokens=8, eos_token_id=[], seed=3).token_ids
     assert out == ref
+
+
+# -- <|mask|> and ids outside a model's vocabulary are never proposed, sampled or committed ---------------------
+
+
+def _boost(model, token: int, by: float = 100.0):
+    """A copy of ``model`` whose logit of ``token`` is raised by ``by`` at every position (a forward hook)."""
+    boosted = copy.deepcopy(model)
+
+    def hook(_module, _args, out):
+        out.logits[..., token] += by
+        return out
+
+    boosted.register_forward_hook(hook)
+    return boosted
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_block_proposer_never_proposes_the_mask_to_a_stock_verifier(checkpoints, temperature):
+    """The MARS model's favourite token is <|mask|> (its last id); the verifier is a stock checkpoint without a
+    <|mask|> row. Before the fix the mask was proposed and the verifier's embedding lookup raised IndexError."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(checkpoints["mars_on_stock"])
+    mask = tok.convert_tokens_to_ids("<|mask|>")
+    assert mask == len(tok) - 1
+    model = _boost(AutoModelForCausalLM.from_pretrained(checkpoints["mars_on_stock"]), mask)
+    verifier = AutoModelForCausalLM.from_pretrained(checkpoints["stock"])
+    assert verifier.get_output_embeddings().weight.shape[0] == mask  # no row for the mask
+    proposed: list[int] = []
+    dec = Decoder(model, tok, method="prove", verifier=verifier, temperature=temperature, block_size=4)
+    out = dec.generate("Ana has 3 apples", max_new_tokens=16, eos_token_id=[],
+                       on_cycle=lambda ev: proposed.extend(ev.proposal.tokens.tolist()))
+    assert len(out.token_ids) == 16 and proposed
+    assert mask not in proposed and mask not in out.token_ids
+
+
+@pytest.mark.parametrize("method", ["ar", "sd", "nsd", "mars", "prove-lossless"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_mask_is_never_output_wherever_its_id_is(lm, small, tokenizer, prompts, method, temperature):
+    """The session tokenizer's <|mask|> is id 3, not the last id. Target and draft both favour it."""
+    mask = tokenizer.convert_tokens_to_ids("<|mask|>")
+    assert mask != len(tokenizer) - 1
+    if method == "prove-lossless" and temperature > 0:
+        pytest.skip("prove-lossless is greedy only")
+    kw = {"draft": _boost(small, mask)} if method in ("sd", "nsd") else {"block_size": 4} if method != "ar" else {}
+    proposed: list[int] = []
+    dec = Decoder(_boost(lm, mask), tokenizer, method=method, temperature=temperature, **kw)
+    out = dec.generate(prompts[0], max_new_tokens=12, eos_token_id=[],
+                       on_cycle=lambda ev: proposed.extend(ev.proposal.tokens.tolist()))
+    assert len(out.token_ids) == 12
+    assert mask not in proposed and mask not in out.token_ids
+
+
+def test_vocab_rows_check_does_not_assume_the_mask_is_last(lm, tokenizer, make_lm):
+    """The mask is id 3 here: a verifier with len(tokenizer) − 1 rows lacks a real token (id 299), not the mask.
+    The old check (len − 1 rows suffice when there is a mask) let it through."""
+    short = make_lm(seed=4, vocab=len(tokenizer) - 1)
+    with pytest.raises(ValueError, match="scores 299 tokens"):
+        Decoder(lm, tokenizer, method="prove", verifier=short, block_size=4)
+    with pytest.raises(ValueError, match="scores 299 tokens"):
+        Decoder(lm, tokenizer, method="sd", draft=short)
