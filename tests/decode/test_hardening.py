@@ -105,3 +105,28 @@ def test_vocab_rows_check_does_not_assume_the_mask_is_last(lm, tokenizer, make_l
         Decoder(lm, tokenizer, method="prove", verifier=short, block_size=4)
     with pytest.raises(ValueError, match="scores 299 tokens"):
         Decoder(lm, tokenizer, method="sd", draft=short)
+
+
+# -- accepted_by_depth counts what was committed ---------------------------------------------------------------
+
+
+def test_accepted_by_depth_counts_only_committed_tokens(lm, tokenizer, prompts):
+    """A draft equal to the target: all 8 proposed tokens are accepted, but EOS at new token 5 cuts the block;
+    positions 6..8 must not count as accepted (the old tally said 8)."""
+    p = prompts[0]
+    ref = Decoder(lm, tokenizer, method="ar").generate(p, max_new_tokens=8, eos_token_id=[]).token_ids
+    eos = ref[4]
+    assert eos not in ref[:4]
+    dec = Decoder(lm, tokenizer, method="sd", draft=copy.deepcopy(lm), k=8)
+    out = dec.generate(p, max_new_tokens=40, eos_token_id=eos)
+    assert out.token_ids == ref[:5]
+    assert out.stats.proposed_by_depth == [1] * 8
+    assert out.stats.accepted_by_depth == [1] * 5 + [0] * 3
+    # max_new_tokens inside the block: the budget caps the proposal itself (k = 3 here, nothing cut)
+    out = dec.generate(p, max_new_tokens=4, eos_token_id=[])
+    assert out.stats.accepted_by_depth == [1] * 3 == out.stats.proposed_by_depth
+    # a stop string inside a block
+    text = tokenizer.decode(ref[:3])
+    out = dec.generate(p, max_new_tokens=40, eos_token_id=[], stop=[text[-1]])
+    n = len(out.token_ids)
+    assert n < 8 and out.stats.accepted_by_depth == [1] * n + [0] * (8 - n)
