@@ -113,9 +113,10 @@ def main() -> None:
 
     @hydra.main(version_base=None, config_path="../conf/eval", config_name="eval")
     def _main(dcfg) -> None:
-        from prove.decode.errors import exit_on_user_error
+        from prove.decode.errors import exit_on_user_error, reject_unknown_keys
 
         with exit_on_user_error("prove-eval"):
+            reject_unknown_keys(dcfg, "prove-eval")
             cfg = OmegaConf.to_object(dcfg)
             assert isinstance(cfg, EvalConfig)
             run(cfg)

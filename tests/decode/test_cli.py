@@ -204,3 +204,24 @@ def test_exit_on_user_error_keeps_the_traceback_with_hydra_full_error(monkeypatc
     monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
     with pytest.raises(ValueError, match="pass x=1"), exit_on_user_error("prog"):
         raise ValueError("pass x=1")
+
+
+@pytest.mark.parametrize(
+    ("module", "args"),
+    [
+        ("prove.decode.cli", ["model=m", "prompts=p", "output=o"]),
+        ("prove.decode.bench_cli", ["model=m", "prompts=p"]),
+        ("prove.decode.eval_cli", ["model=m"]),
+    ],
+)
+def test_every_cli_refuses_a_misspelt_key(module, args):
+    """``+tempreature=0.7`` used to be dropped silently by prove-decode / prove-bench / prove-eval (greedy
+    decoding without a word); they now refuse it like prove-train does, before loading anything."""
+    prog = {"prove.decode.cli": "prove-decode", "prove.decode.bench_cli": "prove-bench"}.get(module, "prove-eval")
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args, "+tempreature=0.7"],
+        capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert f"{prog}: error: unknown config key(s) ['tempreature']" in proc.stderr
+    assert "Traceback" not in proc.stderr
