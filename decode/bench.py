@@ -448,8 +448,9 @@ class BenchConfig:
     """Use the first N prompts (null = all)."""
     max_new_tokens: int = 128
     stop: list[str] = field(default_factory=list)
-    chat: bool = True
-    """Render ``prompt`` fields and plain lines as one user turn with the chat template."""
+    chat: bool = False
+    """``prompt`` fields and plain lines are raw text; ``messages`` use the chat template. ``chat=true`` wraps raw
+    text as one user turn of the chat template."""
     warmup: int = 1
     """Prompts each row decodes untimed before the timed loop."""
     repeats: int = 1

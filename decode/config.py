@@ -100,16 +100,17 @@ class DecodeConfig(DecodeParams):
     """Run the method's rule on another proposer (``block`` or ``draft``); e.g. ``method=nsd proposer=block``
     is NSD's nucleus gate on the block proposer, self-verified. ``None`` = the method's own."""
     prompts: str = "???"
-    """JSONL with a ``prompt`` (raw text) or ``messages`` (chat) field per line, or a plain-text file (one prompt a line)."""
+    """JSONL with a ``prompt`` (raw text) or ``messages`` (chat turns) field per line, or a plain-text file (one raw-text
+    prompt a line). See ``chat``."""
     output: str = "???"
     """JSONL written one record per prompt as each finishes; an existing file is resumed (finished ids are skipped)."""
     max_new_tokens: int = 256
     """New tokens per prompt at most."""
     stop: list[str] = field(default_factory=list)
     """Stop strings: output ends at the token that completes the first one (that token included), as AR would."""
-    chat: bool = True
-    """Render ``prompt`` fields and plain lines as one user turn with the model's chat template (``messages``
-    always are). False feeds them as raw text."""
+    chat: bool = False
+    """Prompt convention: a ``prompt`` field or a plain line is raw text, fed as given; ``messages`` go through the
+    model's chat template. ``chat=true`` wraps raw text as one user turn of the chat template."""
     trace: bool = False
     """Record per-position proposer confidence / verifier probability / greedy match in each record's stats."""
     device: str = "cpu"

@@ -294,8 +294,11 @@ class Decoder:
 
     # -- generation ---------------------------------------------------------------------------------------------
 
-    def encode(self, prompt: Prompt) -> list[int]:
-        """Token ids of a prompt: raw text, chat messages (chat template + generation prompt), or ids."""
+    def encode(self, prompt: Prompt, *, chat: bool = False) -> list[int]:
+        """Token ids of a prompt: raw text (tokenized as given), chat messages (chat template + generation
+        prompt), or ids. ``chat=True`` wraps raw text as one user turn of the chat template."""
+        if isinstance(prompt, str) and chat:
+            prompt = [{"role": "user", "content": prompt}]
         if isinstance(prompt, torch.Tensor):
             return [int(t) for t in prompt.reshape(-1).tolist()]
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
@@ -307,7 +310,7 @@ class Decoder:
         if isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
             if not getattr(self.tokenizer, "chat_template", None):
                 raise ValueError(
-                    f"the tokenizer of {self.model_name} has no chat template: give raw text (chat=false) instead"
+                    f"the tokenizer of {self.model_name} has no chat template: give raw text (and chat=false) instead"
                 )
             text = self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
             return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -329,15 +332,17 @@ class Decoder:
         stop: Sequence[str] | None = None,
         eos_token_id: int | Sequence[int] | None = None,
         *,
+        chat: bool = False,
         seed: int | None = None,
         on_cycle: Callable[[CycleEvent], None] | None = None,
     ) -> GenerationResult:
-        """Decode one prompt. ``stop`` strings and EOS end the output exactly where AR decoding would (the
+        """Decode one prompt: raw text (as given), chat messages (through the chat template) or token ids;
+        ``chat=True`` wraps raw text as one user turn. ``stop`` strings and EOS end the output exactly where AR decoding would (the
         stopping token included); ``seed`` reseeds sampling for this request; ``on_cycle`` is called
         after every cycle (a debugging hook: caches are synced to the committed sequence by then)."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be ≥ 1")
-        ids = self.encode(prompt)
+        ids = self.encode(prompt, chat=chat)
         if seed is not None:
             self.generator.manual_seed(seed)
         tok = self.tokenizer
