@@ -724,21 +724,23 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """Run the bench; write bench.json, bench.md and the plots into ``cfg.output_dir``; return the report."""
     import sys
 
-    from prove.decode.methods import METHODS
+    from prove.decode.methods import METHODS, resolve_params
     from prove.decode.prompts import read_prompts, render
     from tqdm import tqdm
 
     unknown = [m for m in cfg.methods if m not in METHODS]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; registered: {', '.join(sorted(METHODS))}")
+    uses = {name: m.uses for name, m in METHODS.items()}
+    specs = expand_rows(cfg.methods, cfg.sweeps(), uses, cfg.method_params)
+    for spec in specs:  # every row's parameters are checked before any model loads
+        resolve_params(spec.method, **spec.params)
     records = read_prompts(cfg.prompts)[: cfg.n_prompts]
     answers = [r.answer for r in records]
     has_answers = any(a is not None for a in answers)
 
     models = load_models(cfg)
     tokenizer = models["tokenizer"]
-    uses = {name: m.uses for name, m in METHODS.items()}
-    specs = expand_rows(cfg.methods, cfg.sweeps(), uses, cfg.method_params)
     decoders = build_decoders(cfg, specs, models)
     ref = decoders[REFERENCE]
     hf_rows: dict[str, _HFRow] = {}

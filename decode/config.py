@@ -13,10 +13,12 @@ with (``prove.json``).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
+_INT_PARAMS = ("block_size", "k", "max_mismatches", "top_k", "seed")
 
 
 @dataclass
@@ -47,6 +49,16 @@ class DecodeParams:
     """Seed of the torch.Generator that sampling draws from."""
 
     def __post_init__(self) -> None:
+        for name in DecodeParams.field_names():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if name in _INT_PARAMS and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"{name}={value!r} must be an integer")
+            if name not in _INT_PARAMS and (
+                isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value)
+            ):
+                raise ValueError(f"{name}={value!r} must be a number")
         if self.temperature < 0:
             raise ValueError(f"temperature={self.temperature} is negative; use 0 for greedy or a value > 0")
         if not 0 < self.top_p <= 1:

@@ -26,9 +26,8 @@ from prove.decode.checkpoint import (
     read_prove_json,
     vocab_difference,
 )
-from prove.decode.config import DecodeParams
 from prove.decode.engine import CycleEvent, ModelRunner, Models, Stats, Stopper
-from prove.decode.methods import Method, get_method
+from prove.decode.methods import METHOD_KEYS, Method, resolve_params
 from prove.decode.proposers import PROPOSERS
 from prove.decode.verifiers import ModelVerifier, build_verifier
 
@@ -109,23 +108,11 @@ class Decoder:
         trace: bool = False,
         **params: Any,
     ) -> None:
-        unknown = set(params) - set(DecodeParams.field_names())
-        if unknown:
-            raise ValueError(f"unknown parameter(s) {sorted(unknown)}; known: {DecodeParams.field_names()}")
         if dtype not in _DTYPES:
             raise ValueError(f"dtype={dtype!r} is not one of {sorted(_DTYPES)}")
-        self.method = get_method(method)
-        if proposer is not None:
-            self.method = self.method.with_proposer(proposer)
+        self.method, self.params = resolve_params(method, proposer, **params)
         given = {k: v for k, v in params.items() if v is not None}
-        self.params = DecodeParams(**given).with_defaults(dict(self.method.defaults))
-        if self.method.greedy_only and self.params.temperature > 0:
-            raise ValueError(
-                f"method {self.method.name} is greedy (exactly the model's greedy output): set temperature=0, "
-                "or use a sampling method such as sd"
-            )
-        method_keys = {"theta", "tau", "block_size", "k", "budget", "gate", "max_mismatches"}
-        ignored = method_keys & set(given) - set(self.method.uses)
+        ignored = set(METHOD_KEYS) & set(given) - set(self.method.uses)
         if ignored:
             warnings.warn(f"method {self.method.name} does not read {sorted(ignored)}; ignoring", stacklevel=2)
         self.trace = trace

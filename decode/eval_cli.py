@@ -89,6 +89,10 @@ def register_configs() -> None:
 def run(cfg: EvalConfig) -> dict:
     """Evaluate ``cfg.baseline`` and ``cfg.method``; print and return the comparison."""
     from prove.decode.lm_eval_model import compare_methods
+    from prove.decode.methods import resolve_params
+
+    resolve_params(cfg.method, **vars(cfg.params()))  # every parameter checked before lm-eval loads anything
+    resolve_params(cfg.baseline)
 
     return compare_methods(cfg)
 

@@ -141,7 +141,9 @@ def decode_prompts(
 def run(cfg: DecodeConfig) -> Path:
     """The ``prove-decode`` run: load the models, decode the prompt file, write the output file."""
     from prove.decode.decoder import Decoder
+    from prove.decode.methods import resolve_params
 
+    resolve_params(cfg.method, cfg.proposer, **vars(cfg.params()))  # every parameter checked before any file or model
     records = read_prompts(cfg.prompts)
     decoder = Decoder(
         cfg.model,

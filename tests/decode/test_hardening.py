@@ -130,3 +130,42 @@ def test_accepted_by_depth_counts_only_committed_tokens(lm, tokenizer, prompts):
     out = dec.generate(p, max_new_tokens=40, eos_token_id=[], stop=[text[-1]])
     n = len(out.token_ids)
     assert n < 8 and out.stats.accepted_by_depth == [1] * n + [0] * (8 - n)
+
+
+# -- every parameter is validated when the Decoder (and the CLI) starts ----------------------------------------
+
+BAD_PARAMS = [
+    ("nsd", {"theta": 1.5}, r"nsd's theta=1.5 is a nucleus mass"),  # used to fail at the first generate
+    ("nsd", {"theta": -0.1}, "theta=-0.1 must be ≥ 0"),
+    ("prove", {"theta": "0.1"}, "theta='0.1' must be a number"),
+    ("mars", {"tau": float("nan")}, "tau=nan must be a number"),
+    ("sd", {"k": 2.5}, "k=2.5 must be an integer"),
+    ("sd", {"k": 0}, "k=0 must be ≥ 1"),
+    ("asd", {"max_mismatches": 1.5}, "max_mismatches=1.5 must be an integer"),
+    ("asd", {"budget": -1.0}, "budget=-1.0 must be ≥ 0"),
+    ("asd", {"temperature": 0.7}, "method asd is greedy"),
+    ("prove-lossless", {"block_size": 0}, "block_size=0 must be ≥ 1"),
+    ("ar", {"top_p": 0.0}, r"top_p=0.0 must lie in \(0, 1\]"),
+    ("ar", {"top_k": True}, "top_k=True must be an integer"),
+    ("ar", {"seed": 1.5}, "seed=1.5 must be an integer"),
+]
+
+
+@pytest.mark.parametrize(("method", "params", "match"), BAD_PARAMS)
+def test_bad_parameters_fail_when_the_decoder_is_built(lm, tokenizer, method, params, match):
+    kw = {"draft": lm} if method in ("sd", "nsd", "asd") else {"verifier": lm} if method == "prove" else {}
+    with pytest.raises(ValueError, match=match):
+        Decoder(lm, tokenizer, method=method, **{"block_size": 4, **kw, **params})
+
+
+def test_bad_parameters_fail_before_the_cli_reads_a_file_or_loads_a_model(tmp_path):
+    from prove.decode.bench import BenchConfig, run_bench
+    from prove.decode.config import DecodeConfig
+    from prove.decode.prompts import run
+
+    missing = str(tmp_path / "missing")
+    with pytest.raises(ValueError, match="nucleus mass"):
+        run(DecodeConfig(model=missing, method="nsd", draft=missing, theta=1.5, prompts=missing, output=missing))
+    with pytest.raises(ValueError, match="nucleus mass"):
+        run_bench(BenchConfig(model=missing, prompts=missing, methods=["ar", "nsd"], method_params={"nsd": {"theta": 1.5}}))
+    assert not list(tmp_path.iterdir())
