@@ -752,6 +752,12 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             )
     names = [REFERENCE, *hf_rows, *(s.name for s in specs[1:])]
     prompts = [ref.encode(render(r, cfg.chat)) for r in records]
+    for rec, ids in zip(records, prompts, strict=True):  # too long for a model: fail before any timing
+        for dec in decoders.values():
+            try:
+                dec.check_length(len(ids), cfg.max_new_tokens)
+            except ValueError as e:
+                raise ValueError(f"prompt {rec.id!r}: {e}") from None
     eos = ref.eos_ids()
     stop = list(cfg.stop)
 

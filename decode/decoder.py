@@ -303,6 +303,24 @@ class Decoder:
             return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         raise ValueError("a prompt is a string, a list of chat messages ({'role', 'content'}), or token ids")
 
+    def check_length(self, prompt_len: int, max_new_tokens: int) -> None:
+        """A clear error when a request could run past a model's ``max_position_embeddings``.
+
+        The last position any method feeds is ``prompt_len + max_new_tokens − 1``: ProVe's verifier scoring the
+        last token of a block that ends at ``max_new_tokens``. A block's placeholders never reach beyond it,
+        since every proposal is capped by the tokens the request may still take. So every method needs
+        ``prompt_len + max_new_tokens ≤ max_position_embeddings`` of every model it runs (target, verifier,
+        draft). No truncation: the output would silently be something else.
+        """
+        for runner in self.models.runners():
+            limit = getattr(runner.model.config, "max_position_embeddings", None)
+            if limit is not None and prompt_len + max_new_tokens > limit:
+                raise ValueError(
+                    f"the prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) = "
+                    f"{prompt_len + max_new_tokens} positions exceed the {runner.name}'s max_position_embeddings "
+                    f"({limit}): lower max_new_tokens to {max(limit - prompt_len, 0)} or less, or shorten the prompt"
+                )
+
     def eos_ids(self, eos_token_id: int | Sequence[int] | None = None) -> list[int]:
         if eos_token_id is None:
             eos_token_id = getattr(getattr(self.models.target.model, "generation_config", None), "eos_token_id", None)
@@ -330,6 +348,7 @@ class Decoder:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be ≥ 1")
         ids = self.encode(prompt, chat=chat)
+        self.check_length(len(ids), max_new_tokens)
         if seed is not None:
             self.generator.manual_seed(seed)
         tok = self.tokenizer

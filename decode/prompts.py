@@ -118,6 +118,11 @@ def decode_prompts(
     output.parent.mkdir(parents=True, exist_ok=True)
     done = finished_ids(output)
     todo = [(i, r) for i, r in enumerate(records) if repr(r.id) not in done]
+    for _, rec in todo:  # a prompt too long for the models fails here, before anything is decoded
+        try:
+            decoder.check_length(len(decoder.encode(render(rec, chat))), max_new_tokens)
+        except ValueError as e:
+            raise ValueError(f"prompt {rec.id!r}: {e}") from None
     bar = tqdm(total=len(records), initial=len(records) - len(todo), file=sys.stderr, disable=not progress, unit="prompt")
     with output.open("a") as f:
         for i, rec in todo:

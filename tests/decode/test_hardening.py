@@ -169,3 +169,49 @@ def test_bad_parameters_fail_before_the_cli_reads_a_file_or_loads_a_model(tmp_pa
     with pytest.raises(ValueError, match="nucleus mass"):
         run_bench(BenchConfig(model=missing, prompts=missing, methods=["ar", "nsd"], method_params={"nsd": {"theta": 1.5}}))
     assert not list(tmp_path.iterdir())
+
+
+# -- the context length ----------------------------------------------------------------------------------------
+
+
+def _record_positions(model, seen: list[int]):
+    """A copy of ``model`` that records the largest position it is fed in each forward."""
+    m = copy.deepcopy(model)
+
+    def hook(_module, args, kwargs):
+        pos = kwargs.get("position_ids")
+        if pos is not None:
+            seen.append(int(pos.max()))
+        else:  # no explicit positions: the cache length + the new tokens
+            cache = kwargs.get("past_key_values", kwargs.get("cache"))
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            seen.append((cache.get_seq_length() if cache is not None else 0) + ids.shape[1] - 1)
+
+    m.register_forward_pre_hook(hook, with_kwargs=True)
+    return m
+
+
+@pytest.mark.parametrize("method", ["ar", "mars", "prove", "prove-lossless", "sd", "nsd", "asd"])
+def test_context_length_is_checked_at_start_counting_every_position_fed(lm, small, tokenizer, prompts, method):
+    """At prompt + max_new_tokens = max_position_embeddings every method runs and no model is fed a position
+    ≥ the limit (block placeholders and verifier passes included); one more token is a clear error before any
+    forward pass (it used to run silently past the limit)."""
+    p = prompts[0]
+    n = 2 * 4 + 3  # several whole blocks, then a partial one at the end
+    limit = len(p) + n
+    seen: list[int] = []
+    target = _record_positions(lm, seen)
+    target.config.max_position_embeddings = limit
+    other = _record_positions(lm if method in ("sd", "nsd", "asd") else small, seen)
+    other.config.max_position_embeddings = limit
+    role = {"prove": "verifier", "sd": "draft", "nsd": "draft", "asd": "draft"}.get(method)
+    kw = {role: other} if role else {}
+    dec = Decoder(target, tokenizer, method=method, **({"block_size": 4} if method in ("mars", "prove", "prove-lossless") else {}), **kw,
+                  **({"theta": 0.0} if method == "prove" else {"tau": 0.0} if method == "mars" else {}))  # fmt: skip
+    out = dec.generate(p, max_new_tokens=n, eos_token_id=[])
+    assert len(out.token_ids) == n and seen and max(seen) < limit
+    seen.clear()
+    with pytest.raises(ValueError, match=rf"= {limit + 1} positions exceed the .*max_position_embeddings \({limit}\): "
+                                         rf"lower max_new_tokens to {n} or less"):  # fmt: skip
+        dec.generate(p, max_new_tokens=n + 1, eos_token_id=[])
+    assert not seen
