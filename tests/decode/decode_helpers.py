@@ -44,3 +44,38 @@ def hf_generate(
         **kw,
     )
     return out[0, len(ids) :].tolist()
+
+
+class BigramLM(torch.nn.Module):
+    """A toy causal LM for Monte-Carlo tests through the real Decoder: the next-token logits are a row of a
+    (V, V) table picked by the last token, so exact distributions are one table lookup and a forward pass
+    costs microseconds. It speaks the interface the engine uses (``DynamicCache``, ``position_ids``,
+    ``logits_to_keep``), appending one dummy KV entry per token so cache cropping is exercised."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        from transformers import Qwen2Config
+
+        super().__init__()
+        V = table.shape[0]
+        self.config = Qwen2Config(
+            vocab_size=V, hidden_size=4, num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
+            intermediate_size=4, max_position_embeddings=4096,
+        )  # fmt: skip
+        self.table = torch.nn.Parameter(table.float(), requires_grad=False)
+        self.lm_head = torch.nn.Linear(1, V, bias=False)
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.lm_head
+
+    def get_input_embeddings(self) -> torch.nn.Module:
+        return self.lm_head
+
+    def forward(self, input_ids, past_key_values=None, position_ids=None, use_cache=True, logits_to_keep=0):
+        from types import SimpleNamespace
+
+        L = input_ids.shape[1]
+        if past_key_values is not None:
+            kv = torch.zeros(1, 1, L, 1)
+            past_key_values.update(kv, kv, 0)
+        logits = self.table[input_ids]  # (1, L, V)
+        return SimpleNamespace(logits=logits[:, -logits_to_keep:] if logits_to_keep else logits)
