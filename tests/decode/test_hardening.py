@@ -215,3 +215,52 @@ def test_context_length_is_checked_at_start_counting_every_position_fed(lm, smal
                                          rf"lower max_new_tokens to {n} or less"):  # fmt: skip
         dec.generate(p, max_new_tokens=n + 1, eos_token_id=[])
     assert not seen
+
+
+# -- ProVe through the engine: a partial leading run where p̃·q straddles θ ------------------------------------
+
+
+def _leading(ok: list[bool]) -> int:
+    n = 0
+    while n < len(ok) and ok[n]:
+        n += 1
+    return n
+
+
+def test_prove_commits_the_leading_run_where_p_times_q_straddles_theta(lm, small, tokenizer, prompts):
+    """Independently of the engine (plain forwards, no cache): p̃_i from the block pass over [prompt, M×(K−1)],
+    q_i = the verifier's probability of y_i given prompt + y_<i. θ is put between two scores so the run is
+    partial (1 < n < K) and would differ if q were read from the next verifier row or left out (p̃ ≥ θ)."""
+    K = 4
+    mask = tokenizer.convert_tokens_to_ids("<|mask|>")
+    checked = 0
+    for p in prompts:
+        dec0 = Decoder(lm, tokenizer, method="prove", verifier=small, block_size=K, theta=0.0)
+        events = []
+        dec0.generate(p, max_new_tokens=K, eos_token_id=[], on_cycle=events.append)
+        y = events[0].proposal.tokens.tolist()
+        with torch.no_grad():
+            block = lm(torch.tensor([p + [mask] * (K - 1)])).logits[0, len(p) - 1 :].softmax(-1)  # (K, V)
+            ver = small(torch.tensor([p + y])).logits[0, len(p) - 1 :].softmax(-1)  # (K+1, V)
+        conf = [float(block[i, y[i]]) for i in range(K)]
+        q = [float(ver[i, y[i]]) for i in range(K)]
+        q_next = [float(ver[i + 1, y[i]]) for i in range(K)]
+        assert events[0].proposal.conf.tolist() == pytest.approx(conf, abs=1e-3)  # cached vs full forward
+        scores = {"right": [c * v for c, v in zip(conf, q)], "next row": [c * v for c, v in zip(conf, q_next)],
+                  "no q": conf}  # fmt: skip
+        cuts = sorted({v for s in scores.values() for v in s})
+        for theta in [(a + b) / 2 for a, b in zip(cuts, cuts[1:]) if b - a > 0.02 * b]:  # clear of rounding
+            n = {name: max(1, _leading([v >= theta for v in s])) for name, s in scores.items()}
+            if 1 < n["right"] < K and n["right"] != n["next row"] and n["right"] != n["no q"]:
+                break
+        else:
+            continue
+        s = scores["right"]
+        assert s[n["right"] - 1] >= theta > s[n["right"]]  # the run straddles θ
+        dec = Decoder(lm, tokenizer, method="prove", verifier=small, block_size=K, theta=theta)
+        events.clear()
+        dec.generate(p, max_new_tokens=3 * K, eos_token_id=[], on_cycle=events.append)
+        assert events[0].proposal.tokens.tolist() == y
+        assert events[0].accept.n == n["right"] and events[0].committed == y[: n["right"]]
+        checked += 1
+    assert checked >= 2
