@@ -264,3 +264,60 @@ def test_prove_commits_the_leading_run_where_p_times_q_straddles_theta(lm, small
         assert events[0].accept.n == n["right"] and events[0].committed == y[: n["right"]]
         checked += 1
     assert checked >= 2
+
+
+# -- stop strings inside a block, for every method that can cross one there --------------------------------------
+
+STOP_METHODS = {
+    "sd": {"k": 5},
+    "nsd": {"k": 5},
+    "asd": {"k": 5},
+    "mars": {"tau": 0.0, "block_size": 4},  # whole blocks: the stop string lands inside one
+    "prove": {"theta": 0.0, "block_size": 4},
+    "prove-lossless": {"block_size": 4},
+    "ar": {},
+}
+
+
+def _stop_inside_a_block(tokenizer, out: list[int], committed: list[int]) -> tuple[str, int] | None:
+    """A stop string first completed by a token that is not the last of its cycle, and that token's index."""
+    ends, total = set(), 0
+    for c in committed:
+        total += c
+        ends.add(total - 1)
+    for j in range(2, len(out) - 1):
+        stop = tokenizer.decode(out[: j + 1])[-2:]
+        if not stop.strip():
+            continue
+        first = next(i for i in range(len(out)) if stop in tokenizer.decode(out[: i + 1]))
+        if first == j and (j not in ends or not committed):
+            return stop, j
+    return None
+
+
+@pytest.mark.parametrize("method", list(STOP_METHODS))
+def test_stop_string_inside_a_block_ends_where_the_method_would(lm, small, tokenizer, prompts, method):
+    """The output ends at the token that completes the stop string (included), even when a rule accepted more of
+    the block; for the lossless methods that is transformers' own ``stop_strings`` output."""
+    kw = dict(STOP_METHODS[method])
+    if method in ("sd", "nsd", "asd"):
+        kw["draft"] = copy.deepcopy(lm)  # accepts whole blocks
+    if method == "prove":
+        kw["verifier"] = small
+    dec = Decoder(lm, tokenizer, method=method, **kw)
+    p = prompts[0]
+    events = []
+    full = dec.generate(p, max_new_tokens=30, eos_token_id=[], on_cycle=events.append).token_ids
+    committed = [len(e.committed) for e in events]
+    found = _stop_inside_a_block(tokenizer, full, committed if method != "ar" else [])
+    assert found is not None
+    stop, j = found
+    out = dec.generate(p, max_new_tokens=30, eos_token_id=[], stop=[stop])
+    assert out.token_ids == full[: j + 1]
+    if method in ("ar", "prove-lossless", "sd"):
+        hf = lm.generate(
+            torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long), max_new_tokens=30,
+            do_sample=False, eos_token_id=None, pad_token_id=0, stop_strings=[stop], tokenizer=tokenizer,
+            suppress_tokens=[tokenizer.convert_tokens_to_ids("<|mask|>")],
+        )[0, len(p):].tolist()  # fmt: skip
+        assert out.token_ids == hf
