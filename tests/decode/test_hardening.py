@@ -321,3 +321,15 @@ def test_stop_string_inside_a_block_ends_where_the_method_would(lm, small, token
             suppress_tokens=[tokenizer.convert_tokens_to_ids("<|mask|>")],
         )[0, len(p):].tolist()  # fmt: skip
         assert out.token_ids == hf
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("method", ["ar", "sd", "nsd", "mars"])
+def test_sampling_runs_on_cuda(lm, tokenizer, prompts, method):
+    """Where a GPU exists: the generator and every tensor on CUDA (the crash the issue reported for sd / nsd)."""
+    target = copy.deepcopy(lm).cuda()
+    kw = {"draft": copy.deepcopy(lm).cuda()} if method in ("sd", "nsd") else {"block_size": 4} if method == "mars" else {}
+    dec = Decoder(target, tokenizer, method=method, temperature=0.8, top_k=20, top_p=0.9, **kw)
+    assert dec.generator.device.type == "cuda"
+    out = dec.generate(prompts[0], max_new_tokens=8, eos_token_id=[], seed=1)
+    assert len(out.token_ids) == 8
