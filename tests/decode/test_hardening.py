@@ -246,10 +246,10 @@ def test_prove_commits_the_leading_run_where_p_times_q_straddles_theta(lm, small
         q = [float(ver[i, y[i]]) for i in range(K)]
         q_next = [float(ver[i + 1, y[i]]) for i in range(K)]
         assert events[0].proposal.conf.tolist() == pytest.approx(conf, abs=1e-3)  # cached vs full forward
-        scores = {"right": [c * v for c, v in zip(conf, q)], "next row": [c * v for c, v in zip(conf, q_next)],
+        scores = {"right": [c * v for c, v in zip(conf, q, strict=True)], "next row": [c * v for c, v in zip(conf, q_next, strict=True)],
                   "no q": conf}  # fmt: skip
         cuts = sorted({v for s in scores.values() for v in s})
-        for theta in [(a + b) / 2 for a, b in zip(cuts, cuts[1:]) if b - a > 0.02 * b]:  # clear of rounding
+        for theta in [(a + b) / 2 for a, b in zip(cuts, cuts[1:], strict=False) if b - a > 0.02 * b]:  # clear of rounding
             n = {name: max(1, _leading([v >= theta for v in s])) for name, s in scores.items()}
             if 1 < n["right"] < K and n["right"] != n["next row"] and n["right"] != n["no q"]:
                 break
