@@ -491,8 +491,9 @@ class BenchConfig:
     """Use the first N prompts (null = all)."""
     max_new_tokens: int = 128
     stop: list[str] = field(default_factory=list)
-    chat: bool = True
-    """Render ``prompt`` fields and plain lines as one user turn with the chat template."""
+    chat: bool = False
+    """``prompt`` fields and plain lines are raw text; ``messages`` use the chat template. ``chat=true`` wraps raw
+    text as one user turn of the chat template."""
     warmup: int = 1
     """Prompts each row decodes untimed before the timed loop."""
     repeats: int = 1
@@ -686,6 +687,11 @@ class _HFRow:
         }
         if stop:
             kw.update(stop_strings=list(stop), tokenizer=self.tokenizer)
+        from prove.decode.checkpoint import MASK_TOKEN
+
+        mask = None if self.tokenizer is None else self.tokenizer.get_vocab().get(MASK_TOKEN)
+        if mask is not None:  # our Decoder never outputs <|mask|>; transformers' rows suppress it alike
+            kw["suppress_tokens"] = [mask]
         from transformers.utils import logging as hf_logging
 
         verbosity = hf_logging.get_verbosity()
@@ -810,13 +816,17 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """Run the bench; write bench.json, bench.md and the plots into ``cfg.output_dir``; return the report."""
     import sys
 
-    from prove.decode.methods import METHODS
+    from prove.decode.methods import METHODS, resolve_params
     from prove.decode.prompts import read_prompts, render
     from tqdm import tqdm
 
     unknown = [m for m in cfg.methods if m not in METHODS]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; registered: {', '.join(sorted(METHODS))}")
+    uses = {name: m.uses for name, m in METHODS.items()}
+    specs = expand_rows(cfg.methods, cfg.sweeps(), uses, cfg.method_params)
+    for spec in specs:  # every row's parameters are checked before any model loads
+        resolve_params(spec.method, **spec.params)
     if cfg.hf_compare is not None:
         models, prompt_ids = hf_compare_setup(cfg)
         records: list[Any] = [None] * len(prompt_ids)
@@ -829,8 +839,6 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     answers = [None if r is None else r.answer for r in records]
     has_answers = any(a is not None for a in answers)
     tokenizer = models["tokenizer"]
-    uses = {name: m.uses for name, m in METHODS.items()}
-    specs = expand_rows(cfg.methods, cfg.sweeps(), uses, cfg.method_params)
     decoders = build_decoders(cfg, specs, models)
     ref = decoders[REFERENCE]
     hf_rows: dict[str, _HFRow] = {}
@@ -842,6 +850,12 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             )
     names = [REFERENCE, *hf_rows, *(s.name for s in specs[1:])]
     prompts = prompt_ids if cfg.hf_compare is not None else [ref.encode(render(r, cfg.chat)) for r in records]
+    for key, ids in zip(keys, prompts, strict=True):  # too long for a model: fail before any timing
+        for dec in decoders.values():
+            try:
+                dec.check_length(len(ids), cfg.max_new_tokens)
+            except ValueError as e:
+                raise ValueError(f"prompt {key!r}: {e}") from None
     eos = ref.eos_ids()
     stop = list(cfg.stop)
 

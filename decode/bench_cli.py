@@ -12,7 +12,7 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig, OmegaConf
 from prove.decode.bench import BenchConfig, register_configs
-from prove.decode.errors import exit_on_user_error
+from prove.decode.errors import exit_on_user_error, reject_unknown_keys
 
 register_configs()
 
@@ -24,6 +24,7 @@ def main(cfg: DictConfig) -> None:
     from prove.decode.bench import run_bench
 
     with exit_on_user_error("prove-bench"):
+        reject_unknown_keys(cfg, "prove-bench")
         config: BenchConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]  # runs __post_init__ checks
         report = run_bench(config)
     out = Path(config.output_dir)

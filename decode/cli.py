@@ -12,7 +12,7 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig, OmegaConf
 from prove.decode.config import DecodeConfig, register_configs
-from prove.decode.errors import exit_on_user_error
+from prove.decode.errors import exit_on_user_error, reject_unknown_keys
 
 register_configs()
 
@@ -22,6 +22,7 @@ def main(cfg: DictConfig) -> None:
     from prove.decode.prompts import run
 
     with exit_on_user_error("prove-decode"):
+        reject_unknown_keys(cfg, "prove-decode")
         config: DecodeConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]  # runs __post_init__ checks
         out = run(config)
     print(out)

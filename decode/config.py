@@ -13,10 +13,12 @@ with (``prove.json``).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
+_INT_PARAMS = ("block_size", "k", "max_mismatches", "top_k", "seed")
 
 
 @dataclass
@@ -34,7 +36,7 @@ class DecodeParams:
     budget: float | None = None
     """ASD's per-request regret budget B: the summed regret of accepted mismatches (ASD: 8.0; 0 = exact greedy)."""
     gate: float | None = None
-    """ASD's gate g: a mismatch at depth i passes only if its regret r_i ≤ g·(K − i) (ASD: 0.25; 0 = exact greedy)."""
+    """ASD's gate g: a mismatch at depth i (1-based) passes only if its regret r_i ≤ g·(K − i + 1) (ASD: 0.25; 0 = exact greedy)."""
     max_mismatches: int | None = None
     """ASD's m: mismatches accepted per block at most (ASD: 2; 0 = exact greedy)."""
     fuse: bool | None = None
@@ -54,6 +56,20 @@ class DecodeParams:
     """Seed of the torch.Generator that sampling draws from."""
 
     def __post_init__(self) -> None:
+        for name in DecodeParams.field_names():
+            value = getattr(self, name)
+            if value is None or name == "fuse_groups":  # fuse_groups: parsed below
+                continue
+            if name == "fuse":
+                if not isinstance(value, bool):
+                    raise ValueError(f"fuse={value!r} must be true or false")
+                continue
+            if name in _INT_PARAMS and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"{name}={value!r} must be an integer")
+            if name not in _INT_PARAMS and (
+                isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value)
+            ):
+                raise ValueError(f"{name}={value!r} must be a number")
         if self.temperature < 0:
             raise ValueError(f"temperature={self.temperature} is negative; use 0 for greedy or a value > 0")
         if not 0 < self.top_p <= 1:
@@ -110,16 +126,17 @@ class DecodeConfig(DecodeParams):
     """Run the method's rule on another proposer (``block`` or ``draft``); e.g. ``method=nsd proposer=block``
     is NSD's nucleus gate on the block proposer, self-verified. ``None`` = the method's own."""
     prompts: str = "???"
-    """JSONL with a ``prompt`` (raw text) or ``messages`` (chat) field per line, or a plain-text file (one prompt a line)."""
+    """JSONL with a ``prompt`` (raw text) or ``messages`` (chat turns) field per line, or a plain-text file (one raw-text
+    prompt a line). See ``chat``."""
     output: str = "???"
     """JSONL written one record per prompt as each finishes; an existing file is resumed (finished ids are skipped)."""
     max_new_tokens: int = 256
     """New tokens per prompt at most."""
     stop: list[str] = field(default_factory=list)
     """Stop strings: output ends at the token that completes the first one (that token included), as AR would."""
-    chat: bool = True
-    """Render ``prompt`` fields and plain lines as one user turn with the model's chat template (``messages``
-    always are). False feeds them as raw text."""
+    chat: bool = False
+    """Prompt convention: a ``prompt`` field or a plain line is raw text, fed as given; ``messages`` go through the
+    model's chat template. ``chat=true`` wraps raw text as one user turn of the chat template."""
     trace: bool = False
     """Record per-position proposer confidence / verifier probability / greedy match in each record's stats."""
     device: str = "cpu"

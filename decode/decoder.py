@@ -26,9 +26,8 @@ from prove.decode.checkpoint import (
     read_prove_json,
     vocab_difference,
 )
-from prove.decode.config import DecodeParams
 from prove.decode.engine import CycleEvent, ModelRunner, Models, Stats, Stopper
-from prove.decode.methods import Method, get_method
+from prove.decode.methods import METHOD_KEYS, Method, resolve_params
 from prove.decode.proposers import PROPOSERS
 from prove.decode.verifiers import ModelVerifier, build_verifier
 
@@ -112,30 +111,11 @@ class Decoder:
         trace: bool = False,
         **params: Any,
     ) -> None:
-        unknown = set(params) - set(DecodeParams.field_names())
-        if unknown:
-            raise ValueError(f"unknown parameter(s) {sorted(unknown)}; known: {DecodeParams.field_names()}")
         if dtype not in _DTYPES:
             raise ValueError(f"dtype={dtype!r} is not one of {sorted(_DTYPES)}")
-        self.method = get_method(method)
-        if proposer is not None:
-            self.method = self.method.with_proposer(proposer)
+        self.method, self.params = resolve_params(method, proposer, **params)
         given = {k: v for k, v in params.items() if v is not None}
-        self.params = DecodeParams(**given).with_defaults(dict(self.method.defaults))
-        if self.method.greedy_only and self.params.temperature > 0:
-            raise ValueError(
-                f"method {self.method.name} is greedy (exactly the model's greedy output): set temperature=0, "
-                "or use a sampling method such as sd"
-            )
-        if self.params.fuse and not self.method.can_fuse:
-            raise ValueError(
-                f"fuse=true needs block proposals that the model verifies itself: method=prove-lossless, or "
-                f"method=nsd / asd with proposer=block (not {self.method.name})"
-            )
-        if self.params.fuse and self.params.temperature > 0:
-            raise ValueError("fuse=true is greedy only: set temperature=0, or fuse=false to sample")
-        method_keys = {"theta", "tau", "block_size", "k", "budget", "gate", "max_mismatches", "fuse", "fuse_groups"}
-        ignored = method_keys & set(given) - set(self.method.uses)
+        ignored = set(METHOD_KEYS) & set(given) - set(self.method.uses)
         if ignored:
             warnings.warn(f"method {self.method.name} does not read {sorted(ignored)}; ignoring", stacklevel=2)
         self.trace = trace
@@ -187,11 +167,13 @@ class Decoder:
             self._check_vocab_rows(role, other, other_name)
             aux[role] = ModelRunner(other.eval(), role)
 
+        target_runner = ModelRunner(target, "model")
         self.models = Models(
-            target=ModelRunner(target, "model"),
+            target=target_runner,
             verifier=aux.get("verifier"),
             draft=aux.get("draft"),
             mask_token_id=mask_id,
+            allowed=self._allowed_ids(target_runner, aux.values(), model_meta, mask_id),
         )
         self.generator = torch.Generator(device=self.device).manual_seed(self.params.seed)
         factory = self.method.proposer if callable(self.method.proposer) else PROPOSERS[self.method.proposer]
@@ -269,11 +251,35 @@ class Decoder:
                 "same model family"
             )
 
+    def _tokenizer_mask_id(self) -> int | None:
+        vocab = self.tokenizer.get_vocab() if self.tokenizer is not None else {}
+        return vocab.get(MASK_TOKEN)
+
+    def _allowed_ids(
+        self, target: ModelRunner, aux: Any, meta: ProveMeta | None, mask_id: int | None
+    ) -> torch.Tensor | None:
+        """The ids any proposer may propose and any rule may commit (``Models.allowed``): not ``<|mask|>`` (a
+        placeholder, never text; wherever its id is), not an id some model has no row for (a stock verifier
+        or draft lacks the mask row), not an id past the tokenizer's vocabulary (padding rows)."""
+        V = target.vocab_size
+        allowed = torch.ones(V, dtype=torch.bool, device=self.device)
+        for runner in aux:
+            allowed[runner.vocab_size :] = False
+        if self.tokenizer is not None:
+            allowed[max(self.tokenizer.get_vocab().values()) + 1 :] = False
+        masks = {mask_id, self._tokenizer_mask_id(), None if meta is None else meta.mask_token_id} - {None}
+        for m in masks:
+            if 0 <= m < V:
+                allowed[m] = False
+        return None if bool(allowed.all()) else allowed
+
     def _check_vocab_rows(self, role: str, other: Any, other_name: str | None) -> None:
         if self.tokenizer is None:
             return
         rows = other.get_output_embeddings().weight.shape[0]
-        needed = len(self.tokenizer) - (MASK_TOKEN in self.tokenizer.get_vocab())
+        # every id of the tokenizer but <|mask|> needs a row; the mask may sit anywhere (not only last)
+        ids = set(self.tokenizer.get_vocab().values()) - {self._tokenizer_mask_id()}
+        needed = max(ids) + 1
         if rows < needed:
             raise ValueError(
                 f"the {role} {other_name} scores {rows} tokens but model {self.model_name}'s tokenizer has "
@@ -282,8 +288,11 @@ class Decoder:
 
     # -- generation ---------------------------------------------------------------------------------------------
 
-    def encode(self, prompt: Prompt) -> list[int]:
-        """Token ids of a prompt: raw text, chat messages (chat template + generation prompt), or ids."""
+    def encode(self, prompt: Prompt, *, chat: bool = False) -> list[int]:
+        """Token ids of a prompt: raw text (tokenized as given), chat messages (chat template + generation
+        prompt), or ids. ``chat=True`` wraps raw text as one user turn of the chat template."""
+        if isinstance(prompt, str) and chat:
+            prompt = [{"role": "user", "content": prompt}]
         if isinstance(prompt, torch.Tensor):
             return [int(t) for t in prompt.reshape(-1).tolist()]
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
@@ -295,11 +304,29 @@ class Decoder:
         if isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
             if not getattr(self.tokenizer, "chat_template", None):
                 raise ValueError(
-                    f"the tokenizer of {self.model_name} has no chat template: give raw text (chat=false) instead"
+                    f"the tokenizer of {self.model_name} has no chat template: give raw text (and chat=false) instead"
                 )
             text = self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
             return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         raise ValueError("a prompt is a string, a list of chat messages ({'role', 'content'}), or token ids")
+
+    def check_length(self, prompt_len: int, max_new_tokens: int) -> None:
+        """A clear error when a request could run past a model's ``max_position_embeddings``.
+
+        The last position any method feeds is ``prompt_len + max_new_tokens − 1``: ProVe's verifier scoring the
+        last token of a block that ends at ``max_new_tokens``. A block's placeholders never reach beyond it,
+        since every proposal is capped by the tokens the request may still take. So every method needs
+        ``prompt_len + max_new_tokens ≤ max_position_embeddings`` of every model it runs (target, verifier,
+        draft). No truncation: the output would silently be something else.
+        """
+        for runner in self.models.runners():
+            limit = getattr(runner.model.config, "max_position_embeddings", None)
+            if limit is not None and prompt_len + max_new_tokens > limit:
+                raise ValueError(
+                    f"the prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) = "
+                    f"{prompt_len + max_new_tokens} positions exceed the {runner.name}'s max_position_embeddings "
+                    f"({limit}): lower max_new_tokens to {max(limit - prompt_len, 0)} or less, or shorten the prompt"
+                )
 
     def eos_ids(self, eos_token_id: int | Sequence[int] | None = None) -> list[int]:
         if eos_token_id is None:
@@ -317,15 +344,18 @@ class Decoder:
         stop: Sequence[str] | None = None,
         eos_token_id: int | Sequence[int] | None = None,
         *,
+        chat: bool = False,
         seed: int | None = None,
         on_cycle: Callable[[CycleEvent], None] | None = None,
     ) -> GenerationResult:
-        """Decode one prompt. ``stop`` strings and EOS end the output exactly where AR decoding would (the
+        """Decode one prompt: raw text (as given), chat messages (through the chat template) or token ids;
+        ``chat=True`` wraps raw text as one user turn. ``stop`` strings and EOS end the output exactly where AR decoding would (the
         stopping token included); ``seed`` reseeds sampling for this request; ``on_cycle`` is called
         after every cycle (a debugging hook: caches are synced to the committed sequence by then)."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be ≥ 1")
-        ids = self.encode(prompt)
+        ids = self.encode(prompt, chat=chat)
+        self.check_length(len(ids), max_new_tokens)
         if seed is not None:
             self.generator.manual_seed(seed)
         tok = self.tokenizer

@@ -155,6 +155,9 @@ class Models:
     verifier: ModelRunner | None = None
     draft: ModelRunner | None = None
     mask_token_id: int | None = None
+    allowed: torch.Tensor | None = None
+    """(V,) bool over the target's logit rows: the ids a proposer may propose and a rule may commit. False for
+    ``<|mask|>`` and for ids some model cannot score or the tokenizer does not have (set by the Decoder)."""
 
     def runners(self) -> list[ModelRunner]:
         return [r for r in (self.target, self.verifier, self.draft) if r is not None]
@@ -205,7 +208,8 @@ class Stats:
     or bonus token of rules that add one (so AR is 1.0). ``model_passes`` counts every forward pass of
     ``model`` (block passes and self-verification passes alike), ``verifier_passes`` those of a separate
     verifier model, ``draft_passes`` those of a draft model. ``accepted_by_depth[i]`` is the number of
-    cycles in which proposed position i (0-based) was accepted by the rule, ``proposed_by_depth[i]`` the
+    cycles in which proposed position i (0-based) was accepted by the rule and committed (not cut off by EOS,
+    a stop string or ``max_new_tokens``), ``proposed_by_depth[i]`` the
     number in which it was proposed. ``trace`` (only when asked for) has one dict per cycle with, per
     proposed position, ``conf`` (p̃), ``verifier_prob`` (q, from the verifier model when there is one),
     ``target_prob`` and ``matched`` (y_i equals the target's greedy token; only when the target scored
@@ -364,7 +368,7 @@ def run(
         for runner in models.runners():
             runner.sync(seq)
         tally.committed_per_cycle.append(len(committed))
-        tally.count(proposal.tokens.shape[0], accept.n)
+        tally.count(proposal.tokens.shape[0], min(accept.n, len(committed)))  # what was committed, not cut off
         if trace:
             tally.trace.append(_trace_row(view, accept))
         if on_cycle is not None:

@@ -7,10 +7,12 @@ the CLIs turn those into ``prove-decode: error: ...`` instead of a stack trace. 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 
 @contextmanager
@@ -23,3 +25,25 @@ def exit_on_user_error(prog: str) -> Iterator[None]:
         print(f"{prog}: error: {e}", file=sys.stderr)
         print(f"{prog}: (HYDRA_FULL_ERROR=1 shows the traceback)", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def reject_unknown_keys(node: Any, prog: str, path: str = "") -> None:
+    """Refuse keys that no dataclass field declares, at any depth of a composed structured config.
+
+    ``+typo=1`` (or ``+group.typo=1``) forces a key into a structured node, and ``OmegaConf.to_object`` would
+    drop it silently: ``prove-decode ... +tempreature=0.7`` would decode greedily without a word. Every CLI
+    (prove-train, prove-decode, prove-bench, prove-eval) calls this before building its config object.
+    """
+    from omegaconf import DictConfig, OmegaConf
+
+    kind = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(kind):
+        return
+    unknown = set(node.keys()) - {f.name for f in dataclasses.fields(kind)} - {"hydra"}
+    if unknown:
+        names = sorted(f"{path}{k!s}" for k in unknown)
+        raise ValueError(f"unknown config key(s) {names}: check the spelling (`{prog} --cfg job` prints every key)")
+    for key in node.keys():
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+            reject_unknown_keys(child, prog, f"{path}{key!s}.")

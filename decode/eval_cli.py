@@ -89,6 +89,10 @@ def register_configs() -> None:
 def run(cfg: EvalConfig) -> dict:
     """Evaluate ``cfg.baseline`` and ``cfg.method``; print and return the comparison."""
     from prove.decode.lm_eval_model import compare_methods
+    from prove.decode.methods import resolve_params
+
+    resolve_params(cfg.method, **vars(cfg.params()))  # every parameter checked before lm-eval loads anything
+    resolve_params(cfg.baseline)
 
     return compare_methods(cfg)
 
@@ -113,9 +117,10 @@ def main() -> None:
 
     @hydra.main(version_base=None, config_path="../conf/eval", config_name="eval")
     def _main(dcfg) -> None:
-        from prove.decode.errors import exit_on_user_error
+        from prove.decode.errors import exit_on_user_error, reject_unknown_keys
 
         with exit_on_user_error("prove-eval"):
+            reject_unknown_keys(dcfg, "prove-eval")
             cfg = OmegaConf.to_object(dcfg)
             assert isinstance(cfg, EvalConfig)
             run(cfg)

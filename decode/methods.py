@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from prove.decode.config import DecodeParams
 from prove.decode.engine import CycleView
 from prove.decode.proposers import ProposerFactory
 from prove.decode.rules.base import Accept
@@ -50,6 +51,9 @@ class Method:
     greedy_only: bool = False
     """True if the rule is defined for temperature 0 only (it errors early otherwise)."""
     summary: str = ""
+    check: Callable[[Any], None] | None = None
+    """Method-specific checks of the resolved ``DecodeParams`` beyond their own ranges (e.g. NSD's θ ≤ 1);
+    raise ``ValueError`` naming the fix. Run by ``resolve_params`` when a Decoder or a CLI starts."""
 
     def with_proposer(self, proposer: str) -> Method:
         """The same rule and verifier on another proposer: NSD's nucleus or ASD's budget on the block
@@ -95,6 +99,44 @@ DRAFT_K = 5
 """The parameter that sets how many tokens each proposer proposes per cycle (block_size: None = trained)."""
 
 METHODS: dict[str, Method] = {}
+
+METHOD_KEYS = ("theta", "tau", "block_size", "k", "budget", "gate", "max_mismatches", "fuse", "fuse_groups")
+"""The ``DecodeParams`` that only some methods read (the rest, sampling and seed, apply to every method)."""
+
+
+def resolve_params(method: str | Method, proposer: str | None = None, **given: Any) -> tuple[Method, DecodeParams]:
+    """The method (on ``proposer`` if given) and its complete, validated ``DecodeParams``: ``given`` values
+    (``None`` = the method's default) over the method's defaults. Every check that does not need a model
+    runs here, so the Decoder and the CLIs refuse a bad value at start, before any model loads: the ranges
+    of ``DecodeParams``, a sampling temperature on a greedy-only method, the method's own ``check``.
+    ``block_size = None`` stays None (the checkpoint's trained size, resolved by the Decoder)."""
+    m = get_method(method)
+    if proposer is not None:
+        m = m.with_proposer(proposer)
+    unknown = set(given) - set(DecodeParams.field_names())
+    if unknown:
+        raise ValueError(f"unknown parameter(s) {sorted(unknown)}; known: {DecodeParams.field_names()}")
+    params = DecodeParams(**{k: v for k, v in given.items() if v is not None}).with_defaults(dict(m.defaults))
+    if m.greedy_only and params.temperature > 0:
+        raise ValueError(
+            f"method {m.name} is greedy (exactly the model's greedy output): set temperature=0, "
+            "or use a sampling method such as sd"
+        )
+    if params.fuse and not m.can_fuse:
+        raise ValueError(
+            f"fuse=true needs block proposals that the model verifies itself: method=prove-lossless, or "
+            f"method=nsd / asd with proposer=block (not {m.name})"
+        )
+    if params.fuse and params.temperature > 0:
+        raise ValueError("fuse=true is greedy only: set temperature=0, or fuse=false to sample")
+    if m.check is not None:
+        m.check(params)
+    return m, params
+
+
+def _check_nsd(params: Any) -> None:
+    if not 0.0 <= params.theta <= 1.0:
+        raise ValueError(f"nsd's theta={params.theta} is a nucleus mass: pass a value in [0, 1] (0 = exact SD)")
 
 
 def register_method(method: Method, *, replace: bool = False) -> Method:
@@ -229,6 +271,7 @@ register_method(
         {"k": DRAFT_K, "theta": 0.9},
         ("k", "theta"),
         summary="nucleus SD: SD, or accept y_i inside the target's top-θ nucleus",
+        check=_check_nsd,
     )
 )
 register_method(

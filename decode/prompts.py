@@ -1,7 +1,8 @@
 """Prompt files in, JSONL records out: what ``prove-decode`` runs (DESIGN §3.1).
 
-Input: JSONL whose lines carry a ``prompt`` (raw text) or ``messages`` (chat turns) field and optionally
-an ``id``, or a plain-text file with one prompt per non-empty line. Output: JSONL, one record per prompt
+Input: JSONL whose lines carry a ``prompt`` (raw text, fed as given) or ``messages`` (chat turns, rendered
+with the model's chat template) field and optionally an ``id``, or a plain-text file with one raw-text prompt
+per non-empty line. ``chat=True`` wraps raw text as one user turn (the same rule as ``Decoder.generate``). Output: JSONL, one record per prompt
 (``id``, ``prompt``, ``completion``, ``token_ids`` = new tokens only, ``stats``, ``method``), written and
 flushed as each finishes. An output file that already holds records is resumed: finished ids are skipped
 and a half-written last line (a killed run) is dropped, so nothing finished is lost or repeated.
@@ -87,8 +88,9 @@ def finished_ids(output: str | Path) -> set[str]:
     return done
 
 
-def render(record: PromptRecord, chat: bool) -> str | list[dict[str, str]]:
-    """What the Decoder encodes: chat turns go through the chat template; text too when ``chat``."""
+def render(record: PromptRecord, chat: bool = False) -> str | list[dict[str, str]]:
+    """What the Decoder encodes: ``messages`` go through the chat template; raw text stays raw text, unless
+    ``chat`` wraps it as one user turn."""
     if isinstance(record.prompt, str) and chat:
         return [{"role": "user", "content": record.prompt}]
     return record.prompt
@@ -101,7 +103,7 @@ def decode_prompts(
     *,
     max_new_tokens: int,
     stop: list[str] | None = None,
-    chat: bool = True,
+    chat: bool = False,
     seed: int = 0,
     progress: bool = True,
 ) -> Path:
@@ -116,6 +118,11 @@ def decode_prompts(
     output.parent.mkdir(parents=True, exist_ok=True)
     done = finished_ids(output)
     todo = [(i, r) for i, r in enumerate(records) if repr(r.id) not in done]
+    for _, rec in todo:  # a prompt too long for the models fails here, before anything is decoded
+        try:
+            decoder.check_length(len(decoder.encode(render(rec, chat))), max_new_tokens)
+        except ValueError as e:
+            raise ValueError(f"prompt {rec.id!r}: {e}") from None
     bar = tqdm(total=len(records), initial=len(records) - len(todo), file=sys.stderr, disable=not progress, unit="prompt")
     with output.open("a") as f:
         for i, rec in todo:
@@ -139,7 +146,9 @@ def decode_prompts(
 def run(cfg: DecodeConfig) -> Path:
     """The ``prove-decode`` run: load the models, decode the prompt file, write the output file."""
     from prove.decode.decoder import Decoder
+    from prove.decode.methods import resolve_params
 
+    resolve_params(cfg.method, cfg.proposer, **vars(cfg.params()))  # every parameter checked before any file or model
     records = read_prompts(cfg.prompts)
     decoder = Decoder(
         cfg.model,

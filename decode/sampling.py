@@ -21,6 +21,13 @@ def logits_to_probs(logits: torch.Tensor, temperature: float = 0.0, top_k: int =
     return warp_probs(logits, temperature, top_p=top_p, top_k=top_k)
 
 
+def restrict(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """``logits`` (..., V) with every id outside ``allowed`` (V,) bool set to -inf: never drawn, never the argmax."""
+    if allowed is None:
+        return logits
+    return logits.masked_fill(~allowed, float("-inf"))
+
+
 def token_prob(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Softmax probability of each ``tokens[i]`` (k,) under ``logits[i]`` (≥ k, V) → (k,)."""
     k = tokens.shape[0]

@@ -17,6 +17,7 @@ from typing import Protocol
 
 import torch
 from prove.decode.engine import ModelRunner, Models
+from prove.decode.sampling import restrict
 
 
 class Verifier(Protocol):
@@ -27,12 +28,16 @@ class Verifier(Protocol):
 
 
 class ModelVerifier:
-    def __init__(self, runner: ModelRunner, *, is_target: bool) -> None:
+    """``allowed`` (the target's ``Models.allowed``): ids the target's rows may never pick as a correction,
+    bonus or AR token (their logits are -inf); a separate verifier's q is its own, unrestricted."""
+
+    def __init__(self, runner: ModelRunner, *, is_target: bool, allowed: torch.Tensor | None = None) -> None:
         self.runner = runner
         self.is_target = is_target
+        self.allowed = allowed
 
     def score(self, seq: Sequence[int], tokens: torch.Tensor) -> torch.Tensor:
-        return self.runner.forward(seq, tokens.tolist())  # (k+1, V)
+        return restrict(self.runner.forward(seq, tokens.tolist()), self.allowed)  # (k+1, V)
 
 
 class NoVerifier:
@@ -46,7 +51,7 @@ def build_verifier(role: str, models: Models) -> Verifier:
     if role == "none":
         return NoVerifier()
     if role == "self":
-        return ModelVerifier(models.target, is_target=True)
+        return ModelVerifier(models.target, is_target=True, allowed=models.allowed)
     if role == "small":
         assert models.verifier is not None, "the Decoder checks that a verifier model is given"
         return ModelVerifier(models.verifier, is_target=False)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from prove.decode.engine import ModelRunner
 from prove.decode.proposers.base import Proposal
-from prove.decode.sampling import logits_to_probs, pick
+from prove.decode.sampling import logits_to_probs, pick, restrict
 
 
 class BlockProposer:
@@ -22,6 +22,7 @@ class BlockProposer:
         mask_token_id: int,
         block_size: int,
         *,
+        allowed: torch.Tensor | None = None,
         temperature: float = 0.0,
         top_k: int = 0,
         top_p: float = 1.0,
@@ -30,6 +31,7 @@ class BlockProposer:
         self.runner = runner
         self.mask_token_id = mask_token_id
         self.block_size = block_size
+        self.allowed = allowed
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         self.generator = generator
 
@@ -40,6 +42,8 @@ class BlockProposer:
         # Row 0 of the pass over [pending, M_1..M_{k-1}] (at the last committed token) predicts y_1, row i (at M_i)
         # predicts y_{i+1}.
         logits = self.runner.forward(seq, [self.mask_token_id] * (k - 1))  # (k, V)
+        # never <|mask|> itself, nor an id the verifier / tokenizer lacks (``Models.allowed``)
+        logits = restrict(logits, self.allowed)
         probs = logits_to_probs(logits, self.temperature, self.top_k, self.top_p)  # (k, V)
         tokens = pick(probs, self.temperature, self.generator)  # (k,)
         conf = probs.gather(-1, tokens[:, None])[:, 0]  # (k,)

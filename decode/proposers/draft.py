@@ -14,14 +14,14 @@ from collections.abc import Sequence
 import torch
 from prove.decode.engine import ModelRunner
 from prove.decode.proposers.base import Proposal
-from prove.decode.sampling import logits_to_probs, pick
+from prove.decode.sampling import logits_to_probs, pick, restrict
 
 
 class DraftProposer:
     """``k`` sequential passes of ``runner``'s model; greedy (``temperature == 0``) or sampled.
 
     ``vocab_size`` is the target's number of logit rows: draft logits are cut or padded (with -inf) to it,
-    so the draft never proposes a token the target cannot score, and ``Proposal.probs`` (k, V) lives on
+    so the draft never proposes a token the target cannot score (nor one outside ``allowed``: ``<|mask|>``), and ``Proposal.probs`` (k, V) lives on
     the target's vocabulary, as the speculative-sampling rules need. ``probs`` is
     ``logits_to_probs(logits, temperature, top_k, top_p)``: the distribution each y_i was drawn from.
     """
@@ -32,6 +32,7 @@ class DraftProposer:
         k: int,
         *,
         vocab_size: int,
+        allowed: torch.Tensor | None = None,
         temperature: float = 0.0,
         top_k: int = 0,
         top_p: float = 1.0,
@@ -42,6 +43,7 @@ class DraftProposer:
         self.runner = runner
         self.k = k
         self.vocab_size = vocab_size
+        self.allowed = allowed
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         self.generator = generator
         self.stop_tokens: frozenset[int] = frozenset()
@@ -52,9 +54,9 @@ class DraftProposer:
         """(Vd,) draft logits → (V,) on the target's vocabulary."""
         V = self.vocab_size
         if logits.shape[-1] >= V:
-            return logits[..., :V]
+            return restrict(logits[..., :V], self.allowed)
         pad = logits.new_full((*logits.shape[:-1], V - logits.shape[-1]), float("-inf"))
-        return torch.cat([logits, pad], -1)
+        return restrict(torch.cat([logits, pad], -1), self.allowed)
 
     def propose(self, seq: Sequence[int], budget: int) -> Proposal:
         k = min(self.k, budget)

@@ -109,9 +109,14 @@ def sample_from_probs(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.minimum(idx, last_pos)
 
 
-def _draw_uniforms(k: int, uniforms: torch.Tensor | None, generator: torch.Generator | None):
+def _draw_uniforms(
+    k: int, uniforms: torch.Tensor | None, generator: torch.Generator | None, device: torch.device
+) -> torch.Tensor:
+    """k+1 uniforms on ``device`` (the block's). They are drawn on the generator's own device (a CUDA
+    generator cannot fill a CPU tensor, nor the reverse), never on torch's default device."""
     if uniforms is None:
-        return torch.rand(k + 1, generator=generator)
+        where = generator.device if generator is not None else device
+        return torch.rand(k + 1, generator=generator, device=where).to(device)
     if uniforms.shape[-1] != k + 1:
         raise ValueError(f"need k+1 = {k + 1} uniforms (k accept tests + 1 draw), got {uniforms.shape[-1]}")
     return uniforms
@@ -186,7 +191,7 @@ def sd_sample(
     (``warp_probs`` with the same temperature/top-p/top-k for both). Preserves the target's
     distribution exactly. See ``speculative_accept_batch``.
     """
-    u = _draw_uniforms(tokens.shape[-1], uniforms, generator)
+    u = _draw_uniforms(tokens.shape[-1], uniforms, generator, target_probs.device)
     n, extra = speculative_accept_batch(tokens, draft_probs, target_probs, u)
     return Accept(int(n), int(extra))
 
@@ -210,7 +215,7 @@ def nsd_sample(
     """
     if not 0.0 <= theta <= 1.0:
         raise ValueError(f"nsd theta must be in [0, 1] (0 = exact SD), got {theta}")
-    u = _draw_uniforms(tokens.shape[-1], uniforms, generator)
+    u = _draw_uniforms(tokens.shape[-1], uniforms, generator, target_probs.device)
     n, extra = speculative_accept_batch(tokens, draft_probs, target_probs, u, theta=theta)
     return Accept(int(n), int(extra))
 
@@ -270,10 +275,9 @@ def asd_greedy(
     With z_i = ``target_logits[i]`` and regret r_i = max z_i − z_i[y_i] (0 when y_i is the greedy
     token), scan i = 1..k: a greedy y_i is accepted; a mismatch is accepted iff all of
 
-    - the gate r_i / (K − i) ≤ g, evaluated as r_i ≤ g · (K − i) (K = ``block_size``, default k;
-      i 1-based). The product form is the same test for i < K and extends it to i = K without a
-      division by zero: a mismatch in the last slot buys nothing but the bonus, so only a tie with
-      the greedy logit (r_K = 0) passes there — the last slot is effectively exact;
+    - the gate r_i / v_i ≤ g, with v_i = K − i + 1 the number of block slots from i to the end
+      (K = ``block_size``, default k; i 1-based), as in the ASD reference code (``K − i`` there, with
+      0-based i). Evaluated as r_i ≤ g · v_i; the last slot (v_K = 1) accepts a mismatch of regret ≤ g;
     - fewer than m = ``max_mismatches`` mismatches already accepted in this block;
     - ``state.spent`` + r_i ≤ B = ``budget`` (B is per request: it persists across cycles through
       the returned state and resets when a new request starts from ``AsdState()``).
@@ -302,7 +306,7 @@ def asd_greedy(
         if y == int(greedy[i - 1]):
             n = i
             continue
-        if relaxed and r <= gate * (K - i) and used < max_mismatches and spent + r <= budget:
+        if relaxed and r <= gate * (K - i + 1) and used < max_mismatches and spent + r <= budget:
             spent, used, n = spent + r, used + 1, i
             continue
         break

@@ -5,13 +5,30 @@ from __future__ import annotations
 import torch
 
 
+def mask_ids(tokenizer) -> list[int]:
+    """The ``<|mask|>`` id of ``tokenizer`` as a list (empty without one): what the Decoder never outputs."""
+    from prove.decode.checkpoint import MASK_TOKEN
+
+    vocab = tokenizer.get_vocab()
+    return [vocab[MASK_TOKEN]] if MASK_TOKEN in vocab else []
+
+
 def hf_generate(
-    model, ids: list[int], n: int, eos: int | None = None, assistant=None, assistant_tokens: int = 5
+    model,
+    ids: list[int],
+    n: int,
+    eos: int | None = None,
+    assistant=None,
+    assistant_tokens: int = 5,
+    *,
+    suppress: list[int] | None = None,
 ) -> list[int]:
     """transformers' own greedy continuation of ``ids`` (``n`` new tokens at most): the reference every
     lossless method must reproduce. With ``assistant``: assisted generation, ``assistant_tokens`` per round
-    on a constant schedule with the confidence cut-off off (our greedy SD's configuration)."""
-    kw = {}
+    on a constant schedule with the confidence cut-off off (our greedy SD's configuration). ``suppress``
+    (``mask_ids(tokenizer)``): ids never generated, transformers' ``suppress_tokens``; the Decoder never
+    outputs ``<|mask|>``, which a random test model's greedy argmax does pick now and then."""
+    kw: dict = {"suppress_tokens": suppress} if suppress else {}
     if assistant is not None:
         gc = assistant.generation_config
         gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = assistant_tokens, "constant"
@@ -27,3 +44,38 @@ def hf_generate(
         **kw,
     )
     return out[0, len(ids) :].tolist()
+
+
+class BigramLM(torch.nn.Module):
+    """A toy causal LM for Monte-Carlo tests through the real Decoder: the next-token logits are a row of a
+    (V, V) table picked by the last token, so exact distributions are one table lookup and a forward pass
+    costs microseconds. It speaks the interface the engine uses (``DynamicCache``, ``position_ids``,
+    ``logits_to_keep``), appending one dummy KV entry per token so cache cropping is exercised."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        from transformers import Qwen2Config
+
+        super().__init__()
+        V = table.shape[0]
+        self.config = Qwen2Config(
+            vocab_size=V, hidden_size=4, num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
+            intermediate_size=4, max_position_embeddings=4096,
+        )  # fmt: skip
+        self.table = torch.nn.Parameter(table.float(), requires_grad=False)
+        self.lm_head = torch.nn.Linear(1, V, bias=False)
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.lm_head
+
+    def get_input_embeddings(self) -> torch.nn.Module:
+        return self.lm_head
+
+    def forward(self, input_ids, past_key_values=None, position_ids=None, use_cache=True, logits_to_keep=0):
+        from types import SimpleNamespace
+
+        L = input_ids.shape[1]
+        if past_key_values is not None:
+            kv = torch.zeros(1, 1, L, 1)
+            past_key_values.update(kv, kv, 0)
+        logits = self.table[input_ids]  # (1, L, V)
+        return SimpleNamespace(logits=logits[:, -logits_to_keep:] if logits_to_keep else logits)

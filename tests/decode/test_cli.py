@@ -133,20 +133,39 @@ def test_resume_skips_finished_ids_and_drops_a_torn_line(checkpoints, prompt_fil
     assert read_jsonl(again) == recs  # nothing left to do
 
 
-def test_plain_text_prompts_raw_and_chat(checkpoints, tmp_path, tokenizer):
-    path = tmp_path / "prompts.txt"
-    path.write_text("Ana has 3 apples\n\nBen has 2 pens\n")
-    assert [(r.id, r.prompt) for r in read_prompts(path)] == [(0, "Ana has 3 apples"), (1, "Ben has 2 pens")]
-    raw = read_jsonl(run(config(f"model={checkpoints['mars']}", "method=ar", f"prompts={path}",
-                                f"output={tmp_path / 'raw.jsonl'}", "max_new_tokens=5", "chat=false")))
-    chat = read_jsonl(run(config(f"model={checkpoints['mars']}", "method=ar", f"prompts={path}",
-                                 f"output={tmp_path / 'chat.jsonl'}", "max_new_tokens=5")))
+def test_prompt_convention_raw_text_messages_and_the_chat_switch(checkpoints, tmp_path):
+    """``prompt`` fields and plain lines are raw text by default (they were wrapped in the chat template);
+    ``messages`` always go through the chat template; ``chat=true`` wraps raw text as a user turn. The Python
+    API follows the same rule."""
     from prove.decode import Decoder
 
+    text = "Ana has 3 apples"
+    messages = [{"role": "user", "content": text}]
     dec = Decoder(checkpoints["mars"], method="ar")
-    assert raw[0]["token_ids"] == dec.generate("Ana has 3 apples", max_new_tokens=5).token_ids
-    messages = [{"role": "user", "content": "Ana has 3 apples"}]
-    assert chat[0]["token_ids"] == dec.generate(messages, max_new_tokens=5).token_ids
+    raw_ids = dec.generate(text, max_new_tokens=5).token_ids
+    chat_ids = dec.generate(messages, max_new_tokens=5).token_ids
+    assert dec.encode(text) == dec.tokenizer(text)["input_ids"]
+    assert dec.encode(text, chat=True) == dec.encode(messages) != dec.encode(text)
+    assert dec.generate(text, max_new_tokens=5, chat=True).token_ids == chat_ids
+
+    txt = tmp_path / "prompts.txt"
+    txt.write_text(f"{text}\n\nBen has 2 pens\n")
+    assert [(r.id, r.prompt) for r in read_prompts(txt)] == [(0, text), (1, "Ben has 2 pens")]
+    jsonl = tmp_path / "prompts.jsonl"
+    jsonl.write_text(json.dumps({"prompt": text}) + "\n" + json.dumps({"messages": messages}) + "\n")
+    model = f"model={checkpoints['mars']}"
+
+    def decode(path, name, *extra):
+        out = tmp_path / f"{name}.jsonl"
+        return [r["token_ids"] for r in read_jsonl(run(config(model, "method=ar", f"prompts={path}", f"output={out}",
+                                                              "max_new_tokens=5", *extra)))]  # fmt: skip
+
+    assert config(model, "prompts=p", "output=o").chat is False
+    assert decode(txt, "txt")[0] == raw_ids
+    assert decode(txt, "txt-chat", "chat=true")[0] == chat_ids
+    assert decode(jsonl, "jsonl") == [raw_ids, chat_ids]  # prompt: raw; messages: chat template
+    assert decode(jsonl, "jsonl-chat", "chat=true") == [chat_ids, chat_ids]
+    assert raw_ids != chat_ids
 
 
 @pytest.mark.parametrize(
@@ -204,3 +223,24 @@ def test_exit_on_user_error_keeps_the_traceback_with_hydra_full_error(monkeypatc
     monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
     with pytest.raises(ValueError, match="pass x=1"), exit_on_user_error("prog"):
         raise ValueError("pass x=1")
+
+
+@pytest.mark.parametrize(
+    ("module", "args"),
+    [
+        ("prove.decode.cli", ["model=m", "prompts=p", "output=o"]),
+        ("prove.decode.bench_cli", ["model=m", "prompts=p"]),
+        ("prove.decode.eval_cli", ["model=m"]),
+    ],
+)
+def test_every_cli_refuses_a_misspelt_key(module, args):
+    """``+tempreature=0.7`` used to be dropped silently by prove-decode / prove-bench / prove-eval (greedy
+    decoding without a word); they now refuse it like prove-train does, before loading anything."""
+    prog = {"prove.decode.cli": "prove-decode", "prove.decode.bench_cli": "prove-bench"}.get(module, "prove-eval")
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args, "+tempreature=0.7"],
+        capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert f"{prog}: error: unknown config key(s) ['tempreature']" in proc.stderr
+    assert "Traceback" not in proc.stderr

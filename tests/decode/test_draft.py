@@ -12,7 +12,7 @@ import copy
 
 import pytest
 import torch
-from decode_helpers import hf_generate
+from decode_helpers import hf_generate, mask_ids
 from prove.decode import Decoder
 from prove.decode.engine import ModelRunner
 from prove.decode.methods import get_method
@@ -43,8 +43,8 @@ def drafts(lm, make_lm):
 
 
 @pytest.fixture(scope="module")
-def refs(lm, prompts):
-    return [hf_generate(lm, p, N) for p in prompts]
+def refs(lm, prompts, tokenizer):
+    return [hf_generate(lm, p, N, suppress=mask_ids(tokenizer)) for p in prompts]
 
 
 def greedy_decoders(lm, tokenizer, draft) -> dict[str, Decoder]:
@@ -89,7 +89,7 @@ def test_draft_equal_to_target_commits_k_plus_one_per_cycle(lm, tokenizer, promp
 def test_eos_inside_a_block_ends_where_hf_does(lm, tokenizer, prompts, refs, drafts, kind):
     p, ref = prompts[1], refs[1]
     e = next(i for i in range(7, len(ref)) if ref[i] not in ref[:i])  # first occurrence, mid-output
-    expected = hf_generate(lm, p, N, eos=ref[e])
+    expected = hf_generate(lm, p, N, eos=ref[e], suppress=mask_ids(tokenizer))
     assert expected == ref[: e + 1]
     for name, dec in greedy_decoders(lm, tokenizer, drafts[kind]).items():
         assert dec.generate(p, max_new_tokens=N, eos_token_id=ref[e]).token_ids == expected, name
@@ -115,7 +115,7 @@ def test_greedy_sd_equals_hf_assisted_generation(lm, tokenizer, prompts, drafts,
     dec = Decoder(lm, tokenizer, method="sd", draft=drafts[kind], k=K)
     for p in (prompts[0], prompts[3]):
         ours = dec.generate(p, max_new_tokens=N, eos_token_id=[]).token_ids
-        assert ours == hf_generate(lm, p, N, assistant=draft, assistant_tokens=K)
+        assert ours == hf_generate(lm, p, N, assistant=draft, assistant_tokens=K, suppress=mask_ids(tokenizer))
 
 
 def _check_draft_cache(runner, seq: list[int]) -> None:

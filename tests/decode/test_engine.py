@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from decode_helpers import hf_generate
+from decode_helpers import hf_generate, mask_ids
 from prove.decode import Decoder
 from prove.decode.methods import Method, get_method
 from prove.decode.proposers import Proposal
@@ -19,9 +19,9 @@ LENGTHS = (1, 9, 40)
 
 
 @pytest.fixture(scope="module")
-def refs(lm, prompts):
+def refs(lm, prompts, tokenizer):
     """transformers' greedy continuation of every prompt (no EOS), 40 tokens."""
-    return [hf_generate(lm, p, max(LENGTHS)) for p in prompts]
+    return [hf_generate(lm, p, max(LENGTHS), suppress=mask_ids(tokenizer)) for p in prompts]
 
 
 def no_eos(dec: Decoder, prompt, n: int, **kw):
@@ -115,7 +115,7 @@ def test_eos_inside_a_block_ends_where_ar_does(lm, tokenizer, prompts, refs, met
     p, ref = prompts[1], refs[1]
     e = _first_new_token_at(ref, 5)
     eos = ref[e]
-    expected = hf_generate(lm, p, 40, eos=eos)
+    expected = hf_generate(lm, p, 40, eos=eos, suppress=mask_ids(tokenizer))
     assert expected == ref[: e + 1]
     m = scripted(len(p), ref, set(), 16, len(tokenizer)) if method == "scripted" else method
     dec = Decoder(lm, tokenizer, method=m, **({"block_size": 16} if method == "prove-lossless" else {}))
@@ -129,7 +129,7 @@ def test_max_new_tokens_inside_a_block(lm, tokenizer, prompts, refs, n):
     p, ref = prompts[0], refs[0]
     dec = Decoder(lm, tokenizer, method=scripted(len(p), ref, {9}, 16, len(tokenizer)))
     out = no_eos(dec, p, n)
-    assert out.token_ids == ref[:n] == hf_generate(lm, p, n)
+    assert out.token_ids == ref[:n] == hf_generate(lm, p, n, suppress=mask_ids(tokenizer))
 
 
 def test_stop_string_inside_a_block_ends_where_ar_does(lm, tokenizer, prompts, refs):

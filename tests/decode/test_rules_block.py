@@ -21,6 +21,8 @@ def test_mars_commits_y1_then_the_confident_run():
     assert mars_rule(conf, tau=1.01) == Accept(1)  # never beyond y_1: AR
     assert mars_rule(torch.tensor([0.3]), tau=0.95) == Accept(1)
     assert mars_rule(torch.tensor([]), tau=0.95) == Accept(0)
+    # p̃ = τ passes (≥, not >), as in the MARS paper; 0.5 and 0.25 are exact in binary floating point
+    assert mars_rule(torch.tensor([0.1, 0.5, 0.5, 0.25]), tau=0.5) == Accept(3)
 
 
 def test_prove_rule_threshold_on_the_product():

@@ -390,22 +390,44 @@ def test_asd_hand_made():
     s0 = AsdState()
     # all greedy: bonus, nothing spent
     assert asd_greedy(torch.tensor([0, 0, 0, 0, 0]), z, s0) == (Accept(5, 5), AsdState(0.0))
-    # a mismatch at i=1 (r = 1 ≤ g·(K−i) = .25·4): accepted
+    # a mismatch at i=1 (r = 1 ≤ g·(K−i+1) = .25·5): accepted
     assert asd_greedy(torch.tensor([1, 0, 0, 0, 0]), z, s0) == (Accept(5, 5), AsdState(1.0))
-    # at i = 2: .25·3 = .75 < 1: refused → correction 0
-    assert asd_greedy(torch.tensor([0, 1, 0, 0, 0]), z, s0) == (Accept(1, 0), s0)
+    # at i = 2 of K = 5: r/v = 1/4 = g: accepted (the reference's suffix value v_i = K − i + 1)
+    assert asd_greedy(torch.tensor([0, 1, 0, 0, 0]), z, s0) == (Accept(5, 5), AsdState(1.0))
+    # at i = 3: .25·3 = .75 < 1: refused → correction 0
+    assert asd_greedy(torch.tensor([0, 0, 1, 0, 0]), z, s0) == (Accept(2, 0), s0)
     # m = 2: a third mismatch is refused even with budget left (bigger gate)
     acc, st = asd_greedy(torch.tensor([1, 1, 1, 0, 0]), z, s0, gate=10.0)
     assert acc == Accept(2, 0) and st == AsdState(2.0)
     # the budget: 7.5 spent, r = 1 would exceed B = 8
     assert asd_greedy(torch.tensor([1, 0, 0, 0, 0]), z, AsdState(7.5)) == (Accept(0, 0), AsdState(7.5))
-    # the last slot (i = K): only a tie passes; here r = 1 → refused, correction 0
-    assert asd_greedy(torch.tensor([0, 0, 0, 0, 1]), z, s0, gate=10.0) == (Accept(4, 0), s0)
+    # the last slot (i = K, v = 1): r = 1 > g = .25 → refused, correction 0; r = 1 ≤ g = 1 → accepted
+    assert asd_greedy(torch.tensor([0, 0, 0, 0, 1]), z, s0) == (Accept(4, 0), s0)
+    assert asd_greedy(torch.tensor([0, 0, 0, 0, 1]), z, s0, gate=1.0) == (Accept(5, 5), AsdState(1.0))
     z_tie = z.clone()
     z_tie[4, 1] = 1.0  # token 1 ties the greedy token 0 at the last slot: r = 0
     assert asd_greedy(torch.tensor([0, 0, 0, 0, 1]), z_tie, s0) == (Accept(5, 5), s0)
     # block_size larger than k (a short block): the gate uses K
     assert asd_greedy(torch.tensor([0, 1]), z[:3], s0, block_size=8) == (Accept(2, 0), AsdState(1.0))
+
+
+def test_asd_gate_matches_the_reference_suffix_value():
+    """The ASD reference's gate divides the regret at 1-based i by v_i = K − i + 1 (hand-computed cases)."""
+    # a one-token block (K = 1, v_1 = 1) with regret 0.2, g = 1, B = 0.3: accepted, 0.2 spent
+    z = torch.tensor([[1.0, 0.8, 0.0], [0.0, 0.0, 5.0]])
+    acc, st = asd_greedy(torch.tensor([1]), z, AsdState(), budget=0.3, gate=1.0, max_mismatches=2)
+    assert acc == Accept(1, 2) and st.spent == pytest.approx(0.2)
+    # the same with g = 0.1: 0.2 / 1 > 0.1, refused
+    acc, st = asd_greedy(torch.tensor([1]), z, AsdState(), budget=0.3, gate=0.1, max_mismatches=2)
+    assert acc == Accept(0, 0) and st == AsdState()
+    # a mismatch at i = 2 of K = 5 with regret 1 and g = 0.25: 1 / (5 − 2 + 1) = 0.25 ≤ g, accepted
+    z5 = torch.zeros(6, 4)
+    z5[:, 0] = 1.0
+    acc, st = asd_greedy(torch.tensor([0, 1, 0, 0, 0]), z5, AsdState(), budget=8.0, gate=0.25, max_mismatches=2)
+    assert acc == Accept(5, 0) and st == AsdState(1.0)
+    # the same mismatch at i = 3 (v = 3): 1/3 > 0.25, refused
+    acc, _ = asd_greedy(torch.tensor([0, 0, 1, 0, 0]), z5, AsdState(), budget=8.0, gate=0.25, max_mismatches=2)
+    assert acc == Accept(2, 0)
 
 
 @pytest.mark.parametrize("zero", ["budget", "gate", "max_mismatches"])
@@ -440,7 +462,7 @@ def test_asd_properties_over_random_logits():
             mism = [i for i in range(acc.n) if y[i] != greedy[i]]
             assert len(mism) <= m
             for i in mism:  # 0-based i ⇒ 1-based i+1
-                assert regret[i] <= gate * (k - (i + 1))
+                assert regret[i] <= gate * (k - i)  # 0-based i: v = K − (i+1) + 1
             spent_here = float(sum(regret[i] for i in mism))
             assert new.spent == pytest.approx(state.spent + spent_here, abs=1e-5)
             assert new.spent <= B + 1e-6 and new.spent >= state.spent
@@ -448,7 +470,7 @@ def test_asd_properties_over_random_logits():
             if acc.n < k:  # the stop was a refusal: a mismatch that failed some condition
                 i = acc.n
                 assert y[i] != greedy[i]
-                assert regret[i] > gate * (k - (i + 1)) or len(mism) >= m or new.spent + regret[i] > B + 1e-6
+                assert regret[i] > gate * (k - i) or len(mism) >= m or new.spent + regret[i] > B + 1e-6
             n_mismatch_accepts += len(mism)
             state = new
     assert n_mismatch_accepts > 50  # the relaxation actually triggered

@@ -1,0 +1,93 @@
+"""Monte-Carlo through the real Decoder: sampling SD and NSD (and AR) commit tokens from the exact warped
+distribution, with temperature < 1, top-k and top-p on, and a draft that is partly accepted.
+
+The models are toy bigram LMs (``decode_helpers.BigramLM``): the engine, the proposers, the caches, the
+rule adapters and the rules run as in production, while the exact distribution of the first tokens is a
+table lookup. The rule-level tests (``test_rules_speculative``) check the rules alone on 10^5 cycles; these
+check that the engine feeds them the right, warped distributions (the draft's and the target's alike)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from decode_helpers import BigramLM
+from prove.decode import Decoder
+from prove.decode.rules.speculative import nucleus_mask, warp_probs
+
+pytestmark = pytest.mark.slow  # ~1 min on a busy 2-core CPU: thousands of short decodes
+
+V, PROMPT, N = 12, [3], 1500
+WARP = {"temperature": 0.6, "top_k": 5, "top_p": 0.9}
+
+
+def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson χ² p-value over cells with positive probability; a sample in a zero cell fails outright."""
+    pos = probs > 0
+    assert counts[~pos].sum() == 0, f"samples where the exact distribution is 0: {counts[~pos].tolist()}"
+    exp = counts.sum() * probs[pos].double()
+    stat = ((counts[pos].double() - exp) ** 2 / exp).sum()
+    df = int(pos.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2.0), stat / 2.0))
+
+
+@pytest.fixture(scope="module")
+def tables():
+    g = torch.Generator().manual_seed(0)
+    target = torch.randn(V, V, generator=g) * 0.7  # after warping, 3–5 tokens per row keep mass
+    draft = target + torch.randn(V, V, generator=g) * 0.5  # partly right: some drafts accepted, some not
+    return target, draft
+
+
+def warped(logits: torch.Tensor) -> torch.Tensor:
+    return warp_probs(logits, WARP["temperature"], top_p=WARP["top_p"], top_k=WARP["top_k"])
+
+
+def first_tokens(dec: Decoder, n_tokens: int, prompt: list[int] = PROMPT) -> torch.Tensor:
+    rows = [dec.generate(prompt, max_new_tokens=3, eos_token_id=[], seed=s).token_ids[:n_tokens] for s in range(N)]
+    return torch.tensor(rows)  # (N, n_tokens)
+
+
+def counts(tokens: torch.Tensor) -> torch.Tensor:
+    return torch.bincount(tokens, minlength=V)
+
+
+def test_sampling_sd_commits_the_warped_target_distribution(tables):
+    T, D = tables
+    dec = Decoder(BigramLM(T), None, method="sd", draft=BigramLM(D), k=2, **WARP)
+    toks = first_tokens(dec, 2)
+    p1 = warped(T[PROMPT[-1]])  # (V,)
+    p2 = p1 @ warped(T)  # marginal of the second token: Σ_x p(x) p(· | x)
+    assert chi2_pvalue(counts(toks[:, 0]), p1) > 1e-3
+    assert chi2_pvalue(counts(toks[:, 1]), p2) > 1e-3
+    # the draft was partly accepted: neither always nor never
+    stats = dec.generate(PROMPT, max_new_tokens=3, eos_token_id=[], seed=0).stats
+    assert stats.proposed_by_depth == [1, 1]
+    acc = sum(
+        dec.generate(PROMPT, max_new_tokens=3, eos_token_id=[], seed=s).stats.accepted_by_depth[0] for s in range(200)
+    )
+    assert 40 < acc < 180
+
+
+def test_sampling_nsd_commits_its_exact_one_step_distribution(tables):
+    """NSD's first token: q·a + (1 − Σ q·a)·norm(max(0, p − q)), a = 1 inside the nucleus of the warped target
+    at θ, else min(1, p/q) — with p and q the warped target and draft distributions."""
+    T, D = tables
+    theta, prompt = 0.7, [6]  # a row where the draft over-weights a nucleus token: NSD ≠ the target
+    dec = Decoder(BigramLM(T), None, method="nsd", draft=BigramLM(D), k=2, theta=theta, **WARP)
+    toks = first_tokens(dec, 1, prompt)
+    p, q = warped(T[prompt[-1]]), warped(D[prompt[-1]])
+    a = torch.where(nucleus_mask(p, theta), torch.ones_like(p), (p / q.clamp_min(1e-30)).clamp(max=1.0))
+    residual = (p - q).clamp_min(0)
+    exact = q * a + (1 - (q * a).sum()) * residual / residual.sum()
+    assert exact.sum() == pytest.approx(1.0, abs=1e-5)
+    assert (exact - p).abs().sum() > 0.4  # NSD is not the target here: the test tells the two apart
+    assert chi2_pvalue(counts(toks[:, 0]), exact) > 1e-3
+
+
+def test_ar_sampling_draws_the_warped_target(tables):
+    T, _ = tables
+    dec = Decoder(BigramLM(T), None, method="ar", **WARP)
+    toks = first_tokens(dec, 2)
+    p1 = warped(T[PROMPT[-1]])
+    assert chi2_pvalue(counts(toks[:, 0]), p1) > 1e-3
+    assert chi2_pvalue(counts(toks[:, 1]), p1 @ warped(T)) > 1e-3

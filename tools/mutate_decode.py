@@ -1,0 +1,83 @@
+"""A scripted mutation pass over the decode rules, engine and methods: apply each textual mutant alone, run
+the decode tests that concern it (stopping at the first failure), report which mutants survived.
+
+    .venv/bin/python tools/mutate_decode.py            # every mutant
+    .venv/bin/python tools/mutate_decode.py asd-gate   # the named ones
+
+A mutant "survives" when its tests all pass. The tree is restored after each mutant (and on Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RULES = ["tests/decode/test_rules_speculative.py", "tests/decode/test_rules_block.py"]
+HARD = ["tests/decode/test_hardening.py"]
+MC = ["tests/decode/test_engine_montecarlo.py"]
+ENGINE = ["tests/decode/test_engine.py", "tests/decode/test_draft.py"]
+
+# (name, file, original text, mutated text, test files)
+MUTANTS = [
+    ("asd-gate-K-i", "decode/rules/speculative.py", "gate * (K - i + 1)", "gate * (K - i)", RULES),
+    ("asd-budget-ignores-spent", "decode/rules/speculative.py", "spent + r <= budget", "r <= budget", RULES),
+    ("asd-m-off-by-one", "decode/rules/speculative.py", "used < max_mismatches", "used <= max_mismatches", RULES),
+    ("sd-accept-swapped", "decode/rules/speculative.py", "ok = uniforms[..., :k] * q_y < p_y", "ok = uniforms[..., :k] * p_y < q_y", RULES),
+    ("sd-no-residual", "decode/rules/speculative.py", "residual = (p_row - q_row).clamp_min(0)", "residual = p_row", RULES),
+    ("nucleus-le", "decode/rules/speculative.py", "keep_sorted = (mass_before < theta)", "keep_sorted = (mass_before <= theta)", RULES),
+    ("warp-no-temperature", "decode/rules/speculative.py", "    logits = logits / temperature\n", "    logits = logits\n", RULES + MC),
+    ("warp-no-top-k", "decode/rules/speculative.py", "if 0 < top_k < logits.shape[-1]:", "if False:", RULES + MC),
+    ("prove-y1-not-always", "decode/rules/block.py", "return Accept(max(1, _leading_run(score >= theta)))", "return Accept(_leading_run(score >= theta))", RULES + HARD),
+    ("mars-strict", "decode/rules/block.py", "proposer_conf[1:] >= tau", "proposer_conf[1:] > tau", RULES + ENGINE),
+    ("greedy-bonus-row", "decode/rules/block.py", "return Accept(n, int(greedy[n]))", "return Accept(n, int(greedy[k]))", RULES + ENGINE),
+    ("prove-q-next-row", "decode/methods.py", "q = token_prob(view.verifier_logits, view.proposal.tokens)", "q = token_prob(view.verifier_logits[1:], view.proposal.tokens)", HARD + ENGINE),
+    ("prove-q-dropped", "decode/methods.py", "return prove_rule(view.proposal.conf, q, view.params.theta)", "return prove_rule(view.proposal.conf, torch.ones_like(q), view.params.theta)", HARD + ENGINE),
+    ("sd-target-unwarped", "decode/methods.py", "target = logits_to_probs(view.target_logits, p.temperature, p.top_k, p.top_p)", "target = logits_to_probs(view.target_logits, 1.0)", MC),
+    ("sd-target-no-top-p", "decode/methods.py", "target = logits_to_probs(view.target_logits, p.temperature, p.top_k, p.top_p)", "target = logits_to_probs(view.target_logits, p.temperature, p.top_k, 1.0)", MC),
+    ("ar-no-temperature", "decode/methods.py", "probs = logits_to_probs(view.target_logits[0], p.temperature, p.top_k, p.top_p)", "probs = logits_to_probs(view.target_logits[0], 1.0, p.top_k, p.top_p)", MC),
+    ("ar-no-top-k", "decode/methods.py", "probs = logits_to_probs(view.target_logits[0], p.temperature, p.top_k, p.top_p)", "probs = logits_to_probs(view.target_logits[0], p.temperature, 0, p.top_p)", MC),
+    ("nsd-check-dropped", "decode/methods.py", "        check=_check_nsd,\n", "", HARD),
+    ("asd-K-unset", "decode/methods.py", "block_size=view.proposal.k,", "block_size=None,", ENGINE),
+    ("draft-probs-unwarped", "decode/proposers/draft.py", "rows.append(probs)", "rows.append(logits.float().softmax(-1))", MC),
+    ("engine-accepted-uncut", "decode/engine.py", "min(accept.n, len(committed))", "accept.n", HARD),
+    ("engine-budget-no-extra", "decode/engine.py", "- len(new) - int(verifier.is_target)", "- len(new)", HARD + ENGINE),
+    ("engine-no-sync", "decode/engine.py", "            runner.sync(seq)\n", "            pass\n", ENGINE),
+    ("stopper-max-off-by-one", "decode/engine.py", "len(new) >= self.max_new_tokens", "len(new) > self.max_new_tokens", HARD + ENGINE),
+    ("engine-keep-all-valid", "decode/engine.py", "keep = min(self._valid_prefix(seq), len(seq) - 1)", "keep = min(self._valid_prefix(seq), len(seq))", ENGINE),
+    ("restrict-off", "decode/sampling.py", "    if allowed is None:\n        return logits\n", "    return logits\n", HARD),
+]
+
+
+def run(name: str, path: str, old: str, new: str, tests: list[str]) -> tuple[str, float]:
+    file = ROOT / path
+    text = file.read_text()
+    if text.count(old) != 1:
+        return "NOT APPLIED (text not found once)", 0.0
+    file.write_text(text.replace(old, new))
+    t0 = time.time()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+            cwd=ROOT, capture_output=True, text=True,
+        )  # fmt: skip
+    finally:
+        file.write_text(text)
+    return ("killed" if proc.returncode != 0 else "SURVIVED"), time.time() - t0
+
+
+def main() -> None:
+    by_name = {m[0]: m for m in MUTANTS}
+    unknown = [n for n in sys.argv[1:] if n not in by_name]
+    if unknown:
+        raise SystemExit(f"unknown mutant(s) {unknown}; known: {list(by_name)}")
+    for name in sys.argv[1:] or list(by_name):  # in the order given
+        _, path, old, new, tests = by_name[name]
+        verdict, secs = run(name, path, old, new, tests)
+        print(f"{name:28s} {verdict:10s} {secs:6.1f}s  ({path})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
