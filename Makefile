@@ -111,7 +111,7 @@ EVAL_METHOD ?= prove-lossless
 eval: install ## accuracy (Δ pts vs AR) and speed of EVAL_METHOD on lm-eval tasks -> outputs/eval (EVAL_MODEL, EVAL_METHOD, ARGS)
 	$(VENV)/bin/prove-eval model=$(EVAL_MODEL) method=$(EVAL_METHOD) $(ARGS)
 
-# make demo: the README's first command — the tiny recipe end to end on CPU (python -m prove.decode.demo): the
+# make demo: the README's first command — the tiny recipe end to end on CPU (python -m prove.recipes.demo): the
 # generated task, proposer sft -> mars, verifier sft -> distill (each skipped once runs/tiny/<stage> exists, so a
 # rerun only benches), then prove-bench on held-out prompts -> outputs/demo. DEMO_ARGS, e.g. "--n-prompts 100".
 # The demo's processes use every core: on an idle 2-core CPU its training ran 1.9x faster with 2 OpenMP threads than
@@ -121,7 +121,7 @@ DEMO_THREADS ?= $(shell nproc 2>/dev/null || echo 1)
 demo: export OMP_NUM_THREADS = $(DEMO_THREADS)
 demo: export HF_HUB_OFFLINE ?= 1
 demo: install ## the tiny recipe end to end on CPU: train proposer + verifier, then bench every method -> outputs/demo
-	$(PY) -m prove.decode.demo $(DEMO_ARGS)
+	$(PY) -m prove.recipes.demo $(DEMO_ARGS)
 
 # make bench: every method against AR over one prompt set in one process (prove-bench, conf/decode/bench.yaml)
 # -> outputs/bench/{bench.json,bench.md,*.png}. ARGS adds any key, e.g. ARGS="n_prompts=100 repeats=3 device=cuda
@@ -145,8 +145,8 @@ GPU_CHECK_ARGS ?=
 GPU_CHECK_PKG := outputs/.gpu-check-pkg
 .PHONY: gpu-check
 gpu-check: ## prove the GPU path and measure the pass cost curve + predicted speedups -> outputs/gpu-check (GPU_CHECK_ARGS)
-	@mkdir -p $(GPU_CHECK_PKG)/prove && for p in decode train data; do ln -sfn $(CURDIR)/$$p $(GPU_CHECK_PKG)/prove/$$p; done
-	PYTHONPATH=$(GPU_CHECK_PKG)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_CHECK_PY) -m prove.decode.gpu_check $(GPU_CHECK_ARGS)
+	@mkdir -p $(GPU_CHECK_PKG)/prove && for p in decode train data recipes; do ln -sfn $(CURDIR)/$$p $(GPU_CHECK_PKG)/prove/$$p; done
+	PYTHONPATH=$(GPU_CHECK_PKG)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_CHECK_PY) -m prove.recipes.gpu_check $(GPU_CHECK_ARGS)
 
 decode: install ## decode a prompt file: make decode ARGS='model=PATH method=prove verifier=PATH prompts=FILE output=FILE'
 	$(VENV)/bin/prove-decode $(ARGS)

@@ -17,7 +17,7 @@ from prove.decode.errors import exit_on_user_error, reject_unknown_keys
 register_configs()
 
 
-@hydra.main(version_base=None, config_path="../conf/decode", config_name="decode")
+@hydra.main(version_base=None, config_path="pkg://prove.conf.decode", config_name="decode")
 def main(cfg: DictConfig) -> None:
     from prove.decode.prompts import run
 

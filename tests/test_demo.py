@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from prove.decode import demo
+from prove.recipes import demo
 
 
 def test_plan_skips_finished_stages(tmp_path):
@@ -53,7 +53,7 @@ def test_smoke_demo(tmp_path, capsys):
     assert sum(r["method"] == "prove" for r in report["rows"]) == len(demo.THETAS)
     assert "| prove-lossless unfused |" in printed and "| prove-lossless fused J=all |" in printed
     assert report["pass_cost"]["widths"] == list(range(1, 9)) and "Pass cost t(w)/t(1)" in printed
-    from prove.decode.bench_plots import PLOTS
+    from prove.decode.bench.plots import PLOTS
 
     assert set(report["plots"]) == set(PLOTS)
     for path in report["plots"].values():

@@ -13,10 +13,11 @@ import pytest
 from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
+from prove.data.prompts import read_prompts
 from prove.decode.cli import register_configs
 from prove.decode.config import DecodeConfig
 from prove.decode.methods import METHODS
-from prove.decode.prompts import read_prompts, run
+from prove.decode.prompts import run
 
 BIN = Path(sys.executable).parent
 METHOD_DIR = Path(__file__).resolve().parents[2] / "conf" / "decode" / "method"
@@ -229,14 +230,14 @@ def test_exit_on_user_error_keeps_the_traceback_with_hydra_full_error(monkeypatc
     ("module", "args"),
     [
         ("prove.decode.cli", ["model=m", "prompts=p", "output=o"]),
-        ("prove.decode.bench_cli", ["model=m", "prompts=p"]),
-        ("prove.decode.eval_cli", ["model=m"]),
+        ("prove.decode.bench.cli", ["model=m", "prompts=p"]),
+        ("prove.decode.eval.cli", ["model=m"]),
     ],
 )
 def test_every_cli_refuses_a_misspelt_key(module, args):
     """``+tempreature=0.7`` used to be dropped silently by prove-decode / prove-bench / prove-eval (greedy
     decoding without a word); they now refuse it like prove-train does, before loading anything."""
-    prog = {"prove.decode.cli": "prove-decode", "prove.decode.bench_cli": "prove-bench"}.get(module, "prove-eval")
+    prog = {"prove.decode.cli": "prove-decode", "prove.decode.bench.cli": "prove-bench"}.get(module, "prove-eval")
     proc = subprocess.run(
         [sys.executable, "-m", module, *args, "+tempreature=0.7"],
         capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120,

@@ -319,7 +319,7 @@ def test_fuse_on_the_command_line():
 
 
 def test_bench_rows_fused_and_unfused_side_by_side():
-    from prove.decode.bench import expand_rows
+    from prove.decode.bench.rows import expand_rows
 
     uses = {"ar": (), "prove-lossless": ("block_size", "fuse", "fuse_groups"), "mars": ("tau", "block_size")}
     rows = expand_rows(
@@ -336,7 +336,8 @@ def test_bench_rows_fused_and_unfused_side_by_side():
 
 
 def test_pass_cost_curve_and_its_table(lm):
-    from prove.decode.bench import pass_cost, render_pass_cost
+    from prove.decode.bench.report import render_pass_cost
+    from prove.decode.bench.run import pass_cost
 
     cost = pass_cost(lm, [5, 6, 7], widths=12, context=20, repeats=1, device="cpu")
     assert cost["widths"] == list(range(1, 13)) and len(cost["ms"]) == 12 and cost["ratio"][0] == 1.0
@@ -347,7 +348,7 @@ def test_pass_cost_curve_and_its_table(lm):
 
 def test_plots_take_fused_and_unfused_rows(tmp_path):
     """The speed / accuracy plot orders and labels a sweep of fuse (bool) and fuse_groups (all or m)."""
-    from prove.decode.bench_plots import PLOTS, write_plots
+    from prove.decode.bench.plots import PLOTS, write_plots
     from test_bench import hand_report
 
     report = hand_report()

@@ -159,7 +159,8 @@ def test_bad_parameters_fail_when_the_decoder_is_built(lm, tokenizer, method, pa
 
 
 def test_bad_parameters_fail_before_the_cli_reads_a_file_or_loads_a_model(tmp_path):
-    from prove.decode.bench import BenchConfig, run_bench
+    from prove.decode.bench.config import BenchConfig
+    from prove.decode.bench.run import run_bench
     from prove.decode.config import DecodeConfig
     from prove.decode.prompts import run
 

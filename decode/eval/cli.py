@@ -88,7 +88,7 @@ def register_configs() -> None:
 
 def run(cfg: EvalConfig) -> dict:
     """Evaluate ``cfg.baseline`` and ``cfg.method``; print and return the comparison."""
-    from prove.decode.lm_eval_model import compare_methods
+    from prove.decode.eval.model import compare_methods
     from prove.decode.methods import resolve_params
 
     resolve_params(cfg.method, **vars(cfg.params()))  # every parameter checked before lm-eval loads anything
@@ -99,7 +99,7 @@ def run(cfg: EvalConfig) -> dict:
 
 def lm_eval_main(argv: list[str]) -> None:
     """lm-eval's CLI with the ``prove`` model registered."""
-    import prove.decode.lm_eval_model  # noqa: F401  (registers --model prove)
+    import prove.decode.eval.model  # noqa: F401  (registers --model prove)
     from lm_eval.__main__ import cli_evaluate
 
     sys.argv = ["lm-eval", *argv]
@@ -115,7 +115,7 @@ def main() -> None:
 
     register_configs()
 
-    @hydra.main(version_base=None, config_path="../conf/eval", config_name="eval")
+    @hydra.main(version_base=None, config_path="pkg://prove.conf.eval", config_name="eval")
     def _main(dcfg) -> None:
         from prove.decode.errors import exit_on_user_error, reject_unknown_keys
 

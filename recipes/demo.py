@@ -1,8 +1,8 @@
 """``make demo``: the tiny default end to end on CPU (DESIGN §5), then ``prove-bench`` on held-out prompts.
 
-    python -m prove.decode.demo                         # what `make demo` runs: runs/tiny/*, outputs/demo/
-    python -m prove.decode.demo --n-prompts 100 --repeats 5
-    python -m prove.decode.demo --smoke --run-dir /tmp/demo/runs --data /tmp/demo/data/train.jsonl \\
+    python -m prove.recipes.demo                         # what `make demo` runs: runs/tiny/*, outputs/demo/
+    python -m prove.recipes.demo --n-prompts 100 --repeats 5
+    python -m prove.recipes.demo --smoke --run-dir /tmp/demo/runs --data /tmp/demo/data/train.jsonl \\
         --out /tmp/demo/bench                           # a few steps of each stage: the test suite's smoke run
 
 The pipeline (recipes/tiny.yaml): the generated arithmetic task (``prove.data.synthetic``, written on first
@@ -85,7 +85,7 @@ def _say(msg: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m prove.decode.demo", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m prove.recipes.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--run-dir", default=f"runs/{RECIPE}", help="checkpoints: <run-dir>/{sft,mars,verifier-*}")
     p.add_argument(
         "--data", default="runs/data/arithmetic/train.jsonl", help="training rows (test.jsonl beside)"
@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"   {stage.title}: {time.perf_counter() - t0:.0f} s", flush=True)
 
     # 2) bench every method on the held-out prompts
-    from prove.decode.bench import BenchConfig, run_bench
+    from prove.decode.bench.config import BenchConfig
+    from prove.decode.bench.run import run_bench
     from prove.decode.methods import METHODS as REGISTERED
 
     methods = [m for m in METHODS if m in REGISTERED]

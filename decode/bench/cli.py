@@ -1,9 +1,9 @@
-"""``prove-bench``: every method over one prompt set, AR first (a thin Hydra shell over ``bench.run_bench``).
+"""``prove-bench``: every method over one prompt set, AR first (a thin Hydra shell over ``prove.decode.bench.run.run_bench``).
 
     prove-bench model=PATH verifier=PATH draft=PATH prompts=test.jsonl \\
         methods=[ar,mars,prove,prove-lossless,sd] theta=[0.05,0.1,0.3] n_prompts=50
 
-Every key of ``prove.decode.bench.BenchConfig`` is overridable; ``theta`` / ``tau`` / ``block_size`` / ``k``
+Every key of ``prove.decode.bench.config.BenchConfig`` is overridable; ``theta`` / ``tau`` / ``block_size`` / ``k``
 take a list (one row per value). Writes ``output_dir``/bench.json, bench.md (printed) and PNG plots.
 """
 
@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
-from prove.decode.bench import BenchConfig, register_configs
+from prove.decode.bench.config import BenchConfig, register_configs
 from prove.decode.errors import exit_on_user_error, reject_unknown_keys
 
 register_configs()
 
 
-@hydra.main(version_base=None, config_path="../conf/decode", config_name="bench")
+@hydra.main(version_base=None, config_path="pkg://prove.conf.decode", config_name="bench")
 def main(cfg: DictConfig) -> None:
     from pathlib import Path
 
-    from prove.decode.bench import run_bench
+    from prove.decode.bench.run import run_bench
 
     with exit_on_user_error("prove-bench"):
         reject_unknown_keys(cfg, "prove-bench")

@@ -10,7 +10,7 @@ run of the same checkpoint differ only in how text is generated.
 Importing this module registers the model under the name ``prove``. lm-eval 0.4.13 discovers models only
 through its built-in table (no entry-point group), so the stock ``lm_eval`` CLI cannot find it; use
 ``prove-eval lm-eval ...`` (lm-eval's CLI with this module imported) or :func:`lm_eval.simple_evaluate`
-after ``import prove.decode.lm_eval_model``.
+after ``import prove.decode.eval.model``.
 
 Decode statistics (tokens per cycle, forward passes, wall time) accumulate per task in :attr:`ProveLM.stats`,
 are added to lm-eval's results under ``config["prove"]`` and, with ``stats_path=FILE``, written as JSON.
@@ -33,7 +33,7 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 from tqdm import tqdm
 
 if TYPE_CHECKING:
-    from prove.decode.eval_cli import EvalConfig
+    from prove.decode.eval.cli import EvalConfig
 
 logger = logging.getLogger(__name__)
 
@@ -238,7 +238,7 @@ def task_manager(cfg: EvalConfig) -> Any:
     ``data_files`` at ``cfg.data`` (default: the tiny recipe's ``runs/data/arithmetic/test.jsonl``).
     """
     from lm_eval.tasks import TaskManager
-    from prove.decode.tasks import TASKS_DIR
+    from prove.decode.eval.tasks import TASKS_DIR
 
     paths = [str(Path(p).resolve()) for p in cfg.include_path]
     if "prove_arith" in cfg.tasks or cfg.data is not None:

@@ -1,4 +1,4 @@
-"""``python -m prove.decode.gpu_check``: the tiny CPU run end to end (with hydra & co. blocked, so the GPU
+"""``python -m prove.recipes.gpu_check``: the tiny CPU run end to end (with hydra & co. blocked, so the GPU
 machine's torch + transformers suffice), the no-CUDA exit, and the pure parts (prediction, interpolation,
 acceptance loading, the method rows)."""
 
@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 import torch
-from prove.decode import gpu_check as gc
+from prove.recipes import gpu_check as gc
 
 # What the GPU machine may lack: the check must never import these (matplotlib: it degrades to no plot).
 BLOCKED = (
@@ -35,7 +35,7 @@ def _run_blocked(args: list[str], tmp_path) -> subprocess.CompletedProcess:
         import sys
         for name in {BLOCKED!r}:
             sys.modules[name] = None  # `import name` now raises ImportError
-        from prove.decode import gpu_check
+        from prove.recipes import gpu_check
         rc = gpu_check.main({args!r})
         leaked = [m for m in sys.modules if m.split(".")[0] in {BLOCKED!r} and sys.modules[m] is not None]
         assert not leaked, leaked

@@ -1,4 +1,4 @@
-"""``python -m prove.decode.gpu_check`` (``make gpu-check``): proves the GPU path and measures what decides speed.
+"""``python -m prove.recipes.gpu_check`` (``make gpu-check``): proves the GPU path and measures what decides speed.
 
 One command, one report (``gpu-check.json``, ``gpu-check.md``, ``cost_curve.png`` in ``--out``), in a few
 minutes on one CUDA GPU. Every model is a random-weight Qwen2 of a real shape built in-process: nothing is
@@ -474,7 +474,7 @@ def random_prompts(n: int, vocab: int, lo: int, hi: int, seed: int) -> list[list
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
-    from prove.decode.bench import first_divergence as fd
+    from prove.decode.bench.metrics import first_divergence as fd
 
     return fd(a, b)
 
@@ -498,7 +498,7 @@ def decode_dtype(
     cfg: CheckConfig, dtype_name: str, specs: list[DecodeSpec], checks: list[dict[str, Any]]
 ) -> dict:
     import torch
-    from prove.decode.bench import rate_by_depth
+    from prove.decode.bench.metrics import rate_by_depth
     from prove.decode.decoder import Decoder
 
     dtype = getattr(torch, dtype_name)
@@ -974,7 +974,7 @@ def write_plot(curve: Mapping[str, Any], out: Path) -> tuple[str | None, str | N
 def run(cfg: CheckConfig) -> dict[str, Any]:
     """Run the parts, write gpu-check.json / .md / cost_curve.png to ``cfg.out``; returns the report."""
     import torch
-    from prove.decode.bench import _jsonable, environment
+    from prove.decode.bench.report import _jsonable, environment
 
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
@@ -1038,7 +1038,7 @@ def run(cfg: CheckConfig) -> dict[str, Any]:
 
 def parse_args(argv: Sequence[str] | None) -> CheckConfig:
     ap = argparse.ArgumentParser(
-        prog="python -m prove.decode.gpu_check",
+        prog="python -m prove.recipes.gpu_check",
         description="Prove the GPU path (bf16 MARS training with FlexAttention, CUDA decoding) and measure the "
         "pass cost curve t(w) that decides each method's speed; writes gpu-check.json/.md and cost_curve.png.",
     )

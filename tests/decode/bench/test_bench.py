@@ -9,22 +9,20 @@ import math
 import numpy as np
 import pytest
 from hydra.errors import ConfigCompositionException
-from prove.decode.bench import (
-    BenchConfig,
+from prove.decode.bench.config import BenchConfig
+from prove.decode.bench.metrics import (
     PromptRun,
-    RowSpec,
     auc,
-    expand_rows,
     first_divergence,
-    is_lossless,
     rate_by_depth,
-    render_table,
     roc_curve,
     roc_table,
     summarize,
     tokens_per_cycle_by_position,
     trace_points,
 )
+from prove.decode.bench.report import render_table
+from prove.decode.bench.rows import RowSpec, expand_rows, is_lossless
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -238,7 +236,7 @@ def test_render_table():
 def test_config_composes_with_list_overrides():
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
-    from prove.decode.bench import register_configs
+    from prove.decode.bench.config import register_configs
 
     register_configs()
     with initialize_config_module(config_module="prove.conf.decode", version_base=None):
@@ -283,7 +281,7 @@ def hand_report() -> dict:
 
 
 def test_every_plot_is_written(tmp_path):
-    from prove.decode.bench_plots import PLOTS, write_plots
+    from prove.decode.bench.plots import PLOTS, write_plots
 
     paths = write_plots(hand_report(), tmp_path)
     assert set(paths) == set(PLOTS)
@@ -319,7 +317,7 @@ def bench_dir(tmp_path_factory, lm, small, tokenizer):
 
 @pytest.mark.slow
 def test_bench_end_to_end(bench_dir):
-    from prove.decode.bench import run_bench
+    from prove.decode.bench.run import run_bench
 
     out = bench_dir / "out"
     cfg = BenchConfig(
@@ -370,7 +368,7 @@ def test_bench_end_to_end(bench_dir):
 
 
 def test_bench_rejects_unknown_method(bench_dir):
-    from prove.decode.bench import run_bench
+    from prove.decode.bench.run import run_bench
 
     cfg = BenchConfig(model=str(bench_dir / "mars"), prompts=str(bench_dir / "prompts.jsonl"), methods=["nope"])
     with pytest.raises(ValueError, match="unknown method"):
@@ -381,7 +379,7 @@ def test_bench_rejects_unknown_method(bench_dir):
 
 
 def test_paired_speedup():
-    from prove.decode.bench import PromptRun, paired_speedup
+    from prove.decode.bench.metrics import PromptRun, paired_speedup
 
     ours = [PromptRun(0, [1, 2], "", 1.0, 1, 1), PromptRun(1, [3], "", 2.0, 1, 1)]
     theirs = [PromptRun(0, [1, 2], "", 1.5, 2, 2), PromptRun(1, [3], "", 2.0, 1, 1)]
@@ -428,7 +426,7 @@ def test_random_draft_is_a_layer_cut_of_the_target():
 def test_hf_compare_runs_on_the_tiny_shape(tmp_path):
     """The mode of ``prove-bench hf_compare=qwen2.5-0.5b`` end to end on the tiny shape: ours and transformers'
     rows produce identical tokens and the report carries the paired ratios."""
-    from prove.decode.bench import run_bench
+    from prove.decode.bench.run import run_bench
 
     out = tmp_path / "cmp"
     cfg = BenchConfig(hf_compare="tiny", draft_layers=2, n_prompts=2, prompt_len=12, max_new_tokens=10,

@@ -18,8 +18,8 @@ pytest.importorskip("lm_eval")
 
 from lm_eval import simple_evaluate  # noqa: E402
 from lm_eval.api.instance import Instance  # noqa: E402
-from prove.decode.eval_cli import EvalConfig  # noqa: E402
-from prove.decode.lm_eval_model import ProveLM, compare_methods, task_manager  # noqa: E402
+from prove.decode.eval.cli import EvalConfig  # noqa: E402
+from prove.decode.eval.model import ProveLM, compare_methods, task_manager  # noqa: E402
 
 N_DOCS = 8
 MAX_GEN = 16
@@ -154,7 +154,7 @@ def test_eval_config_composes(tmp_path):
     """conf/eval/eval.yaml composes onto EvalConfig; a typo fails at composition."""
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
-    from prove.decode.eval_cli import register_configs
+    from prove.decode.eval.cli import register_configs
 
     register_configs()
     with initialize_config_module("prove.conf.eval", version_base=None):
@@ -187,14 +187,14 @@ def test_prove_eval_lm_eval_passthrough_cli(checkpoint, data, tmp_path):
 
     overlay = tmp_path / "tasks"
     overlay.mkdir()
-    from prove.decode.tasks import TASKS_DIR
+    from prove.decode.eval.tasks import TASKS_DIR
 
     (overlay / "prove_arith.yaml").write_text(
         f"include: {TASKS_DIR / 'prove_arith.yaml'}\ndataset_kwargs:\n  data_files:\n    test: {data}\n"
     )
     stats = tmp_path / "out" / "prove_stats.json"
     cmd = [
-        sys.executable, "-m", "prove.decode.eval_cli", "lm-eval", "--model", "prove",
+        sys.executable, "-m", "prove.decode.eval.cli", "lm-eval", "--model", "prove",
         "--model_args", f"model={checkpoint},method=prove-lossless,stats_path={stats}",
         "--tasks", "prove_arith", "--include_path", str(overlay), "--apply_chat_template",
         "--gen_kwargs", f"max_gen_toks={MAX_GEN}", "--limit", "2", "--output_path", str(tmp_path / "out"),

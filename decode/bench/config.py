@@ -1,0 +1,162 @@
+"""``prove-bench``'s configuration schema (:class:`BenchConfig`): the one home of every bench default;
+``conf/decode/bench.yaml`` only selects it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    pass
+from prove.decode.bench.rows import as_values
+
+SWEEP_KEYS = ("theta", "tau", "block_size", "k", "fuse", "fuse_groups")
+"""Parameters that take a list (one row per value) from the command line: ``theta=[0.05,0.1]``."""
+
+
+DEFAULT_METHODS = ("ar", "mars", "prove", "prove-lossless")
+
+
+HF_COMPARE_METHODS = ("ar", "sd")
+
+
+@dataclass
+class BenchConfig:
+    """``prove-bench``: every method over one prompt set, AR first; writes bench.json, bench.md and plots.
+
+    Launch: ``prove-bench model=PATH verifier=PATH draft=PATH prompts=FILE methods=[ar,mars,prove]
+    theta=[0.05,0.1,0.3]``.
+    """
+
+    model: str | None = None
+    """The model being accelerated: the block proposer (mars / prove / prove-lossless) and the SD target
+    (required unless ``hf_compare`` builds one)."""
+    verifier: str | None = None
+    """ProVe's small scorer (method prove); also the probe whose q the ROC plot uses."""
+    draft: str | None = None
+    """The SD family's small AR proposer (sd / nsd / asd, and transformers' assisted generation)."""
+    prompts: str | None = None
+    """JSONL (``prompt`` or ``messages`` per line, optional ``answer``) or plain text, one prompt a line
+    (required unless ``hf_compare`` draws random ones)."""
+    methods: list[str] = field(default_factory=lambda: list(DEFAULT_METHODS))
+    """Methods to run (``prove.decode.methods``); ``ar`` is always run first, as the reference."""
+    theta: Any = None
+    """ProVe's θ (NSD's nucleus mass): a value, or a list to sweep, e.g. ``theta=[0.05,0.1,0.3]``."""
+    tau: Any = None
+    """MARS's τ: a value or a list to sweep."""
+    block_size: Any = None
+    """K: a value or a list to sweep (null = the trained block size)."""
+    k: Any = None
+    """The draft lookahead of the SD family: a value or a list to sweep."""
+    fuse: Any = None
+    """Fused verify-and-draft for the methods that can (prove-lossless; nsd / asd on the block proposer):
+    a value or a list, e.g. ``fuse=[false,true]`` for unfused and fused rows side by side."""
+    fuse_groups: Any = None
+    """J of the fused rows: ``all`` or m, or a list, e.g. ``fuse_groups=[all,2,3]`` (unfused rows ignore it)."""
+    method_params: Any = None
+    """Per-method values or sweeps of any ``DecodeParams`` the method reads, overriding the shared ones:
+    ``method_params={prove:{theta:[0.05,0.1,0.3]},asd:{budget:[0,8]}}``."""
+    n_prompts: int | None = None
+    """Use the first N prompts (null = all)."""
+    max_new_tokens: int = 128
+    stop: list[str] = field(default_factory=list)
+    chat: bool = False
+    """``prompt`` fields and plain lines are raw text; ``messages`` use the chat template. ``chat=true`` wraps raw
+    text as one user turn of the chat template."""
+    warmup: int = 1
+    """Prompts each row decodes untimed before the timed loop."""
+    repeats: int = 1
+    """Timed decodes of each prompt by each row, round-robin over the rows; the fastest counts (a shared
+    machine's stalls only slow a decode down, so the minimum is the least noisy estimate)."""
+    hf: bool = True
+    """Add transformers' rows: ``hf-greedy`` (``generate``), and ``hf-assisted`` when a draft is given."""
+    hf_assistant_tokens: int = 5
+    """k of transformers' assisted generation (constant schedule, no confidence cut-off)."""
+    trace: bool = True
+    """An extra, untimed pass of prove-lossless with the verifier as a probe: per-position p̃, q and
+    "matches greedy" for the ROC plot and the per-position match curve (block models only)."""
+    bin_size: int = 8
+    """Response positions per bin of the tokens-per-cycle-along-the-response curve."""
+    output_dir: str = "outputs/bench"
+    """Where bench.json, bench.md and the PNG plots go."""
+    plots: bool = True
+    pass_cost_widths: int = 0
+    """Measure the model's pass cost t(w)/t(1) for widths w = 1..N (tokens fed in one pass over a cached
+    context, through the fused pass's masked path) and print it in bench.md; 0 = skip. It is what decides
+    how many groups a fused pass should carry on a given machine."""
+    pass_cost_context: int = 128
+    """Cached context length of the pass-cost measurement."""
+    pass_cost_repeats: int = 10
+    """Timed passes per width (round-robin over the widths; the fastest counts)."""
+    device: str = "cpu"
+    dtype: str = "float32"
+    progress: bool = True
+    hf_compare: str | None = None
+    """Our ``ar`` / ``sd`` against transformers' ``generate`` greedy and assisted generation on random-weight
+    models of a real model's shape, built in-process (``prove.decode.random_models.SHAPES``: ``qwen2.5-0.5b``,
+    ``tiny``): the target, a ``draft_layers``-layer cut of it as the draft, ``n_prompts`` prompts of
+    ``prompt_len`` random token ids, no EOS (every request decodes ``max_new_tokens``). No ``model``,
+    ``draft`` or ``prompts``; ``methods`` defaults to ``[ar, sd]``. Tokens must be identical between all four
+    rows (a mismatch is an error); bench.json's ``hf_compare`` has the paired time ratios."""
+    draft_layers: int = 6
+    """``hf_compare``: decoder layers of the layer-skip draft."""
+    prompt_len: int = 128
+    """``hf_compare``: tokens per random prompt."""
+    deep_scale: float = 1.0
+    """``hf_compare``: scale of the output projections of the layers the draft skips (< 1: the draft agrees
+    with the target more often, like a trained layer-skip draft; ``random_models.random_target_and_draft``)."""
+
+    def __post_init__(self) -> None:
+        if self.hf_compare is not None:
+            from prove.decode.random_models import SHAPES
+
+            if self.hf_compare not in SHAPES:
+                raise ValueError(f"hf_compare={self.hf_compare!r} is not a known shape; pick one of: {', '.join(SHAPES)}")
+            if self.model is not None or self.draft is not None or self.prompts is not None:
+                raise ValueError("hf_compare builds its own models and prompts: drop model=, draft= and prompts=")
+            if list(self.methods) == list(DEFAULT_METHODS):
+                self.methods = list(HF_COMPARE_METHODS)
+            extra = set(self.methods) - set(HF_COMPARE_METHODS)
+            if extra:
+                raise ValueError(f"hf_compare runs methods {list(HF_COMPARE_METHODS)} only (no mask token, no verifier); drop {sorted(extra)}")
+            if self.prompt_len < 1:
+                raise ValueError(f"prompt_len={self.prompt_len} must be ≥ 1")
+        else:
+            if self.model is None:
+                raise ValueError("pass model=PATH (the model being accelerated), or hf_compare=SHAPE")
+            if self.prompts is None:
+                raise ValueError("pass prompts=FILE (JSONL or plain text), or hf_compare=SHAPE")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be ≥ 1")
+        if self.n_prompts is not None and self.n_prompts < 1:
+            raise ValueError(f"n_prompts={self.n_prompts} must be ≥ 1 (or null for all)")
+        if self.repeats < 1:
+            raise ValueError(f"repeats={self.repeats} must be ≥ 1")
+        if self.warmup < 0:
+            raise ValueError(f"warmup={self.warmup} must be ≥ 0")
+        if self.pass_cost_widths < 0 or self.pass_cost_context < 1 or self.pass_cost_repeats < 1:
+            raise ValueError(
+                f"pass_cost_widths={self.pass_cost_widths} must be ≥ 0 (0 = off), pass_cost_context="
+                f"{self.pass_cost_context} and pass_cost_repeats={self.pass_cost_repeats} ≥ 1"
+            )
+        if not self.methods:
+            raise ValueError("methods is empty: give e.g. methods=[ar,prove-lossless]")
+        for key in SWEEP_KEYS:
+            as_values(getattr(self, key))
+        mp = self.method_params or {}
+        if not isinstance(mp, Mapping) or not all(isinstance(v, Mapping) for v in mp.values()):
+            raise ValueError(
+                f"method_params={mp!r} must map a method to its params, e.g. method_params={{prove:{{theta:[0.05,0.1]}}}}"
+            )
+
+    def sweeps(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in SWEEP_KEYS}
+
+
+def register_configs() -> None:
+    """Register the schema that ``conf/bench.yaml`` extends (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="bench_schema", node=BenchConfig)
+

@@ -1,0 +1,261 @@
+"""The bench's numbers, pure (lists in, numbers out; unit-tested on hand-made data): agreement with AR
+(:func:`first_divergence`), per-row summaries over the prompts (:func:`summarize`), paired speedups, the
+per-depth acceptance curve and the ROC / AUC of the "matches greedy" predictors."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+if TYPE_CHECKING:
+    pass
+
+
+def first_divergence(output: Sequence[int], reference: Sequence[int]) -> int | None:
+    """The first position where ``output`` and ``reference`` differ; ``None`` if they are identical.
+
+    If one is a strict prefix of the other (one stopped earlier) they diverge at the shorter length.
+    """
+    for i, (a, b) in enumerate(zip(output, reference, strict=False)):
+        if a != b:
+            return i
+    if len(output) != len(reference):
+        return min(len(output), len(reference))
+    return None
+
+
+def roc_curve(scores: Sequence[float], labels: Sequence[bool]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ROC of ``scores`` as a predictor of ``labels`` (True = positive): ``(fpr, tpr, thresholds)``.
+
+    One point per distinct score, from the highest threshold down ("predict positive iff score ≥ t"),
+    starting at (0, 0) with threshold +inf and ending at (1, 1). Needs at least one positive and one
+    negative label.
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(labels, dtype=bool)
+    if s.shape != y.shape or s.ndim != 1:
+        raise ValueError(f"scores {s.shape} and labels {y.shape} must be 1-D and of the same length")
+    n_pos, n_neg = int(y.sum()), int((~y).sum())
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError(f"an ROC curve needs both classes; got {n_pos} positives and {n_neg} negatives")
+    order = np.argsort(-s, kind="stable")
+    s, y = s[order], y[order]
+    last_of_group = np.r_[
+        np.nonzero(np.diff(s))[0], s.size - 1
+    ]  # index of the last element of each tie group
+    tps = np.cumsum(y)[last_of_group]
+    fps = np.cumsum(~y)[last_of_group]
+    tpr = np.r_[0.0, tps / n_pos]
+    fpr = np.r_[0.0, fps / n_neg]
+    thresholds = np.r_[np.inf, s[last_of_group]]
+    return fpr, tpr, thresholds
+
+
+def auc(fpr: ArrayLike, tpr: ArrayLike) -> float:
+    """Area under a curve by the trapezoid rule (for an ROC curve: P(score⁺ > score⁻) + ½ P(tie))."""
+    x, y = np.asarray(fpr, dtype=np.float64), np.asarray(tpr, dtype=np.float64)
+    return float(np.sum((x[1:] - x[:-1]) * (y[1:] + y[:-1]) / 2))
+
+
+def rate_by_depth(hits: Iterable[Sequence[int]], totals: Iterable[Sequence[int]]) -> list[float]:
+    """Σ hits[i] / Σ totals[i] per block position i over requests of ragged length (NaN where 0 proposed)."""
+    h: list[float] = []
+    t: list[float] = []
+    for hit, tot in zip(hits, totals, strict=True):
+        if len(hit) != len(tot):
+            raise ValueError(f"per-depth counts of different lengths: {len(hit)} vs {len(tot)}")
+        grow = len(tot) - len(t)
+        if grow > 0:
+            h += [0.0] * grow
+            t += [0.0] * grow
+        for i, (a, b) in enumerate(zip(hit, tot, strict=True)):
+            h[i] += a
+            t[i] += b
+    return [a / b if b else math.nan for a, b in zip(h, t, strict=True)]
+
+
+def tokens_per_cycle_by_position(
+    committed_per_cycle: Iterable[Sequence[int]], bin_size: int
+) -> tuple[list[int], list[float], list[int]]:
+    """Mean tokens committed per cycle along the response: cycles are binned by the response position
+    where they start (``bin_size`` tokens a bin). Returns ``(bin starts, means, cycles per bin)``."""
+    if bin_size < 1:
+        raise ValueError(f"bin_size={bin_size} must be ≥ 1")
+    sums: dict[int, float] = {}
+    counts: dict[int, int] = {}
+    for request in committed_per_cycle:
+        pos = 0
+        for n in request:
+            b = pos // bin_size
+            sums[b] = sums.get(b, 0.0) + n
+            counts[b] = counts.get(b, 0) + 1
+            pos += n
+    bins = sorted(counts)
+    return [b * bin_size for b in bins], [sums[b] / counts[b] for b in bins], [counts[b] for b in bins]
+
+
+def _per_token(n: int, tokens: int) -> float:
+    return n / tokens if tokens else math.nan
+
+
+@dataclass(frozen=True)
+class PromptRun:
+    """One row's result on one prompt (the per-prompt record of bench.json)."""
+
+    id: Any
+    token_ids: list[int]
+    text: str
+    wall_s: float
+    cycles: int
+    model_passes: int
+    verifier_passes: int = 0
+    draft_passes: int = 0
+    accepted_by_depth: list[int] = field(default_factory=list)
+    proposed_by_depth: list[int] = field(default_factory=list)
+    committed_per_cycle: list[int] = field(default_factory=list)
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+def summarize(
+    runs: Sequence[PromptRun],
+    reference: Sequence[PromptRun],
+    answers: Sequence[str | None] | None = None,
+    *,
+    scorer: Callable[[str, str], bool] | None = None,
+    bin_size: int = 8,
+) -> dict[str, Any]:
+    """The numbers of one row, from its per-prompt runs and AR's on the same prompts (same order).
+
+    - ``tokens_per_cycle`` = Σ new tokens / Σ cycles: the mean committed length, correction / bonus
+      token included (AR: 1.0).
+    - ``*_passes_per_token`` = Σ passes / Σ new tokens.
+    - ``speedup_median`` = median over prompts of (tokens/s of the row) / (tokens/s of AR) on that
+      prompt; ``speedup_total`` = (Σ tokens / Σ time of the row) / (the same for AR). For a lossless
+      method both are plain time ratios (same tokens).
+    - ``agreement`` = share of prompts whose output equals AR's token for token; ``first_divergence``
+      the position where it first differs (``None`` = identical), per prompt.
+    - ``accuracy`` = share of prompts with an answer that ``scorer(text, answer)`` accepts (``None``
+      when no prompt has an answer).
+    """
+    if len(runs) != len(reference):
+        raise ValueError(f"{len(runs)} runs but {len(reference)} reference runs: give both the same prompts")
+    if not runs:
+        raise ValueError("no prompts to summarize")
+    tokens = sum(r.new_tokens for r in runs)
+    cycles = sum(r.cycles for r in runs)
+    wall = sum(r.wall_s for r in runs)
+    ref_tokens = sum(r.new_tokens for r in reference)
+    ref_wall = sum(r.wall_s for r in reference)
+    tps = tokens / wall if wall > 0 else math.nan
+    ref_tps = ref_tokens / ref_wall if ref_wall > 0 else math.nan
+    ratios = [
+        (r.new_tokens / r.wall_s) / (a.new_tokens / a.wall_s)
+        for r, a in zip(runs, reference, strict=True)
+        if r.wall_s > 0 and a.wall_s > 0 and r.new_tokens and a.new_tokens
+    ]
+    divergence = [first_divergence(r.token_ids, a.token_ids) for r, a in zip(runs, reference, strict=True)]
+    diverged = [d for d in divergence if d is not None]
+    correct: list[bool] = []
+    if answers is not None:
+        if len(answers) != len(runs):
+            raise ValueError(f"{len(answers)} answers for {len(runs)} prompts")
+        if scorer is None:
+            from prove.data.synthetic import score
+
+            scorer = score
+        correct = [bool(scorer(r.text, a)) for r, a in zip(runs, answers, strict=True) if a is not None]
+    starts, tpc, counts = tokens_per_cycle_by_position((r.committed_per_cycle for r in runs), bin_size)
+    return {
+        "n_prompts": len(runs),
+        "new_tokens": tokens,
+        "cycles": cycles,
+        "tokens_per_cycle": tokens / cycles if cycles else math.nan,
+        "model_passes_per_token": _per_token(sum(r.model_passes for r in runs), tokens),
+        "verifier_passes_per_token": _per_token(sum(r.verifier_passes for r in runs), tokens),
+        "draft_passes_per_token": _per_token(sum(r.draft_passes for r in runs), tokens),
+        "wall_s": wall,
+        "tokens_per_s": tps,
+        "speedup_median": statistics.median(ratios) if ratios else math.nan,
+        "speedup_total": tps / ref_tps if ref_tps and ref_tps > 0 else math.nan,
+        "agreement": 1 - len(diverged) / len(runs),
+        "first_divergence": divergence,
+        "mean_first_divergence": statistics.fmean(diverged) if diverged else None,
+        "accuracy": statistics.fmean(correct) if correct else None,
+        "acceptance_by_depth": rate_by_depth(
+            (r.accepted_by_depth for r in runs), (r.proposed_by_depth for r in runs)
+        ),
+        "tokens_per_cycle_by_position": {
+            "bin_size": bin_size,
+            "start": starts,
+            "mean": tpc,
+            "cycles": counts,
+        },
+    }
+
+
+def paired_speedup(ours: Sequence[PromptRun], theirs: Sequence[PromptRun]) -> dict[str, Any]:
+    """How much faster ``ours`` ran than ``theirs`` on the same prompts (same order): per prompt their time over
+    ours (> 1: ours is faster), its median, the ratio of total times, and whether the tokens are identical
+    on every prompt (only then is a time ratio a speed ratio)."""
+    if len(ours) != len(theirs) or not ours:
+        raise ValueError(f"{len(ours)} and {len(theirs)} runs: give both rows the same, non-empty prompt set")
+    ratios = [t.wall_s / o.wall_s for o, t in zip(ours, theirs, strict=True) if o.wall_s > 0 and t.wall_s > 0]
+    total_ours, total_theirs = sum(o.wall_s for o in ours), sum(t.wall_s for t in theirs)
+    return {
+        "median": statistics.median(ratios) if ratios else math.nan,
+        "total": total_theirs / total_ours if total_ours > 0 else math.nan,
+        "per_prompt": ratios,
+        "identical": all(o.token_ids == t.token_ids for o, t in zip(ours, theirs, strict=True)),
+    }
+
+
+def trace_points(traces: Iterable[Sequence[Mapping[str, Any]] | None]) -> dict[str, list[Any]]:
+    """Flatten per-cycle trace rows (``Stats.trace``) into per-position columns: ``depth``, ``conf`` (p̃),
+    ``q`` (verifier probability, ``None`` when no verifier scored), ``matched`` (the token equals the
+    target's greedy token given the same prefix). Positions without a ``matched`` flag are skipped."""
+    cols: dict[str, list[Any]] = {"depth": [], "conf": [], "q": [], "matched": []}
+    for trace in traces:
+        for row in trace or ():
+            matched = row.get("matched")
+            if matched is None:
+                continue
+            q = row.get("verifier_prob") or [None] * len(matched)
+            for i, (c, v, m) in enumerate(zip(row["conf"], q, matched, strict=True)):
+                cols["depth"].append(i)
+                cols["conf"].append(float(c))
+                cols["q"].append(None if v is None else float(v))
+                cols["matched"].append(bool(m))
+    return cols
+
+
+def roc_table(points: Mapping[str, Sequence[Any]]) -> dict[str, dict[str, Any]]:
+    """ROC curve and AUC of p̃, q and p̃·q for predicting "matches greedy" (each one needs both classes;
+    q and p̃·q need verifier probabilities)."""
+    labels = list(points["matched"])
+    conf = list(points["conf"])
+    scores: dict[str, list[float]] = {"p_tilde": conf}
+    if labels and all(v is not None for v in points["q"]):
+        scores["q"] = list(points["q"])
+        scores["p_tilde_q"] = [c * v for c, v in zip(conf, points["q"], strict=True)]
+    out: dict[str, dict[str, Any]] = {}
+    if len(set(labels)) < 2:
+        return out
+    for name, s in scores.items():
+        fpr, tpr, thr = roc_curve(s, labels)
+        out[name] = {
+            "auc": auc(fpr, tpr),
+            "fpr": fpr.tolist(),
+            "tpr": tpr.tolist(),
+            "thresholds": thr.tolist(),
+        }
+    return out
+

@@ -1,0 +1,196 @@
+"""bench.json and bench.md: the Markdown table, the pass-cost section, the header, the environment record."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    pass
+from prove.decode.bench.rows import param_label
+
+SCHEMA = "prove-bench/1"
+
+
+def _num(v: Any, spec: str = ".2f", dash: str = "–") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return dash
+    return format(v, spec)
+
+
+def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The Markdown table of bench.json's rows, with its footnotes."""
+    head = [
+        "method", "params", "tok/cycle¹", "model/tok", "verifier/tok", "draft/tok", "tok/s",
+        "speedup (median)", "speedup (total)", "= AR²", "first div. (mean)", "accuracy",
+    ]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    flagged = False
+    for r in rows:
+        agree = f"{100 * r['agreement']:.0f}%"
+        if r.get("lossless") and r["agreement"] < 1:
+            agree += " ⚠"
+            flagged = True
+        cells = [
+            r["name"],
+            " ".join(param_label(k, v) for k, v in (r.get("params") or {}).items()) or "–",
+            _num(r["tokens_per_cycle"]),
+            _num(r["model_passes_per_token"]),
+            _num(r["verifier_passes_per_token"] or None),
+            _num(r["draft_passes_per_token"] or None),
+            _num(r["tokens_per_s"], ".1f"),
+            _num(r["speedup_median"]) + "×",
+            _num(r["speedup_total"]) + "×",
+            agree,
+            _num(r["mean_first_divergence"], ".1f"),
+            _num(None if r["accuracy"] is None else 100 * r["accuracy"], ".1f", "n/a")
+            + ("%" if r["accuracy"] is not None else ""),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "¹ mean tokens committed per cycle, counting the correction / bonus token (AR = 1). "
+        "Passes per token count forward passes of each model. Speedups are tokens/s over AR's in the same run.",
+        "² share of prompts whose output equals AR's token for token; first div. = mean position of the first "
+        "differing token where they differ.",
+    ]
+    if flagged:
+        lines.append("⚠ a lossless method disagreed with AR (expected only from low-precision numerics).")
+    return "\n".join(lines) + "\n"
+
+
+def environment(device: Any, dtype: str) -> dict[str, Any]:
+    """Versions, hardware and the git commit, for bench.json."""
+    import os
+    import platform
+    import subprocess
+    from datetime import datetime, timezone
+
+    import torch
+    import transformers
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", *args],
+                cwd=Path(__file__).parent,
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip()
+
+    status = git("status", "--porcelain", "--untracked-files=no")
+    dev = torch.device(device)
+    return {
+        "device": str(dev),
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_name(),
+        "dtype": dtype,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_dirty": None if status is None else bool(status),
+        "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _cpu_name() -> str:
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def render_pass_cost(cost: Mapping[str, Any], per_line: int = 10) -> str:
+    """bench.md's section for ``pass_cost``: t(w)/t(1), ``per_line`` widths a table row."""
+    widths, ratio = cost["widths"], cost["ratio"]
+    head = ["w"] + [f"+{i}" for i in range(per_line)]
+    lines = [
+        "",
+        f"## Pass cost t(w)/t(1): one pass feeding w tokens after {cost['context']} cached ones",
+        "",
+        f"t(1) = {cost['ms'][0]:.2f} ms through the fused pass's masked path ({cost['plain_t1_ms']:.2f} ms as a "
+        f"plain AR step); fastest of {cost['repeats']}. A fused pass with all groups is k + 1 + (k+1)(K−1) wide.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join(["---:"] * len(head)) + "|",
+    ]
+    for lo in range(0, len(widths), per_line):
+        cells = [str(widths[lo])] + [f"{r:.2f}" for r in ratio[lo : lo + per_line]]
+        cells += [""] * (len(head) - len(cells))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(report: dict[str, Any], output_dir: str | Path, *, plots: bool = True) -> dict[str, Any]:
+    """Write bench.json, bench.md (and print it) and, if asked, the plots; returns the report."""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if plots:
+        from prove.decode.bench.plots import write_plots
+
+        report["plots"] = {k: str(v) for k, v in write_plots(report, out).items()}
+    table = render_table(report["rows"])
+    header = _md_header(report)
+    cost = report.get("pass_cost")
+    (out / "bench.md").write_text(header + table + (render_pass_cost(cost) if cost else ""))
+    (out / "bench.json").write_text(json.dumps(_jsonable(report), indent=1, ensure_ascii=False) + "\n")
+    return report
+
+
+def _md_header(report: Mapping[str, Any]) -> str:
+    env = report["env"]
+    lines = [
+        f"# prove-bench — {report['prompts']['n']} prompts, {env['device']} ({env['device_name']}), {env['dtype']}",
+        "",
+        f"model `{report['models']['model']}`, verifier `{report['models']['verifier']}`, "
+        f"draft `{report['models']['draft']}`; torch {env['torch']}, transformers {env['transformers']}, "
+        f"commit {(env['git_commit'] or 'n/a')[:10]}{' (dirty)' if env.get('git_dirty') else ''}",
+        "",
+    ]
+    hfc = report.get("hf_compare")
+    if hfc:
+        pairs = "; ".join(
+            f"{k.replace('_vs_', ' vs ')}: {v['median']:.2f}× (median), {v['total']:.2f}× (total), tokens "
+            + ("identical" if v["identical"] else "DIFFER ⚠")
+            for k, v in hfc.items()
+            if isinstance(v, dict)
+        )
+        lines += [f"hf_compare ({hfc['shape']} shape, {hfc['draft_layers']}-layer draft): {pairs}", ""]
+    trace = report.get("trace") or {}
+    if trace.get("roc"):
+        aucs = ", ".join(
+            f"{k.replace('p_tilde_q', 'p̃·q').replace('p_tilde', 'p̃')} {v['auc']:.3f}"
+            for k, v in trace["roc"].items()
+        )
+        lines += [
+            f'AUC for predicting "matches greedy" (K={trace["block_size"]}, {trace["positions"]} positions): {aucs}',
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def _jsonable(x: Any) -> Any:
+    """NaN / inf → None (strict JSON)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x
+

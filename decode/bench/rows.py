@@ -1,0 +1,223 @@
+"""What a bench row is: a method at one point of the parameter sweep (:class:`RowSpec`, :func:`expand_rows`),
+which rows must reproduce AR (:func:`is_lossless`), and transformers' own ``generate`` rows (greedy, assisted)
+that run beside ours."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    pass
+from prove.decode.bench.metrics import PromptRun
+
+REFERENCE = "ar"
+
+
+SYMBOLS = {
+    "theta": "θ",
+    "tau": "τ",
+    "block_size": "K",
+    "k": "k",
+    "budget": "B",
+    "gate": "g",
+    "max_mismatches": "m",
+    "fuse_groups": "J",
+}
+
+
+ONLY_WITH = {"fuse_groups": "fuse"}
+"""Parameters read only when another is true: a row with ``fuse=false`` drops ``fuse_groups`` (one unfused
+row, not one per J)."""
+
+
+LOSSLESS_GREEDY = frozenset({"ar", "prove-lossless", "sd", "hf-greedy", "hf-assisted"})
+"""Methods whose greedy output is, by construction, exactly AR's (DESIGN §3 "Guarantees"; ASD with B=0
+too, which the bench does not assume)."""
+
+
+HF_ROWS = ("hf-greedy", "hf-assisted")
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    """One row of the bench: a method at one point of the sweep."""
+
+    name: str
+    method: str
+    params: dict[str, Any] = field(default_factory=dict)
+    """``DecodeParams`` given to the Decoder (only those the method reads)."""
+
+
+def as_values(value: Any) -> list[Any]:
+    """A sweep value as a list: ``None`` → ``[None]`` (the method's default), a scalar → ``[x]``."""
+    if value is None:
+        return [None]
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise ValueError("an empty sweep list: give at least one value, or null for the method's default")
+        return list(value)
+    return [value]
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def param_label(key: str, value: Any) -> str:
+    if key == "fuse":
+        return "fused" if value else "unfused"
+    return f"{SYMBOLS.get(key, key)}={_fmt(value)}"
+
+
+def expand_rows(
+    methods: Sequence[str],
+    sweeps: Mapping[str, Any],
+    uses: Mapping[str, Sequence[str]],
+    method_params: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[RowSpec]:
+    """One row per method × point of the sweeps it reads (``uses[method]``); AR first, once.
+
+    ``sweeps`` maps a ``DecodeParams`` name to ``None``, a value, or a list of values, for every method
+    that reads it; ``method_params[method]`` overrides or adds values for that method alone (θ is ProVe's
+    threshold and NSD's nucleus mass: sweep one of them with ``method_params={prove: {theta: [...]}}``).
+    A row's name is the method plus the swept values it was given (``prove θ=0.1``).
+    """
+    ordered = [REFERENCE] + [m for m in dict.fromkeys(methods) if m != REFERENCE]
+    method_params = method_params or {}
+    for m, given in method_params.items():
+        if m not in ordered:
+            raise ValueError(f"method_params names method {m!r}, which is not in methods={list(methods)}")
+        unread = set(given) - set(uses.get(m, ()))
+        if unread:
+            raise ValueError(f"method {m} does not read {sorted(unread)}; it reads {list(uses.get(m, ()))}")
+    rows: list[RowSpec] = []
+    for m in ordered:
+        merged = {**sweeps, **method_params.get(m, {})}
+        keys = [k for k in merged if k in uses.get(m, ())]
+        grids = [as_values(merged[k]) for k in keys]
+        swept = [k for k, g in zip(keys, grids, strict=True) if len(g) > 1]
+        for point in itertools.product(*grids):
+            params = {k: v for k, v in zip(keys, point, strict=True) if v is not None}
+            dropped = [k for k, parent in ONLY_WITH.items() if k in params and not params.get(parent)]
+            for k in dropped:
+                del params[k]
+            label = " ".join(param_label(k, params[k]) for k in swept if k in params)
+            row = RowSpec(f"{m} {label}".strip(), m, params)
+            if dropped and row in rows:  # e.g. fuse=false once, whatever fuse_groups sweeps
+                continue
+            rows.append(row)
+    names = [r.name for r in rows]
+    if len(set(names)) != len(names):
+        raise ValueError(f"the sweep repeats a row ({names}): give each value once")
+    return rows
+
+
+def is_lossless(method: str, params: Mapping[str, Any]) -> bool:
+    """Whether a greedy row must reproduce AR token for token: AR, ProVe-lossless, greedy SD, transformers'
+    rows, and ASD with a zero budget, gate or mismatch count (DESIGN §3 "Guarantees")."""
+    if method in LOSSLESS_GREEDY:
+        return True
+    return method == "asd" and any(params.get(k) == 0 for k in ("budget", "gate", "max_mismatches"))
+
+
+class PassCounter:
+    """Counts forward calls of a module while active (transformers' rows: passes are not in its output)."""
+
+    def __init__(self, module: Any) -> None:
+        self.module, self.n, self._handle = module, 0, None
+
+    def __enter__(self) -> PassCounter:
+        self.n = 0
+
+        def hook(*_: Any) -> None:
+            self.n += 1
+
+        self._handle = self.module.register_forward_hook(hook)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        assert self._handle is not None
+        self._handle.remove()
+
+
+class HFRow:
+    """transformers' ``generate``: greedy, or assisted generation with ``draft`` (k tokens, constant
+    schedule, no confidence cut-off). Same prompt ids, EOS and stop strings as our rows."""
+
+    def __init__(self, model: Any, tokenizer: Any, draft: Any = None, k: int = 5) -> None:
+        self.model, self.tokenizer, self.draft, self.k = model, tokenizer, draft, k
+
+    def generate(self, ids: list[int], max_new_tokens: int, eos: list[int], stop: list[str]) -> PromptRun:
+        import torch
+
+        device = next(self.model.parameters()).device
+        x = torch.tensor([ids], device=device)
+        kw: dict[str, Any] = {
+            "attention_mask": torch.ones_like(x),
+            "max_new_tokens": max_new_tokens,
+            "do_sample": False,
+            "eos_token_id": eos or None,
+            "pad_token_id": (eos or [0])[0]
+            if getattr(self.tokenizer, "pad_token_id", None) is None
+            else self.tokenizer.pad_token_id,
+        }
+        if stop:
+            kw.update(stop_strings=list(stop), tokenizer=self.tokenizer)
+        from prove.decode.checkpoint import MASK_TOKEN
+
+        mask = None if self.tokenizer is None else self.tokenizer.get_vocab().get(MASK_TOKEN)
+        if mask is not None:  # our Decoder never outputs <|mask|>; transformers' rows suppress it alike
+            kw["suppress_tokens"] = [mask]
+        from transformers.utils import logging as hf_logging
+
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # assisted generation warns about its own internal generation_config
+        draft_passes = 0
+        gc = None if self.draft is None else self.draft.generation_config
+        saved = (
+            None
+            if gc is None
+            else (
+                gc.num_assistant_tokens,
+                gc.num_assistant_tokens_schedule,
+                gc.assistant_confidence_threshold,
+            )
+        )
+        try:
+            with PassCounter(self.model) as target:
+                if gc is None:
+                    out = self.model.generate(x, **kw)
+                else:
+                    # transformers reads the assistant's settings from the assistant's generation_config.
+                    gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = self.k, "constant"
+                    gc.assistant_confidence_threshold = 0.0
+                    with PassCounter(self.draft) as d:
+                        out = self.model.generate(x, assistant_model=self.draft, **kw)
+                    draft_passes = d.n
+        finally:
+            hf_logging.set_verbosity(verbosity)
+            if gc is not None and saved is not None:
+                (
+                    gc.num_assistant_tokens,
+                    gc.num_assistant_tokens_schedule,
+                    gc.assistant_confidence_threshold,
+                ) = saved
+        new = out[0, len(ids) :].tolist()
+        # generate pads a finished batch of one with nothing, but strip pad after EOS defensively.
+        for i, t in enumerate(new):
+            if t in eos:
+                new = new[: i + 1]
+                break
+        return PromptRun(
+            id=None,
+            token_ids=new,
+            text="" if self.tokenizer is None else self.tokenizer.decode(new, skip_special_tokens=True),
+            wall_s=0.0,
+            cycles=target.n,
+            model_passes=target.n,
+            draft_passes=draft_passes,
+        )
+

@@ -1,0 +1,370 @@
+"""``prove-bench``: several methods over one prompt set, in one process, AR first as the reference (DESIGN §3.1).
+
+    prove-bench model=runs/tiny/mars verifier=runs/tiny/verifier draft=runs/tiny/verifier \\
+        prompts=data/tiny/test.jsonl methods=[ar,mars,prove,prove-lossless,sd] theta=[0.05,0.1,0.3]
+
+Per row (a method at one point of the parameter sweep) it reports tokens per cycle (which counts the
+correction / bonus token), model / verifier / draft forward passes per token, the wall-clock speedup over
+AR measured in the same run, agreement with AR's output (the first position where they diverge, per
+prompt; lossless methods must agree on every prompt) and task accuracy where the prompts carry an
+``answer``. Rows from transformers itself (``generate`` greedy; assisted generation with the same draft,
+k = 5, constant schedule) run beside them, so our AR and SD are compared with the library users have.
+
+Timing. Every row decodes a warm-up prompt first (untimed). Then the loop runs prompt by prompt and, for
+each prompt, every row in turn (AR first): a slow period of the machine hits all rows alike, so speedups
+are ratios measured side by side; ``repeats`` > 1 keeps each row's fastest decode of each prompt. On CUDA,
+timings are bracketed by ``torch.cuda.synchronize``.
+
+The functions above ``run_bench`` are pure (lists in, numbers out) and unit-tested on hand-made data;
+``run_bench`` is the plumbing. This module imports neither torch nor transformers at import time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prove.decode.decoder import Decoder
+from prove.decode.bench.config import BenchConfig
+from prove.decode.bench.hf_compare import HF_PAIRS, hf_compare_setup
+from prove.decode.bench.metrics import (
+    PromptRun,
+    paired_speedup,
+    rate_by_depth,
+    roc_table,
+    summarize,
+    trace_points,
+)
+from prove.decode.bench.report import SCHEMA, environment, write_report
+from prove.decode.bench.rows import REFERENCE, HFRow, RowSpec, as_values, expand_rows, is_lossless
+
+
+def _sync(device: Any) -> None:
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def load_models(cfg: BenchConfig) -> dict[str, Any]:
+    """The tokenizer and every model, loaded once and shared by all rows."""
+    from prove.decode.checkpoint import vocab_difference
+    from prove.decode.config import DTYPES
+    from prove.decode.decoder import check_source, load_model, load_tokenizer
+
+    if cfg.dtype not in DTYPES:
+        raise ValueError(f"dtype={cfg.dtype!r} is not one of {DTYPES}")
+    for role in ("model", "verifier", "draft"):
+        if getattr(cfg, role) is not None:
+            check_source(getattr(cfg, role), role)
+    tokenizer = load_tokenizer(cfg.model)
+
+    def load(path: str) -> Any:
+        return load_model(path, cfg.device, cfg.dtype)
+
+    models: dict[str, Any] = {"tokenizer": tokenizer, "model": load(cfg.model)}
+    loaded: dict[str, Any] = {cfg.model: models["model"]}
+    for role in ("verifier", "draft"):
+        path = getattr(cfg, role)
+        if path is None:
+            continue
+        if vocab_difference(tokenizer, load_tokenizer(path)):
+            raise ValueError(
+                f"{role}={path} has a different tokenizer from model={cfg.model}: the {role} must share the "
+                "model's vocabulary (apart from <|mask|>)"
+            )
+        if path not in loaded:
+            loaded[path] = load(path)
+        models[role] = loaded[path]
+    return models
+
+
+def build_decoders(
+    cfg: BenchConfig, rows: Sequence[RowSpec], models: Mapping[str, Any]
+) -> dict[str, Decoder]:
+    """A Decoder per row over the shared models; every construction error surfaces before any timing."""
+    from prove.decode.decoder import Decoder
+    from prove.decode.methods import get_method
+
+    decoders: dict[str, Decoder] = {}
+    for row in rows:
+        method = get_method(row.method)
+        decoders[row.name] = Decoder(
+            models["model"],
+            models["tokenizer"],
+            method=method,
+            verifier=models.get("verifier") if method.verifier == "small" else None,
+            draft=models.get("draft") if method.proposer == "draft" else None,
+            device=cfg.device,
+            **row.params,
+        )
+    return decoders
+
+
+def _resolved_params(decoder: Decoder) -> dict[str, Any]:
+    params = {k: getattr(decoder.params, k) for k in decoder.method.uses}
+    if not params.get("fuse"):  # unfused: the fuse knobs say nothing
+        params = {k: v for k, v in params.items() if k not in ("fuse", "fuse_groups")}
+    return params
+
+
+def run_bench(cfg: BenchConfig) -> dict[str, Any]:
+    """Run the bench; write bench.json, bench.md and the plots into ``cfg.output_dir``; return the report."""
+    import sys
+
+    from prove.data.prompts import read_prompts, render
+    from prove.decode.methods import METHODS, resolve_params
+    from tqdm import tqdm
+
+    unknown = [m for m in cfg.methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; registered: {', '.join(sorted(METHODS))}")
+    uses = {name: m.uses for name, m in METHODS.items()}
+    specs = expand_rows(cfg.methods, cfg.sweeps(), uses, cfg.method_params)
+    for spec in specs:  # every row's parameters are checked before any model loads
+        resolve_params(spec.method, **spec.params)
+    if cfg.hf_compare is not None:
+        models, prompt_ids = hf_compare_setup(cfg)
+        records: list[Any] = [None] * len(prompt_ids)
+        keys: list[Any] = list(range(len(prompt_ids)))
+    else:
+        assert cfg.prompts is not None, "BenchConfig checks prompts="
+        records = read_prompts(cfg.prompts)[: cfg.n_prompts]
+        keys = [r.id for r in records]
+        models = load_models(cfg)
+    answers = [None if r is None else r.answer for r in records]
+    has_answers = any(a is not None for a in answers)
+    tokenizer = models["tokenizer"]
+    decoders = build_decoders(cfg, specs, models)
+    ref = decoders[REFERENCE]
+    hf_rows: dict[str, HFRow] = {}
+    if cfg.hf:
+        hf_rows["hf-greedy"] = HFRow(models["model"], tokenizer)
+        if "draft" in models:
+            hf_rows["hf-assisted"] = HFRow(
+                models["model"], tokenizer, models["draft"], cfg.hf_assistant_tokens
+            )
+    names = [REFERENCE, *hf_rows, *(s.name for s in specs[1:])]
+    prompts = prompt_ids if cfg.hf_compare is not None else [ref.encode(render(r, cfg.chat)) for r in records]
+    for key, ids in zip(keys, prompts, strict=True):  # too long for a model: fail before any timing
+        for dec in decoders.values():
+            try:
+                dec.check_length(len(ids), cfg.max_new_tokens)
+            except ValueError as e:
+                raise ValueError(f"prompt {key!r}: {e}") from None
+    eos = ref.eos_ids()
+    stop = list(cfg.stop)
+
+    def run_one(name: str, ids: list[int], rid: Any) -> PromptRun:
+        _sync(cfg.device)
+        if name in hf_rows:
+            t0 = _now()
+            run = hf_rows[name].generate(ids, cfg.max_new_tokens, eos, stop)
+            _sync(cfg.device)
+            return dataclasses.replace(run, id=rid, wall_s=_now() - t0)
+        t0 = _now()
+        out = decoders[name].generate(ids, max_new_tokens=cfg.max_new_tokens, stop=stop or None)
+        _sync(cfg.device)
+        wall = _now() - t0
+        s = out.stats
+        return PromptRun(
+            id=rid,
+            token_ids=list(out.token_ids),
+            text=out.text,
+            wall_s=wall,
+            cycles=s.cycles,
+            model_passes=s.model_passes,
+            verifier_passes=s.verifier_passes,
+            draft_passes=s.draft_passes,
+            accepted_by_depth=list(s.accepted_by_depth),
+            proposed_by_depth=list(s.proposed_by_depth),
+            committed_per_cycle=list(s.committed_per_cycle),
+        )
+
+    # 1) warm-up: every row decodes the first prompts, untimed
+    for ids in prompts[: cfg.warmup]:
+        for name in names:
+            run_one(name, ids, None)
+    # 2) timed loop: prompt by prompt, every row in turn (AR first)
+    runs: dict[str, list[PromptRun]] = {name: [] for name in names}
+    for key, ids in tqdm(
+        list(zip(keys, prompts, strict=True)),
+        desc="bench",
+        unit="prompt",
+        file=sys.stderr,
+        disable=not cfg.progress,
+    ):
+        tries: dict[str, list[PromptRun]] = {name: [] for name in names}
+        for _ in range(
+            cfg.repeats
+        ):  # round-robin, so one stall of the machine does not hit every try of a row
+            for name in names:
+                tries[name].append(run_one(name, ids, key))
+        for name in names:
+            runs[name].append(min(tries[name], key=lambda r: r.wall_s))
+    # 3) untimed trace pass for the ROC / per-position match curves
+    trace = trace_pass(cfg, models, prompts, eos, stop) if cfg.trace and cfg.hf_compare is None else None
+    # 4) the pass cost curve t(w)/t(1)
+    cost = None
+    if cfg.pass_cost_widths:
+        cost = pass_cost(
+            models["model"], prompts[0], cfg.pass_cost_widths, cfg.pass_cost_context, cfg.pass_cost_repeats, cfg.device
+        )
+
+    spec_by_name = {s.name: s for s in specs}
+    rows = []
+    for name in names:
+        summary = summarize(
+            runs[name], runs[REFERENCE], answers if has_answers else None, bin_size=cfg.bin_size
+        )
+        spec = spec_by_name.get(name)
+        rows.append(
+            {
+                "name": name,
+                "method": spec.method if spec else name,
+                "params": _resolved_params(decoders[name])
+                if spec
+                else ({"k": cfg.hf_assistant_tokens} if name == "hf-assisted" else {}),
+                "swept": dict(spec.params) if spec else {},
+                "lossless": is_lossless(spec.method, _resolved_params(decoders[name])) if spec else True,
+                **summary,
+                "per_prompt": [
+                    {
+                        "id": r.id,
+                        "new_tokens": r.new_tokens,
+                        "cycles": r.cycles,
+                        "wall_s": r.wall_s,
+                        "first_divergence": d,
+                        "text": r.text,
+                    }
+                    for r, d in zip(runs[name], summary["first_divergence"], strict=True)
+                ],
+            }
+        )
+    report = {
+        "schema": SCHEMA,
+        "env": environment(cfg.device, cfg.dtype),
+        "config": dataclasses.asdict(cfg),
+        "models": {"model": cfg.model, "verifier": cfg.verifier, "draft": cfg.draft}
+        if cfg.hf_compare is None
+        else {
+            "model": f"random {cfg.hf_compare}",
+            "verifier": None,
+            "draft": f"its first {cfg.draft_layers} layers",
+        },
+        "prompts": {
+            "path": str(cfg.prompts) if cfg.hf_compare is None else f"{len(prompts)} × {cfg.prompt_len} random ids",
+            "n": len(records),
+            "with_answers": sum(a is not None for a in answers),
+        },
+        "reference": REFERENCE,
+        "rows": rows,
+        "lossless_violations": [r["name"] for r in rows if r["lossless"] and r["agreement"] < 1],
+        "trace": trace,
+        "pass_cost": cost,
+        "plots": {},
+    }
+    if cfg.hf_compare is not None:
+        report["hf_compare"] = {
+            "shape": cfg.hf_compare,
+            "draft_layers": cfg.draft_layers,
+            "prompt_len": cfg.prompt_len,
+            "deep_scale": cfg.deep_scale,
+            **{f"{ours}_vs_{theirs}": paired_speedup(runs[ours], runs[theirs])
+               for ours, theirs in HF_PAIRS if ours in runs and theirs in runs},
+        }  # fmt: skip
+    write_report(report, cfg.output_dir, plots=cfg.plots)
+    differ = [k for k, v in (report.get("hf_compare") or {}).items() if isinstance(v, dict) and not v["identical"]]
+    if differ:
+        raise RuntimeError(f"hf_compare: tokens differ between ours and transformers' ({differ}); see {cfg.output_dir}")
+    return report
+
+
+def _now() -> float:
+    import time
+
+    return time.perf_counter()
+
+
+def trace_pass(
+    cfg: BenchConfig, models: Mapping[str, Any], prompts: Sequence[list[int]], eos: list[int], stop: list[str]
+) -> dict[str, Any] | None:
+    """prove-lossless with ``trace=True`` (and the verifier as a probe when given), untimed: per-position
+    p̃, q and "matches greedy"; ``None`` when the model is not a block proposer."""
+    import warnings
+
+    from prove.decode.decoder import Decoder
+
+    block = as_values(cfg.block_size)[0]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dec = Decoder(
+                models["model"],
+                models["tokenizer"],
+                method="prove-lossless",
+                verifier=models.get("verifier"),
+                device=cfg.device,
+                trace=True,
+                **({"block_size": block} if block is not None else {}),
+            )
+    except ValueError as e:  # not a block model: no trace
+        return {"skipped": str(e)}
+    traces = [
+        dec.generate(ids, max_new_tokens=cfg.max_new_tokens, stop=stop or None).stats.trace for ids in prompts
+    ]
+    points = trace_points(traces)
+    match = rate_by_depth(
+        ([int(m) for m in row["matched"]] for t in traces for row in (t or ())),
+        ([1] * len(row["matched"]) for t in traces for row in (t or ())),
+    )
+    return {
+        "method": "prove-lossless",
+        "block_size": dec.params.block_size,
+        "verifier": cfg.verifier,
+        "positions": len(points["matched"]),
+        "match_by_depth": match,
+        "roc": roc_table(points),
+    }
+
+
+def pass_cost(
+    model: Any, prompt: Sequence[int], widths: int, context: int, repeats: int, device: Any
+) -> dict[str, Any]:
+    """Wall time of one pass feeding w tokens (w = 1..``widths``) after ``context`` cached tokens: the last
+    committed token plus a causal chain of w − 1 through ``ModelRunner.forward_tree`` (the fused pass's
+    masked path; w = 1 is an AR step). Round-robin over the widths, ``repeats`` times; the fastest counts.
+    Also times the plain ``forward`` for w = 1 (AR's unmasked step), to show the mask's own overhead."""
+    import torch
+    from prove.decode.engine import ModelRunner
+
+    seq = (list(prompt) * (context // max(len(prompt), 1) + 1))[:context]
+    runner = ModelRunner(model)
+    runner.forward(seq)  # cache the context; every timed pass re-feeds only its last token
+    best = [math.inf] * widths
+    plain = math.inf
+    for _ in range(repeats):
+        for w in range(1, widths + 1):
+            e = w - 1
+            offsets, attend = torch.arange(e), torch.ones(e, e, dtype=torch.bool).tril()
+            _sync(device)
+            t0 = _now()
+            runner.forward_tree(seq, seq[:e], offsets=offsets, attend=attend, chain=e)
+            _sync(device)
+            best[w - 1] = min(best[w - 1], _now() - t0)
+        t0 = _now()
+        runner.forward(seq)
+        _sync(device)
+        plain = min(plain, _now() - t0)
+    return {
+        "context": context,
+        "repeats": repeats,
+        "widths": list(range(1, widths + 1)),
+        "ms": [1000 * t for t in best],
+        "ratio": [t / best[0] for t in best],
+        "plain_t1_ms": 1000 * plain,
+    }
+
