@@ -15,24 +15,24 @@ each prompt, every row in turn (AR first): a slow period of the machine hits all
 are ratios measured side by side; ``repeats`` > 1 keeps each row's fastest decode of each prompt. On CUDA,
 timings are bracketed by ``torch.cuda.synchronize``.
 
-The functions above ``run_bench`` are pure (lists in, numbers out) and unit-tested on hand-made data;
-``run_bench`` is the plumbing. This module imports neither torch nor transformers at import time.
+The pure numbers are :mod:`prove.decode.bench.metrics`; this module is the plumbing, ``run_bench`` its
+steps in order. This module imports neither torch nor transformers at import time.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from prove.decode.decoder import Decoder
 from prove.decode.bench.config import BenchConfig
-from prove.decode.bench.hf_compare import HF_PAIRS, hf_compare_setup
+from prove.decode.bench.hf_compare import check_identical, hf_compare_report, hf_compare_setup
 from prove.decode.bench.metrics import (
     PromptRun,
-    paired_speedup,
     rate_by_depth,
     roc_table,
     summarize,
@@ -111,54 +111,113 @@ def _resolved_params(decoder: Decoder) -> dict[str, Any]:
     return params
 
 
-def run_bench(cfg: BenchConfig) -> dict[str, Any]:
-    """Run the bench; write bench.json, bench.md and the plots into ``cfg.output_dir``; return the report."""
-    import sys
+@dataclass
+class Inputs:
+    """What every row decodes: the prompts, their keys (JSONL ids) and answers, and the shared models."""
 
-    from prove.data.prompts import read_prompts, render
+    keys: list[Any]
+    prompts: list[Any]
+    """Token ids once ``run_bench`` has encoded them (text or chat messages before)."""
+    answers: list[str | None]
+    models: dict[str, Any]
+
+
+def run_bench(cfg: BenchConfig) -> dict[str, Any]:
+    """Run the bench; write bench.json, bench.md and the plots into ``cfg.output_dir``; return the report.
+
+    The steps, in order: check every row's parameters (before any model loads) → load the prompts and
+    models → build a Decoder per row (and transformers' rows) → check every prompt fits every model →
+    warm up → the timed rounds → the untimed trace pass → the pass cost curve → the report.
+    """
+    specs = check_rows(cfg)
+    inputs = load_inputs(cfg)
+    decoders = build_decoders(cfg, specs, inputs.models)
+    inputs.prompts = [decoders[REFERENCE].encode(p) for p in inputs.prompts]  # ids pass through unchanged
+    hf_rows = reference_rows(cfg, inputs.models)
+    check_lengths(decoders, inputs, cfg.max_new_tokens)
+    names = [REFERENCE, *hf_rows, *(s.name for s in specs[1:])]
+    decode_one = row_decoder(cfg, decoders, hf_rows)
+    for ids in inputs.prompts[: cfg.warmup]:  # warm-up: every row decodes the first prompts, untimed
+        for name in names:
+            decode_one(name, ids, None)
+    runs = timed_rounds(cfg, names, inputs, decode_one)
+    eos, stop = decoders[REFERENCE].eos_ids(), list(cfg.stop)
+    trace = trace_pass(cfg, inputs.models, inputs.prompts, eos, stop) if cfg.trace and cfg.hf_compare is None else None
+    cost = None
+    if cfg.pass_cost_widths:
+        cost = pass_cost(
+            inputs.models["model"],
+            inputs.prompts[0],
+            cfg.pass_cost_widths,
+            cfg.pass_cost_context,
+            cfg.pass_cost_repeats,
+            cfg.device,
+        )
+    report = build_report(cfg, specs, decoders, runs, inputs, trace, cost)
+    write_report(report, cfg.output_dir, plots=cfg.plots)
+    check_identical(report, cfg.output_dir)
+    return report
+
+
+def check_rows(cfg: BenchConfig) -> list[RowSpec]:
+    """The rows, every one's parameters checked (``resolve_params``) before any model loads."""
     from prove.decode.methods import METHODS, resolve_params
-    from tqdm import tqdm
 
     unknown = [m for m in cfg.methods if m not in METHODS]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; registered: {', '.join(sorted(METHODS))}")
     uses = {name: m.uses for name, m in METHODS.items()}
     specs = expand_rows(cfg.methods, cfg.sweeps(), uses, cfg.method_params)
-    for spec in specs:  # every row's parameters are checked before any model loads
+    for spec in specs:
         resolve_params(spec.method, **spec.params)
+    return specs
+
+
+def load_inputs(cfg: BenchConfig) -> Inputs:
+    """The prompt file (its first ``n_prompts``) and the models, or ``hf_compare``'s random ones."""
+    from prove.data.prompts import read_prompts, render
+
     if cfg.hf_compare is not None:
         models, prompt_ids = hf_compare_setup(cfg)
-        records: list[Any] = [None] * len(prompt_ids)
-        keys: list[Any] = list(range(len(prompt_ids)))
-    else:
-        assert cfg.prompts is not None, "BenchConfig checks prompts="
-        records = read_prompts(cfg.prompts)[: cfg.n_prompts]
-        keys = [r.id for r in records]
-        models = load_models(cfg)
-    answers = [None if r is None else r.answer for r in records]
-    has_answers = any(a is not None for a in answers)
-    tokenizer = models["tokenizer"]
-    decoders = build_decoders(cfg, specs, models)
-    ref = decoders[REFERENCE]
-    hf_rows: dict[str, HFRow] = {}
+        n = len(prompt_ids)
+        return Inputs(keys=list(range(n)), prompts=prompt_ids, answers=[None] * n, models=models)
+    assert cfg.prompts is not None, "BenchConfig checks prompts="
+    records = read_prompts(cfg.prompts)[: cfg.n_prompts]
+    return Inputs(
+        keys=[r.id for r in records],
+        prompts=[render(r, cfg.chat) for r in records],  # encoded once the reference Decoder exists
+        answers=[r.answer for r in records],
+        models=load_models(cfg),
+    )
+
+
+def reference_rows(cfg: BenchConfig, models: Mapping[str, Any]) -> dict[str, HFRow]:
+    """transformers' ``generate`` rows beside ours (``hf=true``): greedy, and assisted with the draft."""
+    rows: dict[str, HFRow] = {}
     if cfg.hf:
-        hf_rows["hf-greedy"] = HFRow(models["model"], tokenizer)
+        rows["hf-greedy"] = HFRow(models["model"], models["tokenizer"])
         if "draft" in models:
-            hf_rows["hf-assisted"] = HFRow(
-                models["model"], tokenizer, models["draft"], cfg.hf_assistant_tokens
-            )
-    names = [REFERENCE, *hf_rows, *(s.name for s in specs[1:])]
-    prompts = prompt_ids if cfg.hf_compare is not None else [ref.encode(render(r, cfg.chat)) for r in records]
-    for key, ids in zip(keys, prompts, strict=True):  # too long for a model: fail before any timing
+            rows["hf-assisted"] = HFRow(models["model"], models["tokenizer"], models["draft"], cfg.hf_assistant_tokens)
+    return rows
+
+
+def check_lengths(decoders: Mapping[str, Decoder], inputs: Inputs, max_new_tokens: int) -> None:
+    """A prompt too long for any row's models fails here, before any timing."""
+    for key, ids in zip(inputs.keys, inputs.prompts, strict=True):
         for dec in decoders.values():
             try:
-                dec.check_length(len(ids), cfg.max_new_tokens)
+                dec.check_length(len(ids), max_new_tokens)
             except ValueError as e:
                 raise ValueError(f"prompt {key!r}: {e}") from None
-    eos = ref.eos_ids()
-    stop = list(cfg.stop)
 
-    def run_one(name: str, ids: list[int], rid: Any) -> PromptRun:
+
+def row_decoder(
+    cfg: BenchConfig, decoders: Mapping[str, Decoder], hf_rows: Mapping[str, HFRow]
+) -> Callable[[str, list[int], Any], PromptRun]:
+    """``decode_one(row name, prompt ids, key)``: one timed decode of one prompt by one row."""
+    eos, stop = decoders[REFERENCE].eos_ids(), list(cfg.stop)
+
+    def decode_one(name: str, ids: list[int], rid: Any) -> PromptRun:
         _sync(cfg.device)
         if name in hf_rows:
             t0 = _now()
@@ -184,52 +243,59 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             committed_per_cycle=list(s.committed_per_cycle),
         )
 
-    # 1) warm-up: every row decodes the first prompts, untimed
-    for ids in prompts[: cfg.warmup]:
-        for name in names:
-            run_one(name, ids, None)
-    # 2) timed loop: prompt by prompt, every row in turn (AR first)
+    return decode_one
+
+
+def timed_rounds(
+    cfg: BenchConfig, names: Sequence[str], inputs: Inputs, decode_one: Callable[[str, list[int], Any], PromptRun]
+) -> dict[str, list[PromptRun]]:
+    """Prompt by prompt, every row in turn (AR first), ``repeats`` rounds round-robin so one stall of the
+    machine does not hit every try of a row; each row keeps its fastest decode of each prompt."""
+    import sys
+
+    from tqdm import tqdm
+
     runs: dict[str, list[PromptRun]] = {name: [] for name in names}
-    for key, ids in tqdm(
-        list(zip(keys, prompts, strict=True)),
-        desc="bench",
-        unit="prompt",
-        file=sys.stderr,
-        disable=not cfg.progress,
-    ):
+    pairs = list(zip(inputs.keys, inputs.prompts, strict=True))
+    for key, ids in tqdm(pairs, desc="bench", unit="prompt", file=sys.stderr, disable=not cfg.progress):
         tries: dict[str, list[PromptRun]] = {name: [] for name in names}
-        for _ in range(
-            cfg.repeats
-        ):  # round-robin, so one stall of the machine does not hit every try of a row
+        for _ in range(cfg.repeats):
             for name in names:
-                tries[name].append(run_one(name, ids, key))
+                tries[name].append(decode_one(name, ids, key))
         for name in names:
             runs[name].append(min(tries[name], key=lambda r: r.wall_s))
-    # 3) untimed trace pass for the ROC / per-position match curves
-    trace = trace_pass(cfg, models, prompts, eos, stop) if cfg.trace and cfg.hf_compare is None else None
-    # 4) the pass cost curve t(w)/t(1)
-    cost = None
-    if cfg.pass_cost_widths:
-        cost = pass_cost(
-            models["model"], prompts[0], cfg.pass_cost_widths, cfg.pass_cost_context, cfg.pass_cost_repeats, cfg.device
-        )
+    return runs
 
+
+def build_report(
+    cfg: BenchConfig,
+    specs: Sequence[RowSpec],
+    decoders: Mapping[str, Decoder],
+    runs: Mapping[str, list[PromptRun]],
+    inputs: Inputs,
+    trace: dict[str, Any] | None,
+    cost: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """bench.json's content: one summary per row (with its per-prompt records), the environment, the inputs."""
+    has_answers = any(a is not None for a in inputs.answers)
     spec_by_name = {s.name: s for s in specs}
     rows = []
-    for name in names:
-        summary = summarize(
-            runs[name], runs[REFERENCE], answers if has_answers else None, bin_size=cfg.bin_size
-        )
+    for name, row_runs in runs.items():
+        summary = summarize(row_runs, runs[REFERENCE], inputs.answers if has_answers else None, bin_size=cfg.bin_size)
         spec = spec_by_name.get(name)
+        if spec:
+            params = _resolved_params(decoders[name])
+            lossless = is_lossless(spec.method, params)
+        else:  # a transformers row
+            params = {"k": cfg.hf_assistant_tokens} if name == "hf-assisted" else {}
+            lossless = True
         rows.append(
             {
                 "name": name,
                 "method": spec.method if spec else name,
-                "params": _resolved_params(decoders[name])
-                if spec
-                else ({"k": cfg.hf_assistant_tokens} if name == "hf-assisted" else {}),
+                "params": params,
                 "swept": dict(spec.params) if spec else {},
-                "lossless": is_lossless(spec.method, _resolved_params(decoders[name])) if spec else True,
+                "lossless": lossless,
                 **summary,
                 "per_prompt": [
                     {
@@ -240,25 +306,19 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                         "first_divergence": d,
                         "text": r.text,
                     }
-                    for r, d in zip(runs[name], summary["first_divergence"], strict=True)
+                    for r, d in zip(row_runs, summary["first_divergence"], strict=True)
                 ],
             }
         )
-    report = {
+    report: dict[str, Any] = {
         "schema": SCHEMA,
         "env": environment(cfg.device, cfg.dtype),
         "config": dataclasses.asdict(cfg),
-        "models": {"model": cfg.model, "verifier": cfg.verifier, "draft": cfg.draft}
-        if cfg.hf_compare is None
-        else {
-            "model": f"random {cfg.hf_compare}",
-            "verifier": None,
-            "draft": f"its first {cfg.draft_layers} layers",
-        },
+        "models": {"model": cfg.model, "verifier": cfg.verifier, "draft": cfg.draft},
         "prompts": {
-            "path": str(cfg.prompts) if cfg.hf_compare is None else f"{len(prompts)} × {cfg.prompt_len} random ids",
-            "n": len(records),
-            "with_answers": sum(a is not None for a in answers),
+            "path": str(cfg.prompts),
+            "n": len(inputs.prompts),
+            "with_answers": sum(a is not None for a in inputs.answers),
         },
         "reference": REFERENCE,
         "rows": rows,
@@ -268,18 +328,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "plots": {},
     }
     if cfg.hf_compare is not None:
-        report["hf_compare"] = {
-            "shape": cfg.hf_compare,
-            "draft_layers": cfg.draft_layers,
-            "prompt_len": cfg.prompt_len,
-            "deep_scale": cfg.deep_scale,
-            **{f"{ours}_vs_{theirs}": paired_speedup(runs[ours], runs[theirs])
-               for ours, theirs in HF_PAIRS if ours in runs and theirs in runs},
-        }  # fmt: skip
-    write_report(report, cfg.output_dir, plots=cfg.plots)
-    differ = [k for k, v in (report.get("hf_compare") or {}).items() if isinstance(v, dict) and not v["identical"]]
-    if differ:
-        raise RuntimeError(f"hf_compare: tokens differ between ours and transformers' ({differ}); see {cfg.output_dir}")
+        report.update(hf_compare_report(cfg, runs, len(inputs.prompts)))
     return report
 
 
