@@ -27,7 +27,7 @@ from prove.decode.checkpoint import (
     vocab_difference,
 )
 from prove.decode.engine import CycleEvent, ModelRunner, Models, Stats, Stopper
-from prove.decode.methods import METHOD_KEYS, Method, resolve_params
+from prove.decode.methods import Method, resolve_params
 from prove.decode.proposers import PROPOSERS
 from prove.decode.verifiers import ModelVerifier, build_verifier
 
@@ -115,9 +115,9 @@ class Decoder:
             raise ValueError(f"dtype={dtype!r} is not one of {sorted(_DTYPES)}")
         self.method, self.params = resolve_params(method, proposer, **params)
         given = {k: v for k, v in params.items() if v is not None}
-        ignored = set(METHOD_KEYS) & set(given) - set(self.method.uses)
+        ignored = self.method.unread(given)
         if ignored:
-            warnings.warn(f"method {self.method.name} does not read {sorted(ignored)}; ignoring", stacklevel=2)
+            warnings.warn(f"method {self.method.name} does not read {ignored}; ignoring", stacklevel=2)
         self.trace = trace
 
         if device is None:
@@ -137,8 +137,8 @@ class Decoder:
 
         self.verifier_name = None if verifier is None else _name(verifier)
         self.draft_name = None if draft is None else _name(draft)
-        needs_verifier = self.method.verifier == "small"
-        needs_draft = self.method.proposer == "draft"
+        needs_verifier = self.method.needs_verifier
+        needs_draft = self.method.needs_draft
         if needs_verifier and verifier is None:
             raise ValueError(f"method={self.method.name} needs a verifier: pass verifier=PATH (ProVe's small scorer)")
         if needs_draft and draft is None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from prove.decode.config import DecodeParams
+from prove.decode.config import SAMPLING_KEYS, DecodeParams
 from prove.decode.engine import CycleView
 from prove.decode.proposers import ProposerFactory
 from prove.decode.rules.base import Accept
@@ -54,6 +54,29 @@ class Method:
     check: Callable[[Any], None] | None = None
     """Method-specific checks of the resolved ``DecodeParams`` beyond their own ranges (e.g. NSD's θ ≤ 1);
     raise ``ValueError`` naming the fix. Run by ``resolve_params`` when a Decoder or a CLI starts."""
+    lossless: bool | Callable[[Mapping[str, Any]], bool] = False
+    """Whether its greedy output is, by construction, exactly the model's greedy output (AR's) token for
+    token (docs/design.md §3 "Guarantees"): ``True``, or a predicate of the resolved parameters (ASD is
+    exact with a zero budget, gate or mismatch count). Read through :meth:`is_lossless`."""
+
+    def is_lossless(self, params: Mapping[str, Any]) -> bool:
+        """Whether a greedy decode with ``params`` (the resolved values of ``uses``) must reproduce AR."""
+        return self.lossless(params) if callable(self.lossless) else self.lossless
+
+    def unread(self, given: Mapping[str, Any] | set[str]) -> list[str]:
+        """The method parameters in ``given`` that this method does not read (sampling keys and the seed
+        apply to every method, so they are never unread)."""
+        return sorted(set(given) & set(METHOD_KEYS) - set(self.uses))
+
+    @property
+    def needs_verifier(self) -> bool:
+        """A separate small verifier model scores the proposals (ProVe)."""
+        return self.verifier == "small"
+
+    @property
+    def needs_draft(self) -> bool:
+        """A small AR draft model proposes (the SD family)."""
+        return self.proposer == "draft"
 
     def with_proposer(self, proposer: str) -> Method:
         """The same rule and verifier on another proposer: NSD's nucleus or ASD's budget on the block
@@ -100,8 +123,9 @@ DRAFT_K = 5
 
 METHODS: dict[str, Method] = {}
 
-METHOD_KEYS = ("theta", "tau", "block_size", "k", "budget", "gate", "max_mismatches", "fuse", "fuse_groups")
-"""The ``DecodeParams`` that only some methods read (the rest, sampling and seed, apply to every method)."""
+METHOD_KEYS = tuple(k for k in DecodeParams.field_names() if k not in SAMPLING_KEYS)
+"""The ``DecodeParams`` that only some methods read (``Method.uses``); the sampling keys and the seed apply
+to every method."""
 
 
 def resolve_params(method: str | Method, proposer: str | None = None, **given: Any) -> tuple[Method, DecodeParams]:
@@ -178,7 +202,8 @@ def _prove_lossless(view: CycleView) -> Accept:
     return greedy_match(view.proposal.tokens, view.target_logits)
 
 
-register_method(Method("ar", "none", "self", _ar, summary="one token per pass: the baseline, through the same engine"))
+register_method(Method("ar", "none", "self", _ar, lossless=True, summary="one token per pass: the baseline, through the same engine")
+)
 register_method(
     Method("mars", "block", "none", _mars, {"tau": 0.95}, ("tau", "block_size"), summary="MARS confidence rule")
 )
@@ -195,6 +220,7 @@ register_method(
         ("block_size", *FUSE_PARAMS),
         greedy_only=True,
         summary="block proposals verified by the model itself: exactly its greedy output",
+        lossless=True,
     )
 )
 
@@ -232,6 +258,11 @@ def _nsd(view: CycleView) -> Accept:
     return nsd_sample(view.proposal.tokens, draft, target, theta, generator=view.generator)
 
 
+def _asd_exact(params: Mapping[str, Any]) -> bool:
+    """ASD commits no mismatch with a zero budget, gate or mismatch count: exactly greedy."""
+    return any(params.get(k) == 0 for k in ("budget", "gate", "max_mismatches"))
+
+
 def _asd(view: CycleView) -> Accept:
     """ASD's rule adapter (Feng et al. 2026). K in its gate is the length of the proposed block (k for the
     draft proposer, the block size for the block proposer; shorter only where the token budget ends). The
@@ -260,6 +291,7 @@ register_method(
         {"k": DRAFT_K},
         ("k",),
         summary="speculative decoding with a small draft model: greedy match, or speculative sampling",
+        lossless=True,
     )
 )
 register_method(
@@ -284,5 +316,6 @@ register_method(
         ("k", "budget", "gate", "max_mismatches"),
         greedy_only=True,
         summary="approximate SD: greedy with a per-request regret budget for mismatches",
+        lossless=_asd_exact,
     )
 )

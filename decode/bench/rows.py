@@ -33,11 +33,6 @@ ONLY_WITH = {"fuse_groups": "fuse"}
 row, not one per J)."""
 
 
-LOSSLESS_GREEDY = frozenset({"ar", "prove-lossless", "sd", "hf-greedy", "hf-assisted"})
-"""Methods whose greedy output is, by construction, exactly AR's (DESIGN §3 "Guarantees"; ASD with B=0
-too, which the bench does not assume)."""
-
-
 HF_ROWS = ("hf-greedy", "hf-assisted")
 
 
@@ -116,11 +111,14 @@ def expand_rows(
 
 
 def is_lossless(method: str, params: Mapping[str, Any]) -> bool:
-    """Whether a greedy row must reproduce AR token for token: AR, ProVe-lossless, greedy SD, transformers'
-    rows, and ASD with a zero budget, gate or mismatch count (DESIGN §3 "Guarantees")."""
-    if method in LOSSLESS_GREEDY:
+    """Whether a greedy row must reproduce AR token for token: transformers' rows, and the methods whose
+    registry entry says so for these parameters (``Method.is_lossless``: AR, ProVe-lossless, greedy SD,
+    ASD with a zero budget, gate or mismatch count)."""
+    if method in HF_ROWS:
         return True
-    return method == "asd" and any(params.get(k) == 0 for k in ("budget", "gate", "max_mismatches"))
+    from prove.decode.methods import get_method
+
+    return get_method(method).is_lossless(params)
 
 
 class PassCounter:

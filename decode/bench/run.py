@@ -96,8 +96,8 @@ def build_decoders(
             models["model"],
             models["tokenizer"],
             method=method,
-            verifier=models.get("verifier") if method.verifier == "small" else None,
-            draft=models.get("draft") if method.proposer == "draft" else None,
+            verifier=models.get("verifier") if method.needs_verifier else None,
+            draft=models.get("draft") if method.needs_draft else None,
             device=cfg.device,
             **row.params,
         )
