@@ -5,8 +5,8 @@
 A typo in a key fails when Hydra composes the config, before any model loads. This module imports
 neither torch nor transformers, so ``prove-decode --help`` stays instant.
 
-Defaults of ``None`` mean "the method's default" (``prove.decode.methods``; mirrored, and checked by a
-test, in ``conf/method/<name>.yaml``), or, for ``block_size``, the block size the checkpoint was trained
+These dataclasses are the one home of every default (the YAML files only select them). Defaults of
+``None`` mean "the method's default" (its registry entry in ``prove.decode.methods``), or, for ``block_size``, the block size the checkpoint was trained
 with (``prove.json``).
 """
 
@@ -123,7 +123,7 @@ class DecodeConfig(DecodeParams):
     draft: str | None = None
     """The small AR proposer of the speculative-decoding family."""
     method: str = "prove-lossless"
-    """A name from ``prove.decode.methods.METHODS`` (selects conf/method/<name>.yaml)."""
+    """A name from ``prove.decode.methods.METHODS`` (its parameters' defaults are that entry's)."""
     proposer: str | None = None
     """Run the method's rule on another proposer (``block`` or ``draft``); e.g. ``method=nsd proposer=block``
     is NSD's nucleus gate on the block proposer, self-verified. ``None`` = the method's own."""

@@ -1,4 +1,5 @@
-"""How the command-line entry points report bad input: one line that names the fix, exit status 2.
+"""How the command-line entry points start (:func:`hydra_cli`) and report bad input: one line that names the
+fix, exit status 2.
 
 Library code raises ``ValueError`` for input a user can correct (STYLE: errors say what to change);
 the CLIs turn those into ``prove-decode: error: ...`` instead of a stack trace. ``HYDRA_FULL_ERROR=1``
@@ -10,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -47,3 +48,21 @@ def reject_unknown_keys(node: Any, prog: str, path: str = "") -> None:
         child = node._get_node(key)
         if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
             reject_unknown_keys(child, prog, f"{path}{key!s}.")
+
+
+def hydra_cli(prog: str, config_module: str, config_name: str, body: Callable[[Any], Any]) -> Callable[[], None]:
+    """The Hydra entry point every prove CLI shares: compose ``config_name`` from the packaged
+    ``config_module`` (``pkg://``, so an installed wheel finds it), refuse unknown keys, build the config
+    dataclass (its ``__post_init__`` checks run) and call ``body`` with it, a bad value ending as one line
+    and exit status 2. The schema must be registered with Hydra's ConfigStore before the returned function
+    is called; the YAML sets ``hydra.job.name`` (the log file's name) to ``prog``."""
+    import hydra
+    from omegaconf import DictConfig, OmegaConf
+
+    @hydra.main(version_base=None, config_path=f"pkg://{config_module}", config_name=config_name)
+    def main(cfg: DictConfig) -> None:
+        with exit_on_user_error(prog):
+            reject_unknown_keys(cfg, prog)
+            body(OmegaConf.to_object(cfg))
+
+    return main

@@ -45,7 +45,7 @@ class Method:
     """``none``, ``self`` (the target scores the block) or ``small`` (a separate verifier model)."""
     accept: Callable[[CycleView], Accept]
     defaults: Mapping[str, Any] = field(default_factory=dict)
-    """Defaults of the ``DecodeParams`` this method reads (mirrored in conf/method/<name>.yaml)."""
+    """Defaults of the ``DecodeParams`` this method reads (their one home: the CLIs' YAML leaves them null)."""
     uses: tuple[str, ...] = ()
     """The ``DecodeParams`` this method reads beyond sampling (theta, tau, block_size, k, ...)."""
     greedy_only: bool = False

@@ -1,1 +1,2 @@
-"""prove-decode configs: decode.yaml (the primary config) and method/ (one YAML per method)."""
+"""prove-decode and prove-bench configs: decode.yaml and bench.yaml select their schemas (prove.decode.config,
+prove.decode.bench.config) and set Hydra up."""

@@ -9,30 +9,24 @@ take a list (one row per value). Writes ``output_dir``/bench.json, bench.md (pri
 
 from __future__ import annotations
 
-import hydra
-from omegaconf import DictConfig, OmegaConf
+from pathlib import Path
+
 from prove.decode.bench.config import BenchConfig, register_configs
-from prove.decode.errors import exit_on_user_error, reject_unknown_keys
-
-register_configs()
+from prove.decode.errors import hydra_cli
 
 
-@hydra.main(version_base=None, config_path="pkg://prove.conf.decode", config_name="bench")
-def main(cfg: DictConfig) -> None:
-    from pathlib import Path
-
+def run(config: BenchConfig) -> None:
     from prove.decode.bench.run import run_bench
 
-    with exit_on_user_error("prove-bench"):
-        reject_unknown_keys(cfg, "prove-bench")
-        config: BenchConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]  # runs __post_init__ checks
-        report = run_bench(config)
+    report = run_bench(config)
     out = Path(config.output_dir)
     print((out / "bench.md").read_text())
-    print(
-        f"wrote {out / 'bench.json'}, {out / 'bench.md'}"
-        + "".join(f", {p}" for p in report["plots"].values())
-    )
+    print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}" + "".join(f", {p}" for p in report["plots"].values()))
+
+
+def main() -> None:
+    register_configs()
+    hydra_cli("prove-bench", "prove.conf.decode", "bench", run)()
 
 
 if __name__ == "__main__":

@@ -110,22 +110,10 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in ("lm-eval", "lm_eval"):
         lm_eval_main(sys.argv[2:])
         return
-    import hydra
-    from omegaconf import OmegaConf
+    from prove.decode.errors import hydra_cli
 
     register_configs()
-
-    @hydra.main(version_base=None, config_path="pkg://prove.conf.eval", config_name="eval")
-    def _main(dcfg) -> None:
-        from prove.decode.errors import exit_on_user_error, reject_unknown_keys
-
-        with exit_on_user_error("prove-eval"):
-            reject_unknown_keys(dcfg, "prove-eval")
-            cfg = OmegaConf.to_object(dcfg)
-            assert isinstance(cfg, EvalConfig)
-            run(cfg)
-
-    _main()
+    hydra_cli("prove-eval", "prove.conf.eval", "eval", run)()
 
 
 if __name__ == "__main__":
