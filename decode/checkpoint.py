@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prove.data.tokenizer import MASK_TOKEN as MASK_TOKEN  # the contract's placeholder token, re-exported
+
 PROVE_JSON = "prove.json"
-MASK_TOKEN = "<|mask|>"
 
 
 @dataclass(frozen=True)

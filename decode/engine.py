@@ -229,17 +229,11 @@ class Stats:
     trace: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-ready dict (``trace`` only when recorded): what output records store."""
         d = asdict(self)
         if d["trace"] is None:
             del d["trace"]
         return d
-
-    # Read-only mapping access, so ``dict(stats)`` and ``stats["new_tokens"]`` work too.
-    def keys(self) -> list[str]:
-        return list(self.to_dict())
-
-    def __getitem__(self, key: str) -> Any:
-        return self.to_dict()[key]
 
 
 @dataclass(frozen=True)

@@ -239,6 +239,10 @@ def test_prompt_forms_agree(lm, tokenizer):
     assert no_eos(dec, "Ana has", 3).text == tokenizer.decode(no_eos(dec, "Ana has", 3).token_ids)
 
 
-def test_stats_read_as_a_mapping(lm, tokenizer, prompts):
+def test_stats_is_a_dataclass_with_to_dict(lm, tokenizer, prompts):
+    """One interface: attributes, and ``to_dict`` for records (no fake-mapping ``keys`` / ``__getitem__``)."""
     stats = no_eos(Decoder(lm, tokenizer, method="ar"), prompts[0], 3).stats
-    assert dict(stats)["new_tokens"] == stats["new_tokens"] == 3
+    assert stats.to_dict()["new_tokens"] == stats.new_tokens == 3
+    assert "trace" not in stats.to_dict()
+    with pytest.raises(TypeError):
+        stats["new_tokens"]  # type: ignore[index]

@@ -1,0 +1,46 @@
+"""The dependency direction (docs/design.md §3.2): ``prove.decode`` never imports ``prove.train`` (nor the
+recipes that drive both); it meets training only through the checkpoint contract."""
+
+from __future__ import annotations
+
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import prove.decode
+
+DECODE = Path(prove.decode.__file__).parent
+
+
+def modules() -> list[str]:
+    return ["prove.decode"] + [m.name for m in pkgutil.walk_packages(prove.decode.__path__, "prove.decode.")]
+
+
+def test_the_walk_finds_the_subpackages():
+    names = modules()
+    assert {"prove.decode.bench.run", "prove.decode.eval.cli", "prove.decode.rules.block"} <= set(names)
+
+
+def test_importing_any_decode_module_never_imports_train():
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules()!r}:\n"
+        "    importlib.import_module(name)\n"
+        "    bad = sorted(m for m in sys.modules if m.startswith(('prove.train', 'prove.recipes')))\n"
+        "    if bad:\n"
+        "        sys.exit(f'{name} imports {bad}')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_no_decode_source_names_train_in_an_import():
+    """Function-local imports run only when called: the source itself must not name them."""
+    offenders = [
+        f"{p.relative_to(DECODE.parent)}:{i}"
+        for p in sorted(DECODE.rglob("*.py"))
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if line.lstrip().startswith(("import prove.train", "from prove.train", "import prove.recipes", "from prove.recipes"))
+    ]
+    assert not offenders
