@@ -26,6 +26,7 @@ from prove.decode.checkpoint import (
     read_prove_json,
     vocab_difference,
 )
+from prove.decode.config import DecodeParams
 from prove.decode.engine import CycleEvent, ModelRunner, Models, Stats, Stopper
 from prove.decode.methods import Method, resolve_params
 from prove.decode.proposers import PROPOSERS
@@ -113,17 +114,36 @@ class Decoder:
     ) -> None:
         if dtype not in _DTYPES:
             raise ValueError(f"dtype={dtype!r} is not one of {sorted(_DTYPES)}")
-        self.method, self.params = resolve_params(method, proposer, **params)
-        given = {k: v for k, v in params.items() if v is not None}
-        ignored = self.method.unread(given)
-        if ignored:
-            warnings.warn(f"method {self.method.name} does not read {ignored}; ignoring", stacklevel=2)
+        self.method, self.params = self._resolve(method, proposer, params)
         self.trace = trace
-
         if device is None:
             device = "cpu" if isinstance(model, str) else next(model.parameters()).device
         self.device = torch.device(device)
+        target, model_meta = self._load_target(model, tokenizer, verifier, draft, dtype)
+        verifier, draft = self._used_models(verifier, draft)
+        mask_id = self._check_mask(target, model_meta, mask_token_id) if self.method.needs_mask else mask_token_id
+        if self.method.needs_mask:
+            self.params = dataclasses.replace(self.params, block_size=self._check_block_size(model_meta))
+        aux = self._load_aux(verifier, draft, dtype)
+        self._assemble(target, aux, model_meta, mask_id)
+
+    # -- the steps of __init__: resolve, load, check, assemble --------------------------------------------------
+
+    @staticmethod
+    def _resolve(method: str | Method, proposer: str | None, params: dict[str, Any]) -> tuple[Method, DecodeParams]:
+        """The method and its complete parameters (every check that needs no model); warns about given
+        parameters the method does not read."""
+        resolved, full = resolve_params(method, proposer, **params)
+        ignored = resolved.unread({k: v for k, v in params.items() if v is not None})
+        if ignored:
+            warnings.warn(f"method {resolved.name} does not read {ignored}; ignoring", stacklevel=3)
+        return resolved, full
+
+    def _load_target(self, model: Any, tokenizer: Any, verifier: Any, draft: Any, dtype: str) -> tuple[Any, ProveMeta | None]:
+        """Check every path given, then load the model being accelerated, its tokenizer and its prove.json."""
         self.model_name = _name(model)
+        self.verifier_name = None if verifier is None else _name(verifier)
+        self.draft_name = None if draft is None else _name(draft)
         for role, source in (("model", model), ("verifier", verifier), ("draft", draft)):
             if isinstance(source, str):
                 check_source(source, role)
@@ -134,29 +154,30 @@ class Decoder:
             tokenizer = load_tokenizer(model)
         self.tokenizer = tokenizer
         target = load_model(model, self.device, dtype) if isinstance(model, str) else model.eval()
+        return target, model_meta
 
-        self.verifier_name = None if verifier is None else _name(verifier)
-        self.draft_name = None if draft is None else _name(draft)
-        needs_verifier = self.method.needs_verifier
-        needs_draft = self.method.needs_draft
+    def _used_models(self, verifier: Any, draft: Any) -> tuple[Any, Any]:
+        """The verifier and draft the method needs (an error naming the missing one); others are dropped with
+        a warning (a verifier stays as the trace's probe)."""
+        needs_verifier, needs_draft = self.method.needs_verifier, self.method.needs_draft
         if needs_verifier and verifier is None:
             raise ValueError(f"method={self.method.name} needs a verifier: pass verifier=PATH (ProVe's small scorer)")
         if needs_draft and draft is None:
             raise ValueError(f"method={self.method.name} needs a draft model: pass draft=PATH (a small AR model)")
-        if verifier is not None and not needs_verifier and not trace:
+        if verifier is not None and not needs_verifier and not self.trace:
             warnings.warn(
                 f"method {self.method.name} does not use the verifier (with trace=True it is recorded as a probe); "
                 "ignoring it",
-                stacklevel=2,
+                stacklevel=3,
             )
             verifier = None
         if draft is not None and not needs_draft:
-            warnings.warn(f"method {self.method.name} does not use the draft model; ignoring it", stacklevel=2)
+            warnings.warn(f"method {self.method.name} does not use the draft model; ignoring it", stacklevel=3)
             draft = None
+        return verifier, draft
 
-        mask_id = self._check_mask(target, model_meta, mask_token_id) if self.method.needs_mask else mask_token_id
-        if self.method.needs_mask:
-            self.params = dataclasses.replace(self.params, block_size=self._check_block_size(model_meta))
+    def _load_aux(self, verifier: Any, draft: Any, dtype: str) -> dict[str, ModelRunner]:
+        """The verifier / draft as runners, each checked to share the model's vocabulary."""
         aux = {}
         for role, other, other_name in (("verifier", verifier, self.verifier_name), ("draft", draft, self.draft_name)):
             if other is None:
@@ -166,14 +187,17 @@ class Decoder:
                 other = load_model(other, self.device, dtype)
             self._check_vocab_rows(role, other, other_name)
             aux[role] = ModelRunner(other.eval(), role)
+        return aux
 
+    def _assemble(self, target: Any, aux: dict[str, ModelRunner], meta: ProveMeta | None, mask_id: int | None) -> None:
+        """The models, the generator, the method's proposer and verifier (fused when ``fuse``) and the probe."""
         target_runner = ModelRunner(target, "model")
         self.models = Models(
             target=target_runner,
             verifier=aux.get("verifier"),
             draft=aux.get("draft"),
             mask_token_id=mask_id,
-            allowed=self._allowed_ids(target_runner, aux.values(), model_meta, mask_id),
+            allowed=self._allowed_ids(target_runner, aux.values(), meta, mask_id),
         )
         self.generator = torch.Generator(device=self.device).manual_seed(self.params.seed)
         factory = self.method.proposer if callable(self.method.proposer) else PROPOSERS[self.method.proposer]
@@ -183,7 +207,7 @@ class Decoder:
             from prove.decode.fused import build_fused
 
             self.proposer, self.verifier = build_fused(self.models, self.params, self.generator)
-        probe_wanted = self.trace and self.models.verifier is not None and self.method.verifier != "small"
+        probe_wanted = self.trace and self.models.verifier is not None and not self.method.needs_verifier
         self.probe = ModelVerifier(self.models.verifier, is_target=False) if probe_wanted else None
 
     @property

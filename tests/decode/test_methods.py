@@ -62,8 +62,9 @@ def test_the_decoder_warns_with_the_methods_unread_keys(registered, lm, tokenize
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         Decoder(lm, tokenizer, method="ar-reads-k", k=3)  # read: no warning
-    with pytest.warns(UserWarning, match=r"does not read \['tau'\]"):
+    with pytest.warns(UserWarning, match=r"does not read \['tau'\]") as caught:
         Decoder(lm, tokenizer, method="ar-reads-k", tau=0.5)
+    assert caught[0].filename == __file__  # the warning points at the caller, not into the Decoder
 
 
 def test_model_needs_are_properties_of_the_method():
