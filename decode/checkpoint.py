@@ -46,7 +46,9 @@ class ProveMeta:
         missing = {"stage", "base_model"} - d.keys()
         if missing:
             raise ValueError(f"prove.json lacks {sorted(missing)}; re-save the checkpoint with prove-train")
-        return cls(**{k: v for k, v in d.items() if k in names}, extra={k: v for k, v in d.items() if k not in names})
+        return cls(
+            **{k: v for k, v in d.items() if k in names}, extra={k: v for k, v in d.items() if k not in names}
+        )
 
 
 def vocab_difference(tokenizer: Any, other: Any) -> int:

@@ -121,7 +121,9 @@ class Decoder:
         self.device = torch.device(device)
         target, model_meta = self._load_target(model, tokenizer, verifier, draft, dtype)
         verifier, draft = self._used_models(verifier, draft)
-        mask_id = self._check_mask(target, model_meta, mask_token_id) if self.method.needs_mask else mask_token_id
+        mask_id = (
+            self._check_mask(target, model_meta, mask_token_id) if self.method.needs_mask else mask_token_id
+        )
         if self.method.needs_mask:
             self.params = dataclasses.replace(self.params, block_size=self._check_block_size(model_meta))
         aux = self._load_aux(verifier, draft, dtype)
@@ -130,7 +132,9 @@ class Decoder:
     # -- the steps of __init__: resolve, load, check, assemble --------------------------------------------------
 
     @staticmethod
-    def _resolve(method: str | Method, proposer: str | None, params: dict[str, Any]) -> tuple[Method, DecodeParams]:
+    def _resolve(
+        method: str | Method, proposer: str | None, params: dict[str, Any]
+    ) -> tuple[Method, DecodeParams]:
         """The method and its complete parameters (every check that needs no model); warns about given
         parameters the method does not read."""
         resolved, full = resolve_params(method, proposer, **params)
@@ -139,7 +143,9 @@ class Decoder:
             warnings.warn(f"method {resolved.name} does not read {ignored}; ignoring", stacklevel=3)
         return resolved, full
 
-    def _load_target(self, model: Any, tokenizer: Any, verifier: Any, draft: Any, dtype: str) -> tuple[Any, ProveMeta | None]:
+    def _load_target(
+        self, model: Any, tokenizer: Any, verifier: Any, draft: Any, dtype: str
+    ) -> tuple[Any, ProveMeta | None]:
         """Check every path given, then load the model being accelerated, its tokenizer and its prove.json."""
         self.model_name = _name(model)
         self.verifier_name = None if verifier is None else _name(verifier)
@@ -161,9 +167,13 @@ class Decoder:
         a warning (a verifier stays as the trace's probe)."""
         needs_verifier, needs_draft = self.method.needs_verifier, self.method.needs_draft
         if needs_verifier and verifier is None:
-            raise ValueError(f"method={self.method.name} needs a verifier: pass verifier=PATH (ProVe's small scorer)")
+            raise ValueError(
+                f"method={self.method.name} needs a verifier: pass verifier=PATH (ProVe's small scorer)"
+            )
         if needs_draft and draft is None:
-            raise ValueError(f"method={self.method.name} needs a draft model: pass draft=PATH (a small AR model)")
+            raise ValueError(
+                f"method={self.method.name} needs a draft model: pass draft=PATH (a small AR model)"
+            )
         if verifier is not None and not needs_verifier and not self.trace:
             warnings.warn(
                 f"method {self.method.name} does not use the verifier (with trace=True it is recorded as a probe); "
@@ -172,14 +182,19 @@ class Decoder:
             )
             verifier = None
         if draft is not None and not needs_draft:
-            warnings.warn(f"method {self.method.name} does not use the draft model; ignoring it", stacklevel=3)
+            warnings.warn(
+                f"method {self.method.name} does not use the draft model; ignoring it", stacklevel=3
+            )
             draft = None
         return verifier, draft
 
     def _load_aux(self, verifier: Any, draft: Any, dtype: str) -> dict[str, ModelRunner]:
         """The verifier / draft as runners, each checked to share the model's vocabulary."""
         aux = {}
-        for role, other, other_name in (("verifier", verifier, self.verifier_name), ("draft", draft, self.draft_name)):
+        for role, other, other_name in (
+            ("verifier", verifier, self.verifier_name),
+            ("draft", draft, self.draft_name),
+        ):
             if other is None:
                 continue
             if isinstance(other, str):
@@ -189,7 +204,9 @@ class Decoder:
             aux[role] = ModelRunner(other.eval(), role)
         return aux
 
-    def _assemble(self, target: Any, aux: dict[str, ModelRunner], meta: ProveMeta | None, mask_id: int | None) -> None:
+    def _assemble(
+        self, target: Any, aux: dict[str, ModelRunner], meta: ProveMeta | None, mask_id: int | None
+    ) -> None:
         """The models, the generator, the method's proposer and verifier (fused when ``fuse``) and the probe."""
         target_runner = ModelRunner(target, "model")
         self.models = Models(
@@ -224,7 +241,12 @@ class Decoder:
     def _check_mask(self, model: Any, meta: ProveMeta | None, mask_token_id: int | None) -> int:
         if mask_token_id is None and self.tokenizer is not None and MASK_TOKEN in self.tokenizer.get_vocab():
             mask_token_id = self.tokenizer.convert_tokens_to_ids(MASK_TOKEN)
-        if mask_token_id is None and meta is not None and meta.mask_token_id is not None and self.tokenizer is None:
+        if (
+            mask_token_id is None
+            and meta is not None
+            and meta.mask_token_id is not None
+            and self.tokenizer is None
+        ):
             mask_token_id = meta.mask_token_id
         if mask_token_id is None:
             raise ValueError(
@@ -248,7 +270,9 @@ class Decoder:
                     f"checkpoint {self.model_name} records no trained block size (no prove.json with block_size): "
                     "pass block_size=K"
                 )
-            why = "no prove.json" if meta is None else f"its prove.json is from stage {meta.stage!r}, not mars"
+            why = (
+                "no prove.json" if meta is None else f"its prove.json is from stage {meta.stage!r}, not mars"
+            )
             warnings.warn(
                 f"checkpoint {self.model_name} records no trained block size ({why}); using block_size={k} "
                 "as given",
@@ -354,7 +378,9 @@ class Decoder:
 
     def eos_ids(self, eos_token_id: int | Sequence[int] | None = None) -> list[int]:
         if eos_token_id is None:
-            eos_token_id = getattr(getattr(self.models.target.model, "generation_config", None), "eos_token_id", None)
+            eos_token_id = getattr(
+                getattr(self.models.target.model, "generation_config", None), "eos_token_id", None
+            )
         if eos_token_id is None and self.tokenizer is not None:
             eos_token_id = self.tokenizer.eos_token_id
         if eos_token_id is None:

@@ -113,7 +113,13 @@ class ModelRunner:
 
     @torch.no_grad()
     def forward_tree(
-        self, seq: Sequence[int], extra: Sequence[int], *, offsets: torch.Tensor, attend: torch.Tensor, chain: int
+        self,
+        seq: Sequence[int],
+        extra: Sequence[int],
+        *,
+        offsets: torch.Tensor,
+        attend: torch.Tensor,
+        chain: int,
     ) -> torch.Tensor:
         """One pass over ``[pending, extra]`` where ``extra`` is a tree rather than a continuation (the fused
         verify-and-draft pass, ``prove.decode.fused``): entry e sits at position ``len(seq) + offsets[e]``
@@ -352,7 +358,9 @@ def run(
         )
         # 3) accept: a pure rule
         accept = method.accept(view)
-        assert 0 <= accept.n <= proposal.tokens.shape[0], f"rule accepted {accept.n} of {proposal.tokens.shape[0]}"
+        assert 0 <= accept.n <= proposal.tokens.shape[0], (
+            f"rule accepted {accept.n} of {proposal.tokens.shape[0]}"
+        )
         tokens = proposal.tokens[: accept.n].tolist() + ([accept.extra] if accept.extra is not None else [])
         # 4) commit, stopping where AR would; crop every cache to the committed prefix
         before = len(new)
@@ -362,16 +370,18 @@ def run(
         for runner in models.runners():
             runner.sync(seq)
         tally.committed_per_cycle.append(len(committed))
-        tally.count(proposal.tokens.shape[0], min(accept.n, len(committed)))  # what was committed, not cut off
+        tally.count(
+            proposal.tokens.shape[0], min(accept.n, len(committed))
+        )  # what was committed, not cut off
         if trace:
             tally.trace.append(_trace_row(view, accept))
         if on_cycle is not None:
-            on_cycle(
-                CycleEvent(cycle, list(seq), len(prompt_ids), proposal, accept, committed, models, done)
-            )
+            on_cycle(CycleEvent(cycle, list(seq), len(prompt_ids), proposal, accept, committed, models, done))
         cycle += 1
         if not committed and not done:
-            raise RuntimeError(f"method {method.name} committed nothing in a cycle; its rule must commit ≥ 1 token")
+            raise RuntimeError(
+                f"method {method.name} committed nothing in a cycle; its rule must commit ≥ 1 token"
+            )
     wall = time.perf_counter() - t0
 
     def passes(r: ModelRunner | None) -> int:

@@ -43,14 +43,18 @@ def reject_unknown_keys(node: Any, prog: str, path: str = "") -> None:
     unknown = set(node.keys()) - {f.name for f in dataclasses.fields(kind)} - {"hydra"}
     if unknown:
         names = sorted(f"{path}{k!s}" for k in unknown)
-        raise ValueError(f"unknown config key(s) {names}: check the spelling (`{prog} --cfg job` prints every key)")
+        raise ValueError(
+            f"unknown config key(s) {names}: check the spelling (`{prog} --cfg job` prints every key)"
+        )
     for key in node.keys():
         child = node._get_node(key)
         if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
             reject_unknown_keys(child, prog, f"{path}{key!s}.")
 
 
-def hydra_cli(prog: str, config_module: str, config_name: str, body: Callable[[Any], Any]) -> Callable[[], None]:
+def hydra_cli(
+    prog: str, config_module: str, config_name: str, body: Callable[[Any], Any]
+) -> Callable[[], None]:
     """The Hydra entry point every prove CLI shares: compose ``config_name`` from the packaged
     ``config_module`` (``pkg://``, so an installed wheel finds it), refuse unknown keys, build the config
     dataclass (its ``__post_init__`` checks run) and call ``body`` with it, a bad value ending as one line

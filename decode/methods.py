@@ -84,7 +84,11 @@ class Method:
         parameter follows the proposer (``k`` for ``draft``, ``block_size`` for ``block``)."""
         if proposer == self.proposer:
             return self
-        if proposer not in _SIZE_PARAM or not isinstance(self.proposer, str) or self.proposer not in _SIZE_PARAM:
+        if (
+            proposer not in _SIZE_PARAM
+            or not isinstance(self.proposer, str)
+            or self.proposer not in _SIZE_PARAM
+        ):
             raise ValueError(
                 f"proposer={proposer!r} cannot replace the proposer of method {self.name}: "
                 f"methods that propose ({', '.join(sorted(_SIZE_PARAM))}) can swap between {sorted(_SIZE_PARAM)}"
@@ -97,7 +101,9 @@ class Method:
         if proposer == "block" and self.verifier == "self":  # the model verifies block proposals: fusable
             uses += FUSE_PARAMS
             defaults.update(FUSE_DEFAULTS)
-        return dataclasses.replace(self, name=f"{self.name}[{proposer}]", proposer=proposer, uses=uses, defaults=defaults)
+        return dataclasses.replace(
+            self, name=f"{self.name}[{proposer}]", proposer=proposer, uses=uses, defaults=defaults
+        )
 
     @property
     def can_fuse(self) -> bool:
@@ -128,7 +134,9 @@ METHOD_KEYS = tuple(k for k in DecodeParams.field_names() if k not in SAMPLING_K
 to every method."""
 
 
-def resolve_params(method: str | Method, proposer: str | None = None, **given: Any) -> tuple[Method, DecodeParams]:
+def resolve_params(
+    method: str | Method, proposer: str | None = None, **given: Any
+) -> tuple[Method, DecodeParams]:
     """The method (on ``proposer`` if given) and its complete, validated ``DecodeParams``: ``given`` values
     (``None`` = the method's default) over the method's defaults. Every check that does not need a model
     runs here, so the Decoder and the CLIs refuse a bad value at start, before any model loads: the ranges
@@ -160,7 +168,9 @@ def resolve_params(method: str | Method, proposer: str | None = None, **given: A
 
 def _check_nsd(params: Any) -> None:
     if not 0.0 <= params.theta <= 1.0:
-        raise ValueError(f"nsd's theta={params.theta} is a nucleus mass: pass a value in [0, 1] (0 = exact SD)")
+        raise ValueError(
+            f"nsd's theta={params.theta} is a nucleus mass: pass a value in [0, 1] (0 = exact SD)"
+        )
 
 
 def register_method(method: Method, *, replace: bool = False) -> Method:
@@ -202,13 +212,25 @@ def _prove_lossless(view: CycleView) -> Accept:
     return greedy_match(view.proposal.tokens, view.target_logits)
 
 
-register_method(Method("ar", "none", "self", _ar, lossless=True, summary="one token per pass: the baseline, through the same engine")
+register_method(
+    Method(
+        "ar",
+        "none",
+        "self",
+        _ar,
+        lossless=True,
+        summary="one token per pass: the baseline, through the same engine",
+    )
 )
 register_method(
-    Method("mars", "block", "none", _mars, {"tau": 0.95}, ("tau", "block_size"), summary="MARS confidence rule")
+    Method(
+        "mars", "block", "none", _mars, {"tau": 0.95}, ("tau", "block_size"), summary="MARS confidence rule"
+    )
 )
 register_method(
-    Method("prove", "block", "small", _prove, {"theta": 0.1}, ("theta", "block_size"), summary="ProVe: p̃·q ≥ θ")
+    Method(
+        "prove", "block", "small", _prove, {"theta": 0.1}, ("theta", "block_size"), summary="ProVe: p̃·q ≥ θ"
+    )
 )
 register_method(
     Method(

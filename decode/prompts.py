@@ -50,10 +50,18 @@ def decode_prompts(
             decoder.check_length(len(decoder.encode(render(rec, chat))), max_new_tokens)
         except ValueError as e:
             raise ValueError(f"prompt {rec.id!r}: {e}") from None
-    bar = tqdm(total=len(records), initial=len(records) - len(todo), file=sys.stderr, disable=not progress, unit="prompt")
+    bar = tqdm(
+        total=len(records),
+        initial=len(records) - len(todo),
+        file=sys.stderr,
+        disable=not progress,
+        unit="prompt",
+    )
     with output.open("a") as f:
         for i, rec in todo:
-            result = decoder.generate(render(rec, chat), max_new_tokens=max_new_tokens, stop=stop, seed=seed + i)
+            result = decoder.generate(
+                render(rec, chat), max_new_tokens=max_new_tokens, stop=stop, seed=seed + i
+            )
             row: dict[str, Any] = {
                 "id": rec.id,
                 "prompt": rec.prompt,
@@ -75,7 +83,9 @@ def run(cfg: DecodeConfig) -> Path:
     from prove.decode.decoder import Decoder
     from prove.decode.methods import resolve_params
 
-    resolve_params(cfg.method, cfg.proposer, **vars(cfg.params()))  # every parameter checked before any file or model
+    resolve_params(
+        cfg.method, cfg.proposer, **vars(cfg.params())
+    )  # every parameter checked before any file or model
     records = read_prompts(cfg.prompts)
     decoder = Decoder(
         cfg.model,
@@ -89,5 +99,11 @@ def run(cfg: DecodeConfig) -> Path:
         **vars(cfg.params()),
     )
     return decode_prompts(
-        decoder, records, cfg.output, max_new_tokens=cfg.max_new_tokens, stop=list(cfg.stop), chat=cfg.chat, seed=cfg.seed
+        decoder,
+        records,
+        cfg.output,
+        max_new_tokens=cfg.max_new_tokens,
+        stop=list(cfg.stop),
+        chat=cfg.chat,
+        seed=cfg.seed,
     )

@@ -42,7 +42,12 @@ SHAPES: dict[str, dict[str, Any]] = {
 
 
 def random_target_and_draft(
-    shape: str, draft_layers: int, *, seed: int = 0, dtype: str = "float32", device: str = "cpu",
+    shape: str,
+    draft_layers: int,
+    *,
+    seed: int = 0,
+    dtype: str = "float32",
+    device: str = "cpu",
     deep_scale: float = 1.0,
 ) -> tuple[Any, Any]:
     """(target, draft): a random-weight Qwen2 causal LM of ``SHAPES[shape]`` and a ``draft_layers``-layer
@@ -63,7 +68,9 @@ def random_target_and_draft(
             f"draft_layers={draft_layers} must be between 1 and {spec['num_hidden_layers'] - 1} "
             f"(the {shape} shape has {spec['num_hidden_layers']} layers)"
         )
-    torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype, torch.float32)  # auto: fp32
+    torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(
+        dtype, torch.float32
+    )  # auto: fp32
     common = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None, use_cache=True)
     torch.manual_seed(seed)
     target = Qwen2ForCausalLM(Qwen2Config(**spec, **common))

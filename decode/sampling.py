@@ -13,7 +13,9 @@ import torch
 from prove.decode.rules.speculative import warp_probs
 
 
-def logits_to_probs(logits: torch.Tensor, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+def logits_to_probs(
+    logits: torch.Tensor, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0
+) -> torch.Tensor:
     """``logits`` (..., V) → probabilities (..., V) in float32: the plain softmax when greedy, else
     ``warp_probs`` (temperature, then top-k, then top-p; the same warping the speculative rules use)."""
     if temperature == 0:

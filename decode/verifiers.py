@@ -56,5 +56,3 @@ def build_verifier(role: str, models: Models) -> Verifier:
         assert models.verifier is not None, "the Decoder checks that a verifier model is given"
         return ModelVerifier(models.verifier, is_target=False)
     raise ValueError(f"unknown verifier role {role!r}; one of: none, self, small")
-
-

@@ -21,7 +21,10 @@ def run(config: BenchConfig) -> None:
     report = run_bench(config)
     out = Path(config.output_dir)
     print((out / "bench.md").read_text())
-    print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}" + "".join(f", {p}" for p in report["plots"].values()))
+    print(
+        f"wrote {out / 'bench.json'}, {out / 'bench.md'}"
+        + "".join(f", {p}" for p in report["plots"].values())
+    )
 
 
 def main() -> None:

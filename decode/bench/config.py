@@ -112,14 +112,20 @@ class BenchConfig:
             from prove.decode.random_models import SHAPES
 
             if self.hf_compare not in SHAPES:
-                raise ValueError(f"hf_compare={self.hf_compare!r} is not a known shape; pick one of: {', '.join(SHAPES)}")
+                raise ValueError(
+                    f"hf_compare={self.hf_compare!r} is not a known shape; pick one of: {', '.join(SHAPES)}"
+                )
             if self.model is not None or self.draft is not None or self.prompts is not None:
-                raise ValueError("hf_compare builds its own models and prompts: drop model=, draft= and prompts=")
+                raise ValueError(
+                    "hf_compare builds its own models and prompts: drop model=, draft= and prompts="
+                )
             if list(self.methods) == list(DEFAULT_METHODS):
                 self.methods = list(HF_COMPARE_METHODS)
             extra = set(self.methods) - set(HF_COMPARE_METHODS)
             if extra:
-                raise ValueError(f"hf_compare runs methods {list(HF_COMPARE_METHODS)} only (no mask token, no verifier); drop {sorted(extra)}")
+                raise ValueError(
+                    f"hf_compare runs methods {list(HF_COMPARE_METHODS)} only (no mask token, no verifier); drop {sorted(extra)}"
+                )
             if self.prompt_len < 1:
                 raise ValueError(f"prompt_len={self.prompt_len} must be ≥ 1")
         else:
@@ -159,4 +165,3 @@ def register_configs() -> None:
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name="bench_schema", node=BenchConfig)
-

@@ -33,26 +33,38 @@ def hf_compare_setup(cfg: BenchConfig) -> tuple[dict[str, Any], list[list[int]]]
     return {"tokenizer": None, "model": target, "draft": draft}, prompts
 
 
-
-def hf_compare_report(cfg: BenchConfig, runs: Mapping[str, Sequence[PromptRun]], n_prompts: int) -> dict[str, Any]:
+def hf_compare_report(
+    cfg: BenchConfig, runs: Mapping[str, Sequence[PromptRun]], n_prompts: int
+) -> dict[str, Any]:
     """bench.json's entries that ``hf_compare`` replaces or adds: the models and prompts it made, and the
     paired time ratio of each (ours, transformers') pair with whether their tokens are identical."""
     return {
-        "models": {"model": f"random {cfg.hf_compare}", "verifier": None, "draft": f"its first {cfg.draft_layers} layers"},
+        "models": {
+            "model": f"random {cfg.hf_compare}",
+            "verifier": None,
+            "draft": f"its first {cfg.draft_layers} layers",
+        },
         "prompts": {"path": f"{n_prompts} × {cfg.prompt_len} random ids", "n": n_prompts, "with_answers": 0},
         "hf_compare": {
             "shape": cfg.hf_compare,
             "draft_layers": cfg.draft_layers,
             "prompt_len": cfg.prompt_len,
             "deep_scale": cfg.deep_scale,
-            **{f"{ours}_vs_{theirs}": paired_speedup(runs[ours], runs[theirs])
-               for ours, theirs in HF_PAIRS if ours in runs and theirs in runs},
+            **{
+                f"{ours}_vs_{theirs}": paired_speedup(runs[ours], runs[theirs])
+                for ours, theirs in HF_PAIRS
+                if ours in runs and theirs in runs
+            },
         },  # fmt: skip
     }
 
 
 def check_identical(report: Mapping[str, Any], output_dir: str | Path) -> None:
     """``hf_compare`` fails (after writing its report) when ours and transformers' tokens differ."""
-    differ = [k for k, v in (report.get("hf_compare") or {}).items() if isinstance(v, dict) and not v["identical"]]
+    differ = [
+        k for k, v in (report.get("hf_compare") or {}).items() if isinstance(v, dict) and not v["identical"]
+    ]
     if differ:
-        raise RuntimeError(f"hf_compare: tokens differ between ours and transformers' ({differ}); see {output_dir}")
+        raise RuntimeError(
+            f"hf_compare: tokens differ between ours and transformers' ({differ}); see {output_dir}"
+        )

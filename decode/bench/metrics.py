@@ -258,4 +258,3 @@ def roc_table(points: Mapping[str, Sequence[Any]]) -> dict[str, dict[str, Any]]:
             "thresholds": thr.tolist(),
         }
     return out
-

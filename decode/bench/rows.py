@@ -218,4 +218,3 @@ class HFRow:
             model_passes=target.n,
             draft_passes=draft_passes,
         )
-

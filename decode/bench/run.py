@@ -142,7 +142,11 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             decode_one(name, ids, None)
     runs = timed_rounds(cfg, names, inputs, decode_one)
     eos, stop = decoders[REFERENCE].eos_ids(), list(cfg.stop)
-    trace = trace_pass(cfg, inputs.models, inputs.prompts, eos, stop) if cfg.trace and cfg.hf_compare is None else None
+    trace = (
+        trace_pass(cfg, inputs.models, inputs.prompts, eos, stop)
+        if cfg.trace and cfg.hf_compare is None
+        else None
+    )
     cost = None
     if cfg.pass_cost_widths:
         cost = pass_cost(
@@ -197,7 +201,9 @@ def reference_rows(cfg: BenchConfig, models: Mapping[str, Any]) -> dict[str, HFR
     if cfg.hf:
         rows["hf-greedy"] = HFRow(models["model"], models["tokenizer"])
         if "draft" in models:
-            rows["hf-assisted"] = HFRow(models["model"], models["tokenizer"], models["draft"], cfg.hf_assistant_tokens)
+            rows["hf-assisted"] = HFRow(
+                models["model"], models["tokenizer"], models["draft"], cfg.hf_assistant_tokens
+            )
     return rows
 
 
@@ -247,7 +253,10 @@ def row_decoder(
 
 
 def timed_rounds(
-    cfg: BenchConfig, names: Sequence[str], inputs: Inputs, decode_one: Callable[[str, list[int], Any], PromptRun]
+    cfg: BenchConfig,
+    names: Sequence[str],
+    inputs: Inputs,
+    decode_one: Callable[[str, list[int], Any], PromptRun],
 ) -> dict[str, list[PromptRun]]:
     """Prompt by prompt, every row in turn (AR first), ``repeats`` rounds round-robin so one stall of the
     machine does not hit every try of a row; each row keeps its fastest decode of each prompt."""
@@ -281,7 +290,9 @@ def build_report(
     spec_by_name = {s.name: s for s in specs}
     rows = []
     for name, row_runs in runs.items():
-        summary = summarize(row_runs, runs[REFERENCE], inputs.answers if has_answers else None, bin_size=cfg.bin_size)
+        summary = summarize(
+            row_runs, runs[REFERENCE], inputs.answers if has_answers else None, bin_size=cfg.bin_size
+        )
         spec = spec_by_name.get(name)
         if spec:
             params = _resolved_params(decoders[name])
@@ -416,4 +427,3 @@ def pass_cost(
         "ratio": [t / best[0] for t in best],
         "plain_t1_ms": 1000 * plain,
     }
-

@@ -23,7 +23,9 @@ def _none(models, params, generator) -> Proposer:
 def _block(models, params, generator) -> Proposer:
     from prove.decode.proposers.block import BlockProposer
 
-    assert models.mask_token_id is not None, "the Decoder checks the mask token before building a block proposer"
+    assert models.mask_token_id is not None, (
+        "the Decoder checks the mask token before building a block proposer"
+    )
     return BlockProposer(
         models.target,
         models.mask_token_id,

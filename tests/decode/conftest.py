@@ -33,9 +33,13 @@ def small(make_lm):
 def prompts(tokenizer) -> list[list[int]]:
     texts = ["Ana has 3 apples", "How many coins does Ben have?", "7"]
     chat = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Cleo has 4 pens and gets 5 more."}], tokenize=False, add_generation_prompt=True
+        [{"role": "user", "content": "Cleo has 4 pens and gets 5 more."}],
+        tokenize=False,
+        add_generation_prompt=True,
     )
-    return [tokenizer(t)["input_ids"] for t in texts] + [tokenizer(chat, add_special_tokens=False)["input_ids"]]
+    return [tokenizer(t)["input_ids"] for t in texts] + [
+        tokenizer(chat, add_special_tokens=False)["input_ids"]
+    ]
 
 
 def save_checkpoint(path, model, tok, *, stage: str = "mars", block_size: int | None = TRAINED_BLOCK):
@@ -69,7 +73,11 @@ def checkpoints(tmp_path_factory, lm, small, tokenizer, stock_tokenizer, make_lm
     return {
         "mars": save_checkpoint(root / "mars", lm, tokenizer),
         "verifier": save_checkpoint(root / "verifier", small, tokenizer, stage="distill"),
-        "stock": save_checkpoint(root / "stock", make_lm(seed=2, vocab=len(stock_tokenizer)), stock_tokenizer, stage="sft"),
+        "stock": save_checkpoint(
+            root / "stock", make_lm(seed=2, vocab=len(stock_tokenizer)), stock_tokenizer, stage="sft"
+        ),
         "mars_on_stock": save_checkpoint(root / "mars_on_stock", make_lm(seed=5, vocab=len(added)), added),
-        "alien": save_checkpoint(root / "alien", make_lm(seed=3, vocab=len(alien_tok)), alien_tok, stage="sft"),
+        "alien": save_checkpoint(
+            root / "alien", make_lm(seed=3, vocab=len(alien_tok)), alien_tok, stage="sft"
+        ),
     }

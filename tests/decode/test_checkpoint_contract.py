@@ -12,11 +12,16 @@ def test_loads_paths_and_takes_the_trained_block_size(checkpoints, lm, tokenizer
     assert dec.params.block_size == 4  # from prove.json
     ref = Decoder(lm, tokenizer, method="ar").generate("Ana has", max_new_tokens=12, eos_token_id=[])
     assert dec.generate("Ana has", max_new_tokens=12, eos_token_id=[]).token_ids == ref.token_ids
-    assert Decoder(checkpoints["mars"], method="mars", block_size=2).params.block_size == 2  # K ≤ trained is fine
+    assert (
+        Decoder(checkpoints["mars"], method="mars", block_size=2).params.block_size == 2
+    )  # K ≤ trained is fine
 
 
 def test_block_method_without_mask_token(checkpoints):
-    with pytest.raises(ValueError, match=r"has no <\|mask\|> token: train it with `prove-train stage=mars` or pick method=ar/sd"):
+    with pytest.raises(
+        ValueError,
+        match=r"has no <\|mask\|> token: train it with `prove-train stage=mars` or pick method=ar/sd",
+    ):
         Decoder(checkpoints["stock"], method="prove-lossless", block_size=4)
     Decoder(checkpoints["stock"], method="ar")  # AR needs no mask token
 
@@ -78,5 +83,7 @@ def test_an_unused_verifier_is_not_loaded(checkpoints):
     with pytest.warns(UserWarning, match="does not use the verifier .* ignoring it"):
         dec = Decoder(checkpoints["mars"], method="prove-lossless", verifier=checkpoints["verifier"])
     assert dec.models.verifier is None and dec.probe is None
-    traced = Decoder(checkpoints["mars"], method="prove-lossless", verifier=checkpoints["verifier"], trace=True)
+    traced = Decoder(
+        checkpoints["mars"], method="prove-lossless", verifier=checkpoints["verifier"], trace=True
+    )
     assert traced.models.verifier is not None and traced.probe is not None

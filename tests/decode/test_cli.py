@@ -70,15 +70,29 @@ def test_method_defaults_have_one_home_the_registry(name):
 def test_cli_yaml_restates_no_schema_default(path):
     """Each default lives in its dataclass only: a CLI's YAML selects the schema and sets Hydra up."""
     raw = OmegaConf.load(CONF / path)
-    assert set(raw.keys()) <= {"defaults", "hydra"}, f"conf/{path} restates {sorted(set(raw.keys()) - {'defaults', 'hydra'})}"
+    assert set(raw.keys()) <= {"defaults", "hydra"}, (
+        f"conf/{path} restates {sorted(set(raw.keys()) - {'defaults', 'hydra'})}"
+    )
 
 
 def test_the_documented_command_line_composes():
     cfg = config(
-        "model=PATH", "verifier=SMALL", "method=prove", "theta=0.3", "block_size=16",
-        "prompts=FILE", "output=OUT", "max_new_tokens=8",
+        "model=PATH",
+        "verifier=SMALL",
+        "method=prove",
+        "theta=0.3",
+        "block_size=16",
+        "prompts=FILE",
+        "output=OUT",
+        "max_new_tokens=8",
     )
-    assert (cfg.method, cfg.theta, cfg.block_size, cfg.verifier, cfg.max_new_tokens) == ("prove", 0.3, 16, "SMALL", 8)
+    assert (cfg.method, cfg.theta, cfg.block_size, cfg.verifier, cfg.max_new_tokens) == (
+        "prove",
+        0.3,
+        16,
+        "SMALL",
+        8,
+    )
     assert config("model=M", "prompts=P", "output=O").method == "prove-lossless"
     with pytest.raises(ConfigCompositionException):
         config("model=M", "prompts=P", "output=O", "thetaa=0.1")
@@ -92,28 +106,62 @@ def test_cli_end_to_end_lossless_equals_ar(checkpoints, prompt_file, tmp_path):
     out = tmp_path / "lossless.jsonl"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     cmd = [
-        BIN / "prove-decode", f"model={checkpoints['mars']}", "method=prove-lossless", "block_size=4",
-        f"prompts={prompt_file}", f"output={out}", "max_new_tokens=16",
+        BIN / "prove-decode",
+        f"model={checkpoints['mars']}",
+        "method=prove-lossless",
+        "block_size=4",
+        f"prompts={prompt_file}",
+        f"output={out}",
+        "max_new_tokens=16",
     ]
     subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=tmp_path)
     assert not (tmp_path / "outputs").exists() and not (tmp_path / ".hydra").exists()
-    ar_out = run(config(f"model={checkpoints['mars']}", "method=ar", f"prompts={prompt_file}",
-                        f"output={tmp_path / 'ar.jsonl'}", "max_new_tokens=16"))
+    ar_out = run(
+        config(
+            f"model={checkpoints['mars']}",
+            "method=ar",
+            f"prompts={prompt_file}",
+            f"output={tmp_path / 'ar.jsonl'}",
+            "max_new_tokens=16",
+        )
+    )
     lossless, ar = read_jsonl(out), read_jsonl(ar_out)
     assert [r["id"] for r in lossless] == [0, "chat-1", 2]
     assert [r["token_ids"] for r in lossless] == [r["token_ids"] for r in ar]
     assert [r["completion"] for r in lossless] == [r["completion"] for r in ar]
     rec = lossless[1]
-    assert rec["prompt"] == [{"role": "user", "content": "Ben has 2 pens."}] and rec["method"] == "prove-lossless"
-    for key in ("new_tokens", "cycles", "tokens_per_cycle", "model_passes", "verifier_passes", "draft_passes",
-                "accepted_by_depth", "proposed_by_depth", "committed_per_cycle", "wall_s"):
+    assert (
+        rec["prompt"] == [{"role": "user", "content": "Ben has 2 pens."}]
+        and rec["method"] == "prove-lossless"
+    )
+    for key in (
+        "new_tokens",
+        "cycles",
+        "tokens_per_cycle",
+        "model_passes",
+        "verifier_passes",
+        "draft_passes",
+        "accepted_by_depth",
+        "proposed_by_depth",
+        "committed_per_cycle",
+        "wall_s",
+    ):
         assert key in rec["stats"]
 
 
 def test_prove_with_verifier_and_trace(checkpoints, prompt_file, tmp_path):
-    out = run(config(f"model={checkpoints['mars']}", f"verifier={checkpoints['verifier']}", "method=prove",
-                     "theta=0.05", f"prompts={prompt_file}", f"output={tmp_path / 'p.jsonl'}",
-                     "max_new_tokens=10", "trace=true"))
+    out = run(
+        config(
+            f"model={checkpoints['mars']}",
+            f"verifier={checkpoints['verifier']}",
+            "method=prove",
+            "theta=0.05",
+            f"prompts={prompt_file}",
+            f"output={tmp_path / 'p.jsonl'}",
+            "max_new_tokens=10",
+            "trace=true",
+        )
+    )
     recs = read_jsonl(out)
     assert len(recs) == 3
     for r in recs:
@@ -126,13 +174,27 @@ def test_resume_skips_finished_ids_and_drops_a_torn_line(checkpoints, prompt_fil
     out = tmp_path / "out.jsonl"
     first = {"id": 0, "prompt": "Ana has 3 apples", "completion": "KEEP", "token_ids": [], "stats": {}}
     out.write_text(json.dumps(first) + "\n" + '{"id": "chat-1", "prompt": [{"ro')  # killed mid-write
-    run(config(f"model={checkpoints['mars']}", "method=ar", f"prompts={prompt_file}", f"output={out}",
-               "max_new_tokens=4"))
+    run(
+        config(
+            f"model={checkpoints['mars']}",
+            "method=ar",
+            f"prompts={prompt_file}",
+            f"output={out}",
+            "max_new_tokens=4",
+        )
+    )
     recs = read_jsonl(out)
     assert [r["id"] for r in recs] == [0, "chat-1", 2]
     assert recs[0]["completion"] == "KEEP"  # not decoded again
-    again = run(config(f"model={checkpoints['mars']}", "method=ar", f"prompts={prompt_file}", f"output={out}",
-                       "max_new_tokens=4"))
+    again = run(
+        config(
+            f"model={checkpoints['mars']}",
+            "method=ar",
+            f"prompts={prompt_file}",
+            f"output={out}",
+            "max_new_tokens=4",
+        )
+    )
     assert read_jsonl(again) == recs  # nothing left to do
 
 
@@ -174,7 +236,10 @@ def test_prompt_convention_raw_text_messages_and_the_chat_switch(checkpoints, tm
 @pytest.mark.parametrize(
     ("content", "match"),
     [
-        ('{"prompt": "a"}\n{"text": "b"}\n', r"prompts.jsonl:2 needs exactly one of the fields 'prompt' \(text\) or 'messages'"),
+        (
+            '{"prompt": "a"}\n{"text": "b"}\n',
+            r"prompts.jsonl:2 needs exactly one of the fields 'prompt' \(text\) or 'messages'",
+        ),
         ('{"prompt": "a"}\n{"prompt": \n', "prompts.jsonl:2 is not valid JSON"),
         ('{"messages": "hi"}\n', "'messages' must be a list of"),
         ('{"id": 1, "prompt": "a"}\n{"id": 1, "prompt": "b"}\n', "repeats an id"),
@@ -196,7 +261,11 @@ def test_bad_runs_fail_before_decoding(checkpoints, prompt_file, tmp_path):
     with pytest.raises(ValueError, match="pass block_size=4 or less"):
         run(config(f"model={checkpoints['mars']}", "block_size=16", *common))
     with pytest.raises(ValueError, match="is not a file"):
-        run(config(f"model={checkpoints['mars']}", "prompts=/nonexistent.jsonl", f"output={tmp_path / 'o.jsonl'}"))
+        run(
+            config(
+                f"model={checkpoints['mars']}", "prompts=/nonexistent.jsonl", f"output={tmp_path / 'o.jsonl'}"
+            )
+        )
     assert not (tmp_path / "o.jsonl").exists()
 
 
@@ -239,7 +308,9 @@ def test_exit_on_user_error_keeps_the_traceback_with_hydra_full_error(monkeypatc
 def test_every_cli_refuses_a_misspelt_key(module, args):
     """``+tempreature=0.7`` used to be dropped silently by prove-decode / prove-bench / prove-eval (greedy
     decoding without a word); they now refuse it like prove-train does, before loading anything."""
-    prog = {"prove.decode.cli": "prove-decode", "prove.decode.bench.cli": "prove-bench"}.get(module, "prove-eval")
+    prog = {"prove.decode.cli": "prove-decode", "prove.decode.bench.cli": "prove-bench"}.get(
+        module, "prove-eval"
+    )
     proc = subprocess.run(
         [sys.executable, "-m", module, *args, "+tempreature=0.7"],
         capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120,

@@ -102,7 +102,12 @@ def test_drafting_stops_at_eos(lm, tokenizer, prompts, refs, drafts):
     e = next(i for i in range(7, len(ref)) if ref[i] not in ref[:i] and i % (K + 1) < K - 1)
     proposals: list[list[int]] = []
     dec = Decoder(lm, tokenizer, method="sd", draft=drafts["equal"])
-    out = dec.generate(p, max_new_tokens=N, eos_token_id=ref[e], on_cycle=lambda ev: proposals.append(ev.proposal.tokens.tolist()))
+    out = dec.generate(
+        p,
+        max_new_tokens=N,
+        eos_token_id=ref[e],
+        on_cycle=lambda ev: proposals.append(ev.proposal.tokens.tolist()),
+    )
     assert out.token_ids == ref[: e + 1]
     assert ref[e] in proposals[-1] and proposals[-1][-1] == ref[e], proposals
     assert all(ref[e] not in block[:-1] for block in proposals)
@@ -115,7 +120,9 @@ def test_greedy_sd_equals_hf_assisted_generation(lm, tokenizer, prompts, drafts,
     dec = Decoder(lm, tokenizer, method="sd", draft=drafts[kind], k=K)
     for p in (prompts[0], prompts[3]):
         ours = dec.generate(p, max_new_tokens=N, eos_token_id=[]).token_ids
-        assert ours == hf_generate(lm, p, N, assistant=draft, assistant_tokens=K, suppress=mask_ids(tokenizer))
+        assert ours == hf_generate(
+            lm, p, N, assistant=draft, assistant_tokens=K, suppress=mask_ids(tokenizer)
+        )
 
 
 def _check_draft_cache(runner, seq: list[int]) -> None:
@@ -285,7 +292,9 @@ def test_rules_without_a_correction_token_run_on_the_draft_proposer(lm, tokenize
     """ProVe's gate / the MARS rule on a draft model: the last token of the budget still gets proposed (a draft
     that proposed budget - 1 tokens, as SD's does, left these rules nothing to commit)."""
     verifier = drafts["random"] if method == "prove" else None
-    dec = Decoder(lm, tokenizer, method=method, proposer="draft", draft=drafts["partly"], verifier=verifier, k=K)
+    dec = Decoder(
+        lm, tokenizer, method=method, proposer="draft", draft=drafts["partly"], verifier=verifier, k=K
+    )
     for n in (1, 7, N):
         out = dec.generate(prompts[0], max_new_tokens=n, eos_token_id=[])
         assert len(out.token_ids) == n and out.stats.draft_passes > 0
@@ -343,6 +352,8 @@ def test_prove_decode_runs_the_family_from_checkpoints(checkpoints, tmp_path):
         if method != "nsd":
             assert [r["token_ids"] for r in recs] == [r["token_ids"] for r in ar]
     # The relaxed rules on the block proposer are one override away: proposer=block (no draft model).
-    recs = decode("method=asd", "proposer=block", "budget=0", f"output={tmp_path / 'asd-block'}.jsonl", *common)
+    recs = decode(
+        "method=asd", "proposer=block", "budget=0", f"output={tmp_path / 'asd-block'}.jsonl", *common
+    )
     assert all(r["method"] == "asd[block]" and r["stats"]["draft_passes"] == 0 for r in recs)
     assert [r["token_ids"] for r in recs] == [r["token_ids"] for r in ar]

@@ -98,7 +98,10 @@ def test_high_acceptance_scripted_proposer_stays_lossless(lm, tokenizer, prompts
         out = no_eos(dec, p, 40)
         assert out.token_ids == ref
         if k == 16:
-            assert out.stats.committed_per_cycle[:2] == [4, 1]  # y_1..y_3 + correction; then y_5 is wrong again
+            assert out.stats.committed_per_cycle[:2] == [
+                4,
+                1,
+            ]  # y_1..y_3 + correction; then y_5 is wrong again
             assert out.stats.tokens_per_cycle > 5
     p, ref = prompts[0], refs[0]
     perfect = no_eos(Decoder(lm, tokenizer, method=scripted(len(p), ref, set(), k, len(tokenizer))), p, 40)
@@ -137,7 +140,9 @@ def test_stop_string_inside_a_block_ends_where_ar_does(lm, tokenizer, prompts, r
     stop = tokenizer.decode(ref[12:14])
     j = next(i for i in range(len(ref)) if stop in tokenizer.decode(ref[: i + 1]))
     ar = no_eos(Decoder(lm, tokenizer, method="ar"), p, 40, stop=[stop])
-    block = no_eos(Decoder(lm, tokenizer, method=scripted(len(p), ref, set(), 16, len(tokenizer))), p, 40, stop=[stop])
+    block = no_eos(
+        Decoder(lm, tokenizer, method=scripted(len(p), ref, set(), 16, len(tokenizer))), p, 40, stop=[stop]
+    )
     assert ar.token_ids == block.token_ids == ref[: j + 1]
 
 
@@ -152,7 +157,9 @@ def test_prove_theta_zero_commits_whole_blocks(lm, small, tokenizer, prompts):
 
 def test_prove_theta_above_one_is_mars_tau_above_one_is_ar(lm, small, tokenizer, prompts, refs):
     for p, ref in zip(prompts, refs, strict=True):
-        prove = no_eos(Decoder(lm, tokenizer, method="prove", verifier=small, theta=1.01, block_size=4), p, 20)
+        prove = no_eos(
+            Decoder(lm, tokenizer, method="prove", verifier=small, theta=1.01, block_size=4), p, 20
+        )
         mars = no_eos(Decoder(lm, tokenizer, method="mars", tau=1.01, block_size=4), p, 20)
         assert prove.token_ids == mars.token_ids == ref[:20]
         assert prove.stats.cycles == mars.stats.cycles == 20
@@ -211,7 +218,13 @@ def test_trace_records_positions_without_changing_the_output(lm, small, tokenize
     assert trace is not None and len(trace) == out.stats.cycles
     for row in trace:
         k = len(row["tokens"])
-        assert len(row["conf"]) == len(row["verifier_prob"]) == len(row["target_prob"]) == len(row["matched"]) == k
+        assert (
+            len(row["conf"])
+            == len(row["verifier_prob"])
+            == len(row["target_prob"])
+            == len(row["matched"])
+            == k
+        )
         assert row["matched"][0] is True  # y_1 is the exact greedy token
         assert row["accepted"] == next((i for i, m in enumerate(row["matched"]) if not m), k)
     assert out.stats.verifier_passes == out.stats.cycles

@@ -43,7 +43,9 @@ def warped(logits: torch.Tensor) -> torch.Tensor:
 
 
 def first_tokens(dec: Decoder, n_tokens: int, prompt: list[int] = PROMPT) -> torch.Tensor:
-    rows = [dec.generate(prompt, max_new_tokens=3, eos_token_id=[], seed=s).token_ids[:n_tokens] for s in range(N)]
+    rows = [
+        dec.generate(prompt, max_new_tokens=3, eos_token_id=[], seed=s).token_ids[:n_tokens] for s in range(N)
+    ]
     return torch.tensor(rows)  # (N, n_tokens)
 
 
@@ -63,7 +65,8 @@ def test_sampling_sd_commits_the_warped_target_distribution(tables):
     stats = dec.generate(PROMPT, max_new_tokens=3, eos_token_id=[], seed=0).stats
     assert stats.proposed_by_depth == [1, 1]
     acc = sum(
-        dec.generate(PROMPT, max_new_tokens=3, eos_token_id=[], seed=s).stats.accepted_by_depth[0] for s in range(200)
+        dec.generate(PROMPT, max_new_tokens=3, eos_token_id=[], seed=s).stats.accepted_by_depth[0]
+        for s in range(200)
     )
     assert 40 < acc < 180
 

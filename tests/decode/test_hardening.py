@@ -37,7 +37,13 @@ def test_rule_draws_use_the_generator_device():
 
 @pytest.mark.parametrize("method", ["ar", "sd", "nsd", "mars"])
 def test_sampling_through_the_decoder_draws_on_the_generator_device(lm, tokenizer, prompts, method):
-    kw = {"draft": copy.deepcopy(lm)} if method in ("sd", "nsd") else {"block_size": 4} if method == "mars" else {}
+    kw = (
+        {"draft": copy.deepcopy(lm)}
+        if method in ("sd", "nsd")
+        else {"block_size": 4}
+        if method == "mars"
+        else {}
+    )
     dec = Decoder(lm, tokenizer, method=method, temperature=0.8, top_k=20, top_p=0.9, **kw)
     ref = dec.generate(prompts[0], max_new_tokens=8, eos_token_id=[], seed=3).token_ids
     with torch.device("meta"):
@@ -74,8 +80,12 @@ def test_block_proposer_never_proposes_the_mask_to_a_stock_verifier(checkpoints,
     assert verifier.get_output_embeddings().weight.shape[0] == mask  # no row for the mask
     proposed: list[int] = []
     dec = Decoder(model, tok, method="prove", verifier=verifier, temperature=temperature, block_size=4)
-    out = dec.generate("Ana has 3 apples", max_new_tokens=16, eos_token_id=[],
-                       on_cycle=lambda ev: proposed.extend(ev.proposal.tokens.tolist()))
+    out = dec.generate(
+        "Ana has 3 apples",
+        max_new_tokens=16,
+        eos_token_id=[],
+        on_cycle=lambda ev: proposed.extend(ev.proposal.tokens.tolist()),
+    )
     assert len(out.token_ids) == 16 and proposed
     assert mask not in proposed and mask not in out.token_ids
 
@@ -88,11 +98,21 @@ def test_the_mask_is_never_output_wherever_its_id_is(lm, small, tokenizer, promp
     assert mask != len(tokenizer) - 1
     if method == "prove-lossless" and temperature > 0:
         pytest.skip("prove-lossless is greedy only")
-    kw = {"draft": _boost(small, mask)} if method in ("sd", "nsd") else {"block_size": 4} if method != "ar" else {}
+    kw = (
+        {"draft": _boost(small, mask)}
+        if method in ("sd", "nsd")
+        else {"block_size": 4}
+        if method != "ar"
+        else {}
+    )
     proposed: list[int] = []
     dec = Decoder(_boost(lm, mask), tokenizer, method=method, temperature=temperature, **kw)
-    out = dec.generate(prompts[0], max_new_tokens=12, eos_token_id=[],
-                       on_cycle=lambda ev: proposed.extend(ev.proposal.tokens.tolist()))
+    out = dec.generate(
+        prompts[0],
+        max_new_tokens=12,
+        eos_token_id=[],
+        on_cycle=lambda ev: proposed.extend(ev.proposal.tokens.tolist()),
+    )
     assert len(out.token_ids) == 12
     assert mask not in proposed and mask not in out.token_ids
 
@@ -166,9 +186,17 @@ def test_bad_parameters_fail_before_the_cli_reads_a_file_or_loads_a_model(tmp_pa
 
     missing = str(tmp_path / "missing")
     with pytest.raises(ValueError, match="nucleus mass"):
-        run(DecodeConfig(model=missing, method="nsd", draft=missing, theta=1.5, prompts=missing, output=missing))
+        run(
+            DecodeConfig(
+                model=missing, method="nsd", draft=missing, theta=1.5, prompts=missing, output=missing
+            )
+        )
     with pytest.raises(ValueError, match="nucleus mass"):
-        run_bench(BenchConfig(model=missing, prompts=missing, methods=["ar", "nsd"], method_params={"nsd": {"theta": 1.5}}))
+        run_bench(
+            BenchConfig(
+                model=missing, prompts=missing, methods=["ar", "nsd"], method_params={"nsd": {"theta": 1.5}}
+            )
+        )
     assert not list(tmp_path.iterdir())
 
 
@@ -193,7 +221,9 @@ def _record_positions(model, seen: list[int]):
 
 
 @pytest.mark.parametrize("method", ["ar", "mars", "prove", "prove-lossless", "sd", "nsd", "asd"])
-def test_context_length_is_checked_at_start_counting_every_position_fed(lm, small, tokenizer, prompts, method):
+def test_context_length_is_checked_at_start_counting_every_position_fed(
+    lm, small, tokenizer, prompts, method
+):
     """At prompt + max_new_tokens = max_position_embeddings every method runs and no model is fed a position
     ≥ the limit (block placeholders and verifier passes included); one more token is a clear error before any
     forward pass (it used to run silently past the limit)."""
@@ -250,7 +280,9 @@ def test_prove_commits_the_leading_run_where_p_times_q_straddles_theta(lm, small
         scores = {"right": [c * v for c, v in zip(conf, q, strict=True)], "next row": [c * v for c, v in zip(conf, q_next, strict=True)],
                   "no q": conf}  # fmt: skip
         cuts = sorted({v for s in scores.values() for v in s})
-        for theta in [(a + b) / 2 for a, b in zip(cuts, cuts[1:], strict=False) if b - a > 0.02 * b]:  # clear of rounding
+        for theta in [
+            (a + b) / 2 for a, b in zip(cuts, cuts[1:], strict=False) if b - a > 0.02 * b
+        ]:  # clear of rounding
             n = {name: max(1, _leading([v >= theta for v in s])) for name, s in scores.items()}
             if 1 < n["right"] < K and n["right"] != n["next row"] and n["right"] != n["no q"]:
                 break
@@ -329,7 +361,13 @@ def test_stop_string_inside_a_block_ends_where_the_method_would(lm, small, token
 def test_sampling_runs_on_cuda(lm, tokenizer, prompts, method):
     """Where a GPU exists: the generator and every tensor on CUDA (the crash the issue reported for sd / nsd)."""
     target = copy.deepcopy(lm).cuda()
-    kw = {"draft": copy.deepcopy(lm).cuda()} if method in ("sd", "nsd") else {"block_size": 4} if method == "mars" else {}
+    kw = (
+        {"draft": copy.deepcopy(lm).cuda()}
+        if method in ("sd", "nsd")
+        else {"block_size": 4}
+        if method == "mars"
+        else {}
+    )
     dec = Decoder(target, tokenizer, method=method, temperature=0.8, top_k=20, top_p=0.9, **kw)
     assert dec.generator.device.type == "cuda"
     out = dec.generate(prompts[0], max_new_tokens=8, eos_token_id=[], seed=1)

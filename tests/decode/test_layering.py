@@ -41,6 +41,8 @@ def test_no_decode_source_names_train_in_an_import():
         f"{p.relative_to(DECODE.parent)}:{i}"
         for p in sorted(DECODE.rglob("*.py"))
         for i, line in enumerate(p.read_text().splitlines(), 1)
-        if line.lstrip().startswith(("import prove.train", "from prove.train", "import prove.recipes", "from prove.recipes"))
+        if line.lstrip().startswith(
+            ("import prove.train", "from prove.train", "import prove.recipes", "from prove.recipes")
+        )
     ]
     assert not offenders

@@ -37,7 +37,9 @@ def test_method_keys_and_sampling_keys_partition_decode_params():
 def test_lossless_is_a_registry_fact():
     assert {n for n, m in METHODS.items() if m.is_lossless({})} == {"ar", "prove-lossless", "sd"}
     asd = get_method("asd")
-    assert asd.is_lossless({"budget": 0.0, "gate": 0.25}) and not asd.is_lossless({"budget": 8.0, "gate": 0.25})
+    assert asd.is_lossless({"budget": 0.0, "gate": 0.25}) and not asd.is_lossless(
+        {"budget": 8.0, "gate": 0.25}
+    )
     assert asd.with_proposer("block").is_lossless({"max_mismatches": 0})  # the fact follows the proposer swap
 
 

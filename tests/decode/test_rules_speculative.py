@@ -423,10 +423,14 @@ def test_asd_gate_matches_the_reference_suffix_value():
     # a mismatch at i = 2 of K = 5 with regret 1 and g = 0.25: 1 / (5 − 2 + 1) = 0.25 ≤ g, accepted
     z5 = torch.zeros(6, 4)
     z5[:, 0] = 1.0
-    acc, st = asd_greedy(torch.tensor([0, 1, 0, 0, 0]), z5, AsdState(), budget=8.0, gate=0.25, max_mismatches=2)
+    acc, st = asd_greedy(
+        torch.tensor([0, 1, 0, 0, 0]), z5, AsdState(), budget=8.0, gate=0.25, max_mismatches=2
+    )
     assert acc == Accept(5, 0) and st == AsdState(1.0)
     # the same mismatch at i = 3 (v = 3): 1/3 > 0.25, refused
-    acc, _ = asd_greedy(torch.tensor([0, 0, 1, 0, 0]), z5, AsdState(), budget=8.0, gate=0.25, max_mismatches=2)
+    acc, _ = asd_greedy(
+        torch.tensor([0, 0, 1, 0, 0]), z5, AsdState(), budget=8.0, gate=0.25, max_mismatches=2
+    )
     assert acc == Accept(2, 0)
 
 

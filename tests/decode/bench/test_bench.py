@@ -123,7 +123,9 @@ def test_tokens_per_cycle_by_position():
 
 
 def run(tokens, wall, cycles, passes, text="", **kw) -> PromptRun:
-    return PromptRun(id=None, token_ids=tokens, text=text, wall_s=wall, cycles=cycles, model_passes=passes, **kw)
+    return PromptRun(
+        id=None, token_ids=tokens, text=text, wall_s=wall, cycles=cycles, model_passes=passes, **kw
+    )
 
 
 def test_summarize_hand_numbers():
@@ -173,16 +175,28 @@ def test_trace_points_and_roc_table():
 
 # -- rows, table, config -----------------------------------------------------------------------------------
 
-USES = {"ar": (), "mars": ("tau", "block_size"), "prove": ("theta", "block_size"), "prove-lossless": ("block_size",)}
+USES = {
+    "ar": (),
+    "mars": ("tau", "block_size"),
+    "prove": ("theta", "block_size"),
+    "prove-lossless": ("block_size",),
+}
 
 
 def test_expand_rows_sweeps_and_ar_first():
-    rows = expand_rows(["prove", "mars", "ar", "prove"], {"theta": [0.1, 0.3], "tau": None, "block_size": 4}, USES)
+    rows = expand_rows(
+        ["prove", "mars", "ar", "prove"], {"theta": [0.1, 0.3], "tau": None, "block_size": 4}, USES
+    )
     assert [r.name for r in rows] == ["ar", "prove θ=0.1", "prove θ=0.3", "mars"]
     assert rows[1] == RowSpec("prove θ=0.1", "prove", {"theta": 0.1, "block_size": 4})
     assert rows[3].params == {"block_size": 4}
     grid = expand_rows(["prove"], {"theta": [0.1, 0.2], "block_size": [2, 4]}, USES)
-    assert [r.name for r in grid][1:] == ["prove θ=0.1 K=2", "prove θ=0.1 K=4", "prove θ=0.2 K=2", "prove θ=0.2 K=4"]
+    assert [r.name for r in grid][1:] == [
+        "prove θ=0.1 K=2",
+        "prove θ=0.1 K=4",
+        "prove θ=0.2 K=2",
+        "prove θ=0.2 K=4",
+    ]
     with pytest.raises(ValueError, match="repeats"):
         expand_rows(["prove"], {"theta": [0.1, 0.1]}, USES)
     with pytest.raises(ValueError, match="empty sweep"):
@@ -205,9 +219,15 @@ def test_expand_rows_method_params():
 
 
 def test_is_lossless():
-    assert is_lossless("ar", {}) and is_lossless("prove-lossless", {"block_size": 4}) and is_lossless("sd", {"k": 5})
+    assert (
+        is_lossless("ar", {})
+        and is_lossless("prove-lossless", {"block_size": 4})
+        and is_lossless("sd", {"k": 5})
+    )
     assert not is_lossless("prove", {"theta": 0.0}) and not is_lossless("mars", {})
-    assert is_lossless("asd", {"budget": 0.0, "gate": 0.25}) and not is_lossless("asd", {"budget": 8.0, "gate": 0.25})
+    assert is_lossless("asd", {"budget": 0.0, "gate": 0.25}) and not is_lossless(
+        "asd", {"budget": 8.0, "gate": 0.25}
+    )
 
 
 def table_row(name, agreement, lossless, **kw):
@@ -225,7 +245,9 @@ def test_render_table():
     md = render_table([table_row("ar", 1.0, True), table_row("prove", 0.5, False, accuracy=None)])
     lines = md.splitlines()
     assert lines[0].startswith("| method | params | tok/cycle¹")
-    assert lines[2].startswith("| ar | θ=0.1 | 3.25 | 0.31 | – | – | 120.0 | 2.00× | 1.90× | 100% | – | 90.0% |")
+    assert lines[2].startswith(
+        "| ar | θ=0.1 | 3.25 | 0.31 | – | – | 120.0 | 2.00× | 1.90× | 100% | – | 90.0% |"
+    )
     assert "| prove |" in lines[3] and "| 50% | 4.5 | n/a |" in lines[3]
     assert "counting the correction / bonus token" in md
     assert "⚠" not in md
@@ -333,7 +355,9 @@ def test_bench_end_to_end(bench_dir):
         progress=False,
     )
     run_bench(cfg)
-    report = json.loads((out / "bench.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+    report = json.loads(
+        (out / "bench.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON")
+    )
     assert report["schema"] == "prove-bench/1"
     assert {"device", "dtype", "torch", "transformers", "git_commit"} <= report["env"].keys()
     assert report["prompts"] == {"path": cfg.prompts, "n": 2, "with_answers": 2}
@@ -370,7 +394,9 @@ def test_bench_end_to_end(bench_dir):
 def test_bench_rejects_unknown_method(bench_dir):
     from prove.decode.bench.run import run_bench
 
-    cfg = BenchConfig(model=str(bench_dir / "mars"), prompts=str(bench_dir / "prompts.jsonl"), methods=["nope"])
+    cfg = BenchConfig(
+        model=str(bench_dir / "mars"), prompts=str(bench_dir / "prompts.jsonl"), methods=["nope"]
+    )
     with pytest.raises(ValueError, match="unknown method"):
         run_bench(cfg)
 
@@ -420,7 +446,9 @@ def test_random_draft_is_a_layer_cut_of_the_target():
     shrunk, _ = random_target_and_draft("tiny", 2, deep_scale=0.5)
     for i, layer in enumerate(shrunk.model.layers):
         factor = 0.5 if i >= 2 else 1.0
-        torch.testing.assert_close(layer.mlp.down_proj.weight, factor * target.model.layers[i].mlp.down_proj.weight)
+        torch.testing.assert_close(
+            layer.mlp.down_proj.weight, factor * target.model.layers[i].mlp.down_proj.weight
+        )
 
 
 def test_hf_compare_runs_on_the_tiny_shape(tmp_path):
