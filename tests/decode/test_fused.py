@@ -348,8 +348,8 @@ def test_pass_cost_curve_and_its_table(lm):
 
 def test_plots_take_fused_and_unfused_rows(tmp_path):
     """The speed / accuracy plot orders and labels a sweep of fuse (bool) and fuse_groups (all or m)."""
+    from decode_helpers import hand_report
     from prove.decode.bench.plots import PLOTS, write_plots
-    from test_bench import hand_report
 
     report = hand_report()
     base = report["rows"][1]
