@@ -16,7 +16,7 @@ from enum import Enum
 from typing import Any
 
 from omegaconf import MISSING
-from prove.decode.checkpoint import MASK_TOKEN
+from prove.data.loading import MASK_TOKEN, check_dtype
 
 GREEDY_EXACT_METHODS = ("prove-lossless", "ar")
 """Decoding methods whose output is exactly the proposer's greedy AR output (needing no second model)."""
@@ -86,8 +86,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.name_or_path is None and self.scratch is None:
             raise ValueError("set model.name_or_path=<hub id or dir>, or pick a from-scratch model (model=tiny)")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"model.dtype={self.dtype!r}: use auto, float32, bfloat16 or float16")
+        check_dtype(self.dtype, "model.dtype")
 
 
 @dataclass
@@ -189,8 +188,9 @@ class DistillConfig:
             raise ValueError(f"distill.num_prompts={self.num_prompts}: use ≥ 1, or null for every prompt")
         if self.max_new_tokens < 1:
             raise ValueError(f"distill.max_new_tokens={self.max_new_tokens} must be ≥ 1")
-        if self.dtype not in (None, "float32", "bfloat16", "float16"):
-            raise ValueError(f"distill.dtype={self.dtype!r}: use null (bf16 on GPU, fp32 on CPU), float32, bfloat16 or float16")
+        if self.dtype == "auto":
+            raise ValueError("distill.dtype=auto: use null (bf16 on GPU, fp32 on CPU), float32, bfloat16 or float16")
+        check_dtype(self.dtype, "distill.dtype", allow_none=True)
         if self.method not in GREEDY_EXACT_METHODS:
             raise ValueError(
                 f"distill.method={self.method!r}: the responses must be the proposer's own greedy output; use one of "
