@@ -13,15 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from prove.train.collate import DistillCollator
 from prove.train.config import Role, Stage
-from prove.train.distill import (
-    DistillCollator,
-    build_generated_set,
-    distill_loss,
-    generate_responses,
-    read_shards,
-    training_rows,
-)
+from prove.train.distill import build_generated_set, generate_responses, read_shards, training_rows
+from prove.train.losses import distill_loss
 from train_helpers import losses, tiny_overrides, train_config
 
 HERE = Path(__file__).resolve().parent

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 from prove.train.modeling import ensure_mask_token
-from prove.train.pipeline import merge_adapter, train
+from prove.train.pipeline import train
+from prove.train.saving import merge_adapter
 from train_helpers import losses, tiny_overrides, train_config
 
 
