@@ -172,7 +172,7 @@ class DistillConfig:
     top_k: int = 8
     """Store the proposer's top-k log-probs at each response position (0: store none; ``kl_weight`` needs ≥ 1)."""
     kl_weight: float = 0.0
-    """Weight of the token-level KL(p̂_topk ‖ q) added to the response CE (:func:`prove.train.distill.distill_loss`)."""
+    """Weight of the token-level KL(p̂_topk ‖ q) added to the response CE (:func:`prove.train.losses.distill_loss`)."""
     generated_dir: str = "${run_dir}/distill-data"
     """Where the generated set goes: ``shards/`` (JSONL, flushed per record; a rerun resumes), ``dataset/``
     (``datasets.save_to_disk``) and ``generation.json`` (proposer + decode settings)."""
