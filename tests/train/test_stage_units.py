@@ -10,7 +10,8 @@ from prove.train import pipeline
 from prove.train.collate import Collator, DistillCollator
 from prove.train.config import Stage
 from prove.train.stages import STAGES, DistillStage, MarsStage, SftStage, stage_unit
-from train_helpers import train_config
+
+from tests.train.helpers import train_config
 
 
 class _Tok:
