@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from importlib.resources import files
 from typing import Any
 
-from omegaconf import MISSING
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, OmegaConf
 from prove.data.loading import MASK_TOKEN, check_dtype
 
 GREEDY_EXACT_METHODS = ("prove-lossless", "ar")
@@ -342,8 +344,6 @@ class TrainConfig:
 
 def register_configs() -> None:
     """Register the schema and the recipes with Hydra's ConfigStore (idempotent)."""
-    from hydra.core.config_store import ConfigStore
-
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     for name, node in recipe_nodes().items():
@@ -352,10 +352,6 @@ def register_configs() -> None:
 
 def recipe_nodes() -> dict[str, Any]:
     """Every ``recipes/*.yaml`` (shipped as ``prove.recipes``), loaded, by name."""
-    from importlib.resources import files
-
-    from omegaconf import OmegaConf
-
     out = {}
     for entry in sorted(files("prove.recipes").iterdir(), key=lambda p: p.name):
         if entry.name.endswith(".yaml"):
@@ -370,8 +366,6 @@ def run_label(cfg: TrainConfig) -> str:
 
 def config_dict(cfg: TrainConfig) -> dict[str, Any]:
     """The whole resolved config as plain JSON-able values (for prove.json and the tracker)."""
-    from omegaconf import OmegaConf
-
     out = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
     assert isinstance(out, dict)
     return {str(k): v for k, v in out.items()}

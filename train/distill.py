@@ -264,6 +264,26 @@ def top_k_logprobs(model: Any, prompt_ids: list[int], response_ids: list[int], k
     return top.indices.tolist(), top.values.tolist()
 
 
+def answer(decoder: Any, prompt: Prompt, max_new_tokens: int, top_k: int) -> dict[str, Any]:
+    """One shard record: the proposer's greedy response to ``prompt`` (+ its top-k log-probs when ``top_k`` > 0)."""
+    prompt_ids = decoder.encode(prompt.messages)
+    result = decoder.generate(prompt_ids, max_new_tokens=max_new_tokens)
+    response_ids = [int(t) for t in result.token_ids]
+    rec: dict[str, Any] = {
+        "index": prompt.index,
+        "id": prompt.id,
+        "messages": prompt.messages + [{"role": "assistant", "content": result.text}],
+        "prompt_ids": prompt_ids,
+        "response_ids": response_ids,
+        "finished": bool(response_ids) and response_ids[-1] in decoder.eos_ids(),
+        "tokens_per_cycle": result.stats.tokens_per_cycle,
+        "cycles": result.stats.cycles,
+    }
+    if top_k > 0:
+        rec["topk_ids"], rec["topk_logprobs"] = top_k_logprobs(decoder.model, prompt_ids, response_ids, top_k)
+    return rec
+
+
 def generate_responses(
     cfg: TrainConfig,
     *,
@@ -307,24 +327,10 @@ def generate_responses(
                desc=f"distill generation (rank {rank})")
     with own.open("a") as f:
         for p in todo:
-            prompt_ids = decoder.encode(p.messages)
-            result = decoder.generate(prompt_ids, max_new_tokens=d.max_new_tokens)
-            response_ids = [int(t) for t in result.token_ids]
-            rec: dict[str, Any] = {
-                "index": p.index,
-                "id": p.id,
-                "messages": p.messages + [{"role": "assistant", "content": result.text}],
-                "prompt_ids": prompt_ids,
-                "response_ids": response_ids,
-                "finished": bool(response_ids) and response_ids[-1] in decoder.eos_ids(),
-                "tokens_per_cycle": result.stats.tokens_per_cycle,
-                "cycles": result.stats.cycles,
-            }
-            if d.top_k > 0:
-                rec["topk_ids"], rec["topk_logprobs"] = top_k_logprobs(decoder.model, prompt_ids, response_ids, d.top_k)
+            rec = answer(decoder, p, d.max_new_tokens, d.top_k)
             f.write(json.dumps(rec) + "\n")
             f.flush()
-            bar.set_postfix(tok_per_cycle=f"{result.stats.tokens_per_cycle:.2f}")
+            bar.set_postfix(tok_per_cycle=f"{rec['tokens_per_cycle']:.2f}")
             bar.update()
             if on_record is not None:
                 on_record(rec)
