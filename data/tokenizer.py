@@ -10,11 +10,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from prove.data.loading import MASK_TOKEN
 from transformers import PreTrainedTokenizerFast
 
-MASK_TOKEN = "<|mask|>"
-"""The block placeholder token of the checkpoint contract: its one home (``prove.decode.checkpoint`` and
-training take it from here; data is the layer both stand on)."""
 # The split pattern of Qwen2 / Qwen2.5 tokenizers (a fact of their format, needed for compatibility).
 QWEN2_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"

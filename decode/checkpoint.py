@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prove.data.tokenizer import MASK_TOKEN as MASK_TOKEN  # the contract's placeholder token, re-exported
+from prove.data.loading import MASK_TOKEN as MASK_TOKEN  # the contract's placeholder token, re-exported
 
 PROVE_JSON = "prove.json"
 

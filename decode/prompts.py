@@ -19,8 +19,7 @@ if TYPE_CHECKING:
     from prove.decode.config import DecodeConfig
     from prove.decode.decoder import Decoder
 
-# read_prompts and render are re-exported for prove.train.distill, which imports them from here.
-__all__ = ["decode_prompts", "read_prompts", "render", "run"]
+__all__ = ["decode_prompts", "run"]
 
 
 def decode_prompts(

@@ -25,7 +25,12 @@ Output layout (``run_dir = runs/<run_name>``, ``output_dir = <run_dir>/<stage>``
                             the tiny recipe names its verifier folders verifier-sft/ and verifier-distill/
       hydra/<stage>/<time>/ the composed config and the log of each launch
 
-Pure parts (:mod:`~prove.train.masks`, :mod:`~prove.train.losses`, :mod:`~prove.train.collate`) import
-only torch; the Trainer subclass (:mod:`~prove.train.trainer`) overrides ``compute_loss`` and ``log``;
-:mod:`~prove.train.distill` holds stage distill (generation with ``prove.decode``, its loss and trainer).
+Layout: :mod:`~prove.train.pipeline` runs the same steps for every stage and asks the stage's unit
+(:mod:`~prove.train.stages`: sft, mars, distill behind one interface, in a registry) what differs — pre-training
+work, dataset, collator, trainer, the prove.json fields. Pure parts (:mod:`~prove.train.masks`,
+:mod:`~prove.train.losses`, :mod:`~prove.train.collate`) import only torch; the Trainer subclasses
+(:mod:`~prove.train.trainer`) override ``compute_loss`` and ``log``; :mod:`~prove.train.modeling` builds the model
+and tokenizer (checkpoints through :mod:`prove.data.loading`, shared with decoding), :mod:`~prove.train.rows` the
+tokenized conversations, :mod:`~prove.train.saving` the checkpoint contract; :mod:`~prove.train.distill` holds
+stage distill's generation with ``prove.decode`` and its training rows.
 """

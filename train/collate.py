@@ -1,4 +1,5 @@
-"""Batch collation for the training stages: right padding, plus MARS's per-example block padding."""
+"""Batch collation for the training stages: right padding, MARS's per-example block padding, and stage distill's
+proposer top-k tensors."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from prove.train.masks import IGNORE_INDEX, padded_length
+from prove.data.chat import IGNORE_INDEX
+from prove.train.masks import padded_length
 
 
 @dataclass(frozen=True)
@@ -49,3 +51,28 @@ class Collator:
             batch_labels[i, : len(lab)] = torch.tensor(lab)
             attention_mask[i, : len(ids)] = 1
         return {"input_ids": batch_ids, "labels": batch_labels, "attention_mask": attention_mask}
+
+
+@dataclass(frozen=True)
+class DistillCollator:
+    """Right-pads ``input_ids`` / ``labels`` (:class:`Collator`) and the top-k tensors
+    ``(B, L, k)``, whose entry at a label position t holds the proposer's top-k for token t (zeros elsewhere)."""
+
+    pad_token_id: int
+
+    def __call__(self, rows: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        batch = Collator(pad_token_id=self.pad_token_id)(rows)
+        if rows and "topk_ids" in rows[0]:
+            bsz, width = batch["input_ids"].shape
+            k = next((len(r["topk_ids"][0]) for r in rows if len(r["topk_ids"])), 1)
+            ids = torch.zeros((bsz, width, k), dtype=torch.long)  # (B, L, k)
+            logp = torch.zeros((bsz, width, k), dtype=torch.float32)  # (B, L, k)
+            for i, row in enumerate(rows):
+                r = len(row["topk_ids"])
+                if r == 0:
+                    continue
+                p = len(row["input_ids"]) - r  # the response occupies the last r positions
+                ids[i, p : p + r] = torch.tensor(row["topk_ids"], dtype=torch.long)
+                logp[i, p : p + r] = torch.tensor(row["topk_logprobs"], dtype=torch.float32)
+            batch["topk_ids"], batch["topk_logprobs"] = ids, logp
+        return batch

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from importlib.resources import files
 from typing import Any
 
-from omegaconf import MISSING
-from prove.decode.checkpoint import MASK_TOKEN
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, OmegaConf
+from prove.data.loading import MASK_TOKEN, check_dtype
 
 GREEDY_EXACT_METHODS = ("prove-lossless", "ar")
 """Decoding methods whose output is exactly the proposer's greedy AR output (needing no second model)."""
@@ -86,8 +88,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.name_or_path is None and self.scratch is None:
             raise ValueError("set model.name_or_path=<hub id or dir>, or pick a from-scratch model (model=tiny)")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"model.dtype={self.dtype!r}: use auto, float32, bfloat16 or float16")
+        check_dtype(self.dtype, "model.dtype")
 
 
 @dataclass
@@ -173,7 +174,7 @@ class DistillConfig:
     top_k: int = 8
     """Store the proposer's top-k log-probs at each response position (0: store none; ``kl_weight`` needs ≥ 1)."""
     kl_weight: float = 0.0
-    """Weight of the token-level KL(p̂_topk ‖ q) added to the response CE (:func:`prove.train.distill.distill_loss`)."""
+    """Weight of the token-level KL(p̂_topk ‖ q) added to the response CE (:func:`prove.train.losses.distill_loss`)."""
     generated_dir: str = "${run_dir}/distill-data"
     """Where the generated set goes: ``shards/`` (JSONL, flushed per record; a rerun resumes), ``dataset/``
     (``datasets.save_to_disk``) and ``generation.json`` (proposer + decode settings)."""
@@ -189,8 +190,9 @@ class DistillConfig:
             raise ValueError(f"distill.num_prompts={self.num_prompts}: use ≥ 1, or null for every prompt")
         if self.max_new_tokens < 1:
             raise ValueError(f"distill.max_new_tokens={self.max_new_tokens} must be ≥ 1")
-        if self.dtype not in (None, "float32", "bfloat16", "float16"):
-            raise ValueError(f"distill.dtype={self.dtype!r}: use null (bf16 on GPU, fp32 on CPU), float32, bfloat16 or float16")
+        if self.dtype == "auto":
+            raise ValueError("distill.dtype=auto: use null (bf16 on GPU, fp32 on CPU), float32, bfloat16 or float16")
+        check_dtype(self.dtype, "distill.dtype", allow_none=True)
         if self.method not in GREEDY_EXACT_METHODS:
             raise ValueError(
                 f"distill.method={self.method!r}: the responses must be the proposer's own greedy output; use one of "
@@ -342,8 +344,6 @@ class TrainConfig:
 
 def register_configs() -> None:
     """Register the schema and the recipes with Hydra's ConfigStore (idempotent)."""
-    from hydra.core.config_store import ConfigStore
-
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     for name, node in recipe_nodes().items():
@@ -352,10 +352,6 @@ def register_configs() -> None:
 
 def recipe_nodes() -> dict[str, Any]:
     """Every ``recipes/*.yaml`` (shipped as ``prove.recipes``), loaded, by name."""
-    from importlib.resources import files
-
-    from omegaconf import OmegaConf
-
     out = {}
     for entry in sorted(files("prove.recipes").iterdir(), key=lambda p: p.name):
         if entry.name.endswith(".yaml"):
@@ -370,8 +366,6 @@ def run_label(cfg: TrainConfig) -> str:
 
 def config_dict(cfg: TrainConfig) -> dict[str, Any]:
     """The whole resolved config as plain JSON-able values (for prove.json and the tracker)."""
-    from omegaconf import OmegaConf
-
     out = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
     assert isinstance(out, dict)
     return {str(k): v for k, v in out.items()}

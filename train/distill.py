@@ -26,7 +26,7 @@ cycle at the same error rate. The stage has two steps:
    their log p (unnormalised over the k) are stored per response token.
 
 2) **Fine-tune** the verifier (``stage.init_from``, else ``model.name_or_path``) on (prompt, response):
-   :func:`distill_loss` = CE on the response tokens + ``distill.kl_weight`` × token-level KL. The training
+   :func:`prove.train.losses.distill_loss` = CE on the response tokens + ``distill.kl_weight`` × token-level KL. The training
    ids are exactly ``prompt_ids + response_ids`` as generated — the ids the verifier scores when it
    verifies this proposer — which is what ``prove.data``'s chat-template tokenization of ``messages`` gives
    (checked by a test), without a decode/re-encode round trip that could shift the KL targets.
@@ -40,6 +40,7 @@ settings; ``prove.decode`` refuses a verifier whose tokenizer differs from the p
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
 import os
@@ -49,12 +50,19 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import datasets
 import torch
-import torch.nn.functional as F
-from prove.train.masks import IGNORE_INDEX
+import torch.distributed as dist
+from prove.data import loading
+from prove.data.chat import IGNORE_INDEX, to_template_messages
+from prove.data.prompts import read_prompts, render
+from prove.decode import Decoder
+from prove.decode.checkpoint import read_prove_json
+from prove.decode.methods import get_method
+from prove.train.rows import load_rows
+from tqdm import tqdm
 
 if TYPE_CHECKING:
-    import datasets
     from prove.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -66,66 +74,6 @@ _SETTING_KEYS = ("proposer", "method", "block_size", "max_new_tokens", "dtype", 
 # How long a rank that finished its shard waits for the slowest one (generation speed varies with response length).
 WAIT_TIMEOUT = timedelta(days=7)
 _wait_group: Any = None
-
-
-# --------------------------------------------------------------------------------------------------------------
-# the loss (pure: torch only)
-# --------------------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class DistillLoss:
-    """The loss and its two terms (token means over the batch's response tokens), for logging."""
-
-    loss: torch.Tensor
-    ce: torch.Tensor
-    kl: torch.Tensor
-
-
-def distill_loss(
-    logits: torch.Tensor,
-    labels: torch.Tensor,
-    topk_ids: torch.Tensor | None = None,
-    topk_logprobs: torch.Tensor | None = None,
-    kl_weight: float = 0.0,
-) -> DistillLoss:
-    """CE on the response tokens + ``kl_weight`` × the token-level top-k KL to the proposer.
-
-    Shapes: ``logits`` ``(B, L, V)`` (the verifier's, output t predicts input t + 1); ``labels`` ``(B, L)``,
-    -100 on the prompt and padding; ``topk_ids`` / ``topk_logprobs`` ``(B, L, k)``: at each label position t,
-    the proposer's k most likely tokens for position t and their log-probabilities log p (as the proposer's
-    full softmax gave them).
-
-    With p̂ the proposer's distribution truncated to its top-k and renormalised,
-    p̂_i = exp(log p_i) / Σ_{j∈top-k} exp(log p_j), and q the verifier's full softmax over the vocabulary,
-    the KL term at a response position is
-
-        KL(p̂ ‖ q) = Σ_{i ∈ top-k} p̂_i · (log p̂_i − log q_i),
-
-    a proper KL between two distributions over the whole vocabulary (p̂ is 0 outside the top-k): ≥ 0, and 0
-    only when q equals p̂. It is not q renormalised over the top-k, so it also moves the verifier's mass from
-    outside the proposer's top-k into it, which is what raises q on the tokens the proposer proposes.
-
-    Both terms are means over the micro-batch's response tokens; the Trainer then averages micro-batches
-    (unlike SFT's loss, which divides by the response tokens of the whole accumulated, all-rank batch, a
-    micro-batch with few response tokens weighs as much as one with many).
-    """
-    bsz, length, vocab = logits.shape
-    z = logits[:, :-1].float()  # (B, L-1, V): output t predicts label t+1
-    targets = labels[:, 1:]  # (B, L-1)
-    valid = targets != IGNORE_INDEX  # (B, L-1)
-    count = valid.sum().clamp(min=1)
-    ce = F.cross_entropy(z.reshape(-1, vocab), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum") / count
-    kl = torch.zeros((), dtype=ce.dtype, device=ce.device)
-    if kl_weight > 0:
-        if topk_ids is None or topk_logprobs is None:
-            raise ValueError("kl_weight > 0 needs the proposer's top-k ids and log-probs (distill.top_k ≥ 1)")
-        ids = topk_ids[:, 1:].long()  # (B, L-1, k)
-        log_p_hat = torch.log_softmax(topk_logprobs[:, 1:].float(), dim=-1)  # (B, L-1, k): renormalised over the k
-        log_q = z.gather(-1, ids) - torch.logsumexp(z, dim=-1, keepdim=True)  # (B, L-1, k): verifier's full softmax
-        per_token = (log_p_hat.exp() * (log_p_hat - log_q)).sum(-1)  # (B, L-1)
-        kl = (per_token * valid).sum() / count
-    return DistillLoss(loss=ce + kl_weight * kl, ce=ce.detach(), kl=kl.detach())
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -147,8 +95,6 @@ def prompt_set(cfg: TrainConfig) -> tuple[list[Prompt], str]:
     d = cfg.distill
     prompts: list[Prompt] = []
     if d.prompts is not None:
-        from prove.decode.prompts import read_prompts, render
-
         for rec in read_prompts(d.prompts):
             turns = render(rec, chat=True)
             assert isinstance(turns, list)
@@ -157,9 +103,6 @@ def prompt_set(cfg: TrainConfig) -> tuple[list[Prompt], str]:
                 break
         source = str(d.prompts)
     else:
-        from prove.data.chat import to_template_messages
-        from prove.train.pipeline import load_rows
-
         rows = load_rows(cfg)
         if d.prompt_seed is not None:  # a sample of the whole mixture (Dolci's rows are grouped by source)
             rows = rows.shuffle(seed=d.prompt_seed)
@@ -195,8 +138,6 @@ def _clean(messages: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
 
 def generation_settings(cfg: TrainConfig, source: str, n_prompts: int, block_size: int | None) -> dict[str, Any]:
     """What generation.json records; the keys of ``_SETTING_KEYS`` must match for a rerun to resume."""
-    from prove.decode.checkpoint import read_prove_json
-
     d = cfg.distill
     meta = read_prove_json(d.proposer) if Path(d.proposer).is_dir() else None
     return {
@@ -216,9 +157,6 @@ def generation_settings(cfg: TrainConfig, source: str, n_prompts: int, block_siz
 
 def _block_size(cfg: TrainConfig) -> int | None:
     """K the block method decodes with: ``distill.block_size``, else the proposer's trained one (prove.json)."""
-    from prove.decode.checkpoint import read_prove_json
-    from prove.decode.methods import get_method
-
     if not get_method(cfg.distill.method).needs_mask:
         return None
     if cfg.distill.block_size is not None:
@@ -273,8 +211,6 @@ def init_distributed() -> tuple[int, int]:
     """Join the launcher's process group (torchrun / deepspeed set RANK, WORLD_SIZE, MASTER_ADDR) before generating,
     and open the gloo group :func:`wait_for_all_ranks` uses; returns ``(rank, world_size)``. Without a launcher
     (WORLD_SIZE unset or 1): ``(0, 1)`` and nothing to join. The training that follows reuses the same group."""
-    import torch.distributed as dist
-
     global _wait_group
     if int(os.environ.get("WORLD_SIZE", 1)) > 1 and not dist.is_initialized():
         if torch.cuda.is_available():
@@ -289,8 +225,6 @@ def init_distributed() -> tuple[int, int]:
 
 def wait_for_all_ranks() -> None:
     """Block until every rank has finished its shard (a gloo barrier with a timeout of days, not NCCL's minutes)."""
-    import torch.distributed as dist
-
     if dist.is_initialized():
         dist.barrier(group=_wait_group)
 
@@ -311,15 +245,10 @@ def generation_dtype(cfg: TrainConfig) -> str:
 def load_proposer(cfg: TrainConfig) -> Any:
     """The proposer as a :class:`prove.decode.Decoder`, its weights loaded straight onto this rank's device in the
     generation dtype (no full fp32 copy in host memory per rank)."""
-    from prove.decode import Decoder
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     d = cfg.distill
     device = _device(cfg)
-    dtype = getattr(torch, generation_dtype(cfg))
-    placement = {"device_map": {"": device}} if device != "cpu" else {}
-    model = AutoModelForCausalLM.from_pretrained(str(d.proposer), dtype=dtype, **placement).eval()
-    tokenizer = AutoTokenizer.from_pretrained(str(d.proposer))
+    model = loading.load_model(str(d.proposer), generation_dtype(cfg), device=device)
+    tokenizer = loading.load_tokenizer(str(d.proposer))
     return Decoder(model, tokenizer, method=d.method, device=device, block_size=d.block_size)
 
 
@@ -333,6 +262,26 @@ def top_k_logprobs(model: Any, prompt_ids: list[int], response_ids: list[int], k
     logp = torch.log_softmax(logits[p - 1 : p - 1 + len(response_ids)].float(), dim=-1)  # (R, V)
     top = logp.topk(k, dim=-1)  # (R, k)
     return top.indices.tolist(), top.values.tolist()
+
+
+def answer(decoder: Any, prompt: Prompt, max_new_tokens: int, top_k: int) -> dict[str, Any]:
+    """One shard record: the proposer's greedy response to ``prompt`` (+ its top-k log-probs when ``top_k`` > 0)."""
+    prompt_ids = decoder.encode(prompt.messages)
+    result = decoder.generate(prompt_ids, max_new_tokens=max_new_tokens)
+    response_ids = [int(t) for t in result.token_ids]
+    rec: dict[str, Any] = {
+        "index": prompt.index,
+        "id": prompt.id,
+        "messages": prompt.messages + [{"role": "assistant", "content": result.text}],
+        "prompt_ids": prompt_ids,
+        "response_ids": response_ids,
+        "finished": bool(response_ids) and response_ids[-1] in decoder.eos_ids(),
+        "tokens_per_cycle": result.stats.tokens_per_cycle,
+        "cycles": result.stats.cycles,
+    }
+    if top_k > 0:
+        rec["topk_ids"], rec["topk_logprobs"] = top_k_logprobs(decoder.model, prompt_ids, response_ids, top_k)
+    return rec
 
 
 def generate_responses(
@@ -350,10 +299,6 @@ def generate_responses(
     already in any shard are skipped, so a rerun resumes; a finished set (``dataset/`` with matching settings)
     is not touched. ``on_record`` is called after each record is flushed (progress reporting).
     """
-    import gc
-
-    from tqdm import tqdm
-
     if rank is None or world_size is None:
         rank, world_size = init_distributed()
     d = cfg.distill
@@ -382,24 +327,10 @@ def generate_responses(
                desc=f"distill generation (rank {rank})")
     with own.open("a") as f:
         for p in todo:
-            prompt_ids = decoder.encode(p.messages)
-            result = decoder.generate(prompt_ids, max_new_tokens=d.max_new_tokens)
-            response_ids = [int(t) for t in result.token_ids]
-            rec: dict[str, Any] = {
-                "index": p.index,
-                "id": p.id,
-                "messages": p.messages + [{"role": "assistant", "content": result.text}],
-                "prompt_ids": prompt_ids,
-                "response_ids": response_ids,
-                "finished": bool(response_ids) and response_ids[-1] in decoder.eos_ids(),
-                "tokens_per_cycle": result.stats.tokens_per_cycle,
-                "cycles": result.stats.cycles,
-            }
-            if d.top_k > 0:
-                rec["topk_ids"], rec["topk_logprobs"] = top_k_logprobs(decoder.model, prompt_ids, response_ids, d.top_k)
+            rec = answer(decoder, p, d.max_new_tokens, d.top_k)
             f.write(json.dumps(rec) + "\n")
             f.flush()
-            bar.set_postfix(tok_per_cycle=f"{result.stats.tokens_per_cycle:.2f}")
+            bar.set_postfix(tok_per_cycle=f"{rec['tokens_per_cycle']:.2f}")
             bar.update()
             if on_record is not None:
                 on_record(rec)
@@ -412,8 +343,6 @@ def generate_responses(
 
 
 def _features(top_k: int):
-    import datasets
-
     feats = {
         "index": datasets.Value("int64"),
         "id": datasets.Value("string"),
@@ -436,8 +365,6 @@ def build_generated_set(generated_dir: str | Path) -> datasets.Dataset:
     Loads it instead when it already exists. Raises when a prompt has no response (a rank still running or
     failed: rerun the stage, it resumes).
     """
-    import datasets
-
     out = Path(generated_dir)
     settings = json.loads((out / GENERATION_JSON).read_text())
     if settings.get("complete") and (out / "dataset").is_dir():
@@ -467,7 +394,7 @@ def build_generated_set(generated_dir: str | Path) -> datasets.Dataset:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# 2) the verifier's training set, collator and trainer
+# 2) the verifier's training rows (its collator, loss and trainer: collate.py, losses.py, trainer.py)
 # --------------------------------------------------------------------------------------------------------------
 
 
@@ -493,66 +420,9 @@ def training_rows(generated: datasets.Dataset, max_len: int) -> datasets.Dataset
     return kept.map(encode, remove_columns=kept.column_names, desc="distill rows")
 
 
-@dataclasses.dataclass(frozen=True)
-class DistillCollator:
-    """Right-pads ``input_ids`` / ``labels`` (:class:`prove.train.collate.Collator`) and the top-k tensors
-    ``(B, L, k)``, whose entry at a label position t holds the proposer's top-k for token t (zeros elsewhere)."""
-
-    pad_token_id: int
-
-    def __call__(self, rows: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        from prove.train.collate import Collator
-
-        batch = Collator(pad_token_id=self.pad_token_id)(rows)
-        if rows and "topk_ids" in rows[0]:
-            bsz, width = batch["input_ids"].shape
-            k = next((len(r["topk_ids"][0]) for r in rows if len(r["topk_ids"])), 1)
-            ids = torch.zeros((bsz, width, k), dtype=torch.long)  # (B, L, k)
-            logp = torch.zeros((bsz, width, k), dtype=torch.float32)  # (B, L, k)
-            for i, row in enumerate(rows):
-                r = len(row["topk_ids"])
-                if r == 0:
-                    continue
-                p = len(row["input_ids"]) - r  # the response occupies the last r positions
-                ids[i, p : p + r] = torch.tensor(row["topk_ids"], dtype=torch.long)
-                logp[i, p : p + r] = torch.tensor(row["topk_logprobs"], dtype=torch.float32)
-            batch["topk_ids"], batch["topk_logprobs"] = ids, logp
-        return batch
-
-
-def _trainer_class():
-    from prove.train.trainer import TermLogTrainer
-
-    class DistillTrainer(TermLogTrainer):
-        """The Hugging Face Trainer with :func:`distill_loss` (CE on the response + kl_weight × top-k KL)."""
-
-        term_names = ("loss_ce", "loss_kl")
-
-        def __init__(self, *args: Any, kl_weight: float = 0.0, **kwargs: Any):
-            super().__init__(*args, **kwargs)
-            self.kl_weight = kl_weight
-
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False)
-            out = distill_loss(
-                outputs.logits, inputs["labels"], inputs.get("topk_ids"), inputs.get("topk_logprobs"), self.kl_weight
-            )
-            self._record(out.ce, out.kl)
-            return (out.loss, outputs) if return_outputs else out.loss
-
-    return DistillTrainer
-
-
-def make_trainer(cfg: TrainConfig, **common: Any):
-    return _trainer_class()(**common, kl_weight=cfg.distill.kl_weight)
-
-
 def check_same_vocab(verifier_tokenizer: Any, proposer: str) -> None:
     """The verifier must share the proposer's vocabulary (apart from ``<|mask|>``), as ``prove.decode`` requires."""
-    from prove.decode.checkpoint import vocab_difference
-    from transformers import AutoTokenizer
-
-    diff = vocab_difference(verifier_tokenizer, AutoTokenizer.from_pretrained(proposer))
+    diff = loading.vocab_difference(verifier_tokenizer, loading.load_tokenizer(proposer))
     if diff:
         raise ValueError(
             f"the verifier's tokenizer differs from the proposer {proposer}'s ({diff} "

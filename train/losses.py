@@ -1,4 +1,7 @@
-"""MARS block-training loss (DESIGN §2.1). Pure function; imports only torch.
+"""The stages' losses: MARS block training (DESIGN §2.1) and stage distill's CE + top-k KL
+(:func:`distill_loss`). Pure functions of tensors.
+
+MARS:
 
 The model reads ``[noisy | clean]`` (2L tokens, see :mod:`prove.train.masks`) and its logits are
 shifted over the whole 2L sequence: the output at j predicts input j + 1. Inside each stream that is
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from prove.train.masks import IGNORE_INDEX
+from prove.data.chat import IGNORE_INDEX
 
 
 @dataclass(frozen=True)
@@ -72,3 +75,58 @@ def mars_loss(logits: torch.Tensor, labels: torch.Tensor, ar_weight: float = 1.0
         noisy=noisy.detach().sum() / n_seq,
         clean=clean.detach().sum() / n_seq,
     )
+
+
+@dataclass(frozen=True)
+class DistillLoss:
+    """The loss and its two terms (token means over the batch's response tokens), for logging."""
+
+    loss: torch.Tensor
+    ce: torch.Tensor
+    kl: torch.Tensor
+
+
+def distill_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    topk_ids: torch.Tensor | None = None,
+    topk_logprobs: torch.Tensor | None = None,
+    kl_weight: float = 0.0,
+) -> DistillLoss:
+    """CE on the response tokens + ``kl_weight`` × the token-level top-k KL to the proposer.
+
+    Shapes: ``logits`` ``(B, L, V)`` (the verifier's, output t predicts input t + 1); ``labels`` ``(B, L)``,
+    -100 on the prompt and padding; ``topk_ids`` / ``topk_logprobs`` ``(B, L, k)``: at each label position t,
+    the proposer's k most likely tokens for position t and their log-probabilities log p (as the proposer's
+    full softmax gave them).
+
+    With p̂ the proposer's distribution truncated to its top-k and renormalised,
+    p̂_i = exp(log p_i) / Σ_{j∈top-k} exp(log p_j), and q the verifier's full softmax over the vocabulary,
+    the KL term at a response position is
+
+        KL(p̂ ‖ q) = Σ_{i ∈ top-k} p̂_i · (log p̂_i − log q_i),
+
+    a proper KL between two distributions over the whole vocabulary (p̂ is 0 outside the top-k): ≥ 0, and 0
+    only when q equals p̂. It is not q renormalised over the top-k, so it also moves the verifier's mass from
+    outside the proposer's top-k into it, which is what raises q on the tokens the proposer proposes.
+
+    Both terms are means over the micro-batch's response tokens; the Trainer then averages micro-batches
+    (unlike SFT's loss, which divides by the response tokens of the whole accumulated, all-rank batch, a
+    micro-batch with few response tokens weighs as much as one with many).
+    """
+    bsz, length, vocab = logits.shape
+    z = logits[:, :-1].float()  # (B, L-1, V): output t predicts label t+1
+    targets = labels[:, 1:]  # (B, L-1)
+    valid = targets != IGNORE_INDEX  # (B, L-1)
+    count = valid.sum().clamp(min=1)
+    ce = F.cross_entropy(z.reshape(-1, vocab), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum") / count
+    kl = torch.zeros((), dtype=ce.dtype, device=ce.device)
+    if kl_weight > 0:
+        if topk_ids is None or topk_logprobs is None:
+            raise ValueError("kl_weight > 0 needs the proposer's top-k ids and log-probs (distill.top_k ≥ 1)")
+        ids = topk_ids[:, 1:].long()  # (B, L-1, k)
+        log_p_hat = torch.log_softmax(topk_logprobs[:, 1:].float(), dim=-1)  # (B, L-1, k): renormalised over the k
+        log_q = z.gather(-1, ids) - torch.logsumexp(z, dim=-1, keepdim=True)  # (B, L-1, k): verifier's full softmax
+        per_token = (log_p_hat.exp() * (log_p_hat - log_q)).sum(-1)  # (B, L-1)
+        kl = (per_token * valid).sum() / count
+    return DistillLoss(loss=ce + kl_weight * kl, ce=ce.detach(), kl=kl.detach())

@@ -32,8 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-
-IGNORE_INDEX = -100
+from prove.data.chat import IGNORE_INDEX
 
 
 def padded_length(length: int, block_size: int) -> int:

@@ -1,62 +1,45 @@
-"""Loading the model and tokenizer a stage starts from, and adding MARS's ``<|mask|>`` token."""
+"""The model and tokenizer a stage starts from (a checkpoint through :mod:`prove.data.loading`, or a tiny Qwen2
+and BPE built from scratch), and MARS's ``<|mask|>`` token."""
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+from peft import LoraConfig, get_peft_model
+from prove.data import loading
+from prove.data.chat import ensure_chat_template
+from prove.data.loading import load_tokenizer
+from prove.data.tokenizer import build_tiny_tokenizer
+from prove.decode.checkpoint import read_prove_json
+from prove.train.rows import load_rows
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
+
 if TYPE_CHECKING:
-    from prove.train.config import ModelConfig, ScratchConfig
+    from prove.train.config import ModelConfig, ScratchConfig, TrainConfig
 
 log = logging.getLogger(__name__)
 
-def _torch_dtype(name: str):
-    import torch
-
-    if name == "auto":
-        return "auto" if torch.cuda.is_available() else torch.float32
-    return getattr(torch, name)  # float32 | bfloat16 | float16 (ModelConfig checks the name)
-
-
 def check_source(source: str) -> None:
     """A local-looking path that does not exist is a user error, not a hub lookup."""
-    from prove.decode.checkpoint import missing_local_path
-
-    if missing_local_path(source):
-        raise ValueError(
-            f"no model at {source!r}: for stage=mars run stage=sft first (it writes this directory), "
-            "or set stage.init_from=<checkpoint dir> / model.name_or_path=<hub id or dir>"
-        )
-
-
-def load_tokenizer(source: str, trust_remote_code: bool = False):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-    if tok.eos_token_id is None:
-        raise ValueError(f"the tokenizer of {source!r} has no eos_token: set one (e.g. <|im_end|> for ChatML models)")
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return tok
+    loading.check_source(
+        source,
+        "for stage=mars run stage=sft first (it writes this directory), "
+        "or set stage.init_from=<checkpoint dir> / model.name_or_path=<hub id or dir>",
+    )
 
 
 def load_model(source: str, cfg: ModelConfig):
     """``from_pretrained`` (under ZeRO-3 the weights load partitioned when TrainingArguments exist first)."""
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(
-        source,
-        dtype=_torch_dtype(cfg.dtype),
-        attn_implementation=cfg.attn_implementation,
-        trust_remote_code=cfg.trust_remote_code,
+    return loading.load_model(
+        source, cfg.dtype, attn_implementation=cfg.attn_implementation, trust_remote_code=cfg.trust_remote_code
     )
 
 
 def scratch_model(arch: ScratchConfig, tokenizer: Any, cfg: ModelConfig, seed: int):
     """A randomly initialised Qwen2 sized by ``arch`` for ``tokenizer`` (DESIGN §5)."""
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=arch.hidden,
@@ -72,11 +55,58 @@ def scratch_model(arch: ScratchConfig, tokenizer: Any, cfg: ModelConfig, seed: i
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(
-        config, dtype=_torch_dtype(cfg.dtype), attn_implementation=cfg.attn_implementation
+        config, dtype=loading.torch_dtype(cfg.dtype), attn_implementation=cfg.attn_implementation
     )
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
+
+
+def tokenizer_source(cfg: TrainConfig) -> str | None:
+    """Where the stage's tokenizer comes from (``None``: built from scratch by the tiny recipe)."""
+    source = cfg.stage.init_from or cfg.model.name_or_path
+    if source is None:
+        return None
+    return cfg.model.tokenizer if cfg.stage.init_from is None and cfg.model.tokenizer else source
+
+
+def build_model_and_tokenizer(cfg: TrainConfig, args) -> tuple[Any, Any, str]:
+    """``(tokenizer, model, base_model)``; ``base_model`` names what the pipeline started from (for prove.json)."""
+    source = cfg.stage.init_from or cfg.model.name_or_path
+    if source is not None:
+        check_source(source)
+        tokenizer = load_tokenizer(tokenizer_source(cfg) or source, cfg.model.trust_remote_code)
+        ensure_chat_template(tokenizer, cfg.data.chat_template)  # fail before loading the weights
+        model = load_model(source, cfg.model)
+        base = _base_model_of(source)
+    else:
+        assert cfg.model.scratch is not None
+        with args.main_process_first(local=False, desc="scratch tokenizer"):
+            tokenizer = scratch_tokenizer(cfg)
+        ensure_chat_template(tokenizer, cfg.data.chat_template)
+        model = scratch_model(cfg.model.scratch, tokenizer, cfg.model, args.seed)
+        base = f"scratch:qwen2-{cfg.model.scratch.layers}l-{cfg.model.scratch.hidden}h"
+    return tokenizer, model, base
+
+
+def _base_model_of(source: str) -> str:
+    """The base model recorded by an earlier stage's prove.json, else ``source`` itself."""
+    meta = read_prove_json(source) if Path(source).is_dir() else None
+    return meta.base_model if meta is not None else source
+
+
+def scratch_tokenizer(cfg: TrainConfig):
+    """The tiny recipe's BPE, trained on the training rows once per run and reused (every rank, every resume)."""
+    arch = cfg.model.scratch
+    assert arch is not None
+    path = Path(cfg.run_dir) / "tokenizer"
+    if (path / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(path)
+    rows = load_rows(cfg)
+    rows = rows.select(range(min(arch.tokenizer_rows, len(rows))))
+    tok = build_tiny_tokenizer(rows, arch.vocab_size)
+    tok.save_pretrained(path)
+    return tok
 
 
 def embedding_rows(model) -> int:
@@ -101,3 +131,25 @@ def ensure_mask_token(model, tokenizer, token: str) -> int:
     else:
         log.info("%s is id %d, inside the %d-row embedding matrix: no resize", token, token_id, rows)
     return token_id
+
+
+def mask_token_id(model: Any, tokenizer: Any, token: str, add: bool) -> int | None:
+    """The placeholder's id: added when ``add`` (stage mars), else looked up (``None`` when the tokenizer lacks it).
+
+    Stage sft records it too when present, so its checkpoint decodes with block methods after mars."""
+    if add:
+        return ensure_mask_token(model, tokenizer, token)
+    return tokenizer.convert_tokens_to_ids(token) if token in tokenizer.get_vocab() else None
+
+
+def apply_lora(model, cfg: TrainConfig, mask_id: int | None):
+    """Wrap ``model`` in a LoRA adapter (``cfg.peft``); ``mask_id``'s embedding row trains too when given."""
+    p = cfg.peft
+    train_tokens = [mask_id] if (p.train_mask_token and mask_id is not None) else None
+    lora = LoraConfig(
+        r=p.r, lora_alpha=p.alpha, lora_dropout=p.dropout, target_modules=list(p.target_modules),
+        task_type="CAUSAL_LM", trainable_token_indices=train_tokens,
+    )
+    model = get_peft_model(model, lora)
+    model.print_trainable_parameters()
+    return model

@@ -1,4 +1,5 @@
-"""``MarsTrainer``: the Hugging Face Trainer with MARS's block-training loss (DESIGN §2.1), and the wall-clock cap."""
+"""The Hugging Face Trainer subclasses of the stages — ``MarsTrainer`` (MARS's block-training loss, docs/design.md §2.1),
+``DistillTrainer`` (stage distill's CE + top-k KL) — and the wall-clock cap."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import time
 from typing import Any
 
 import torch
-from prove.train.losses import mars_loss
+from prove.train.losses import distill_loss, mars_loss
 from prove.train.masks import block_attention_bias, block_inputs, block_mask_mod
+from torch.nn.attention.flex_attention import create_block_mask
 from transformers import Trainer, TrainerCallback
 
 
@@ -79,14 +81,31 @@ class MarsTrainer(TermLogTrainer):
             if len(self._masks) > 64:
                 self._masks.clear()
             if impl == "flex_attention":
-                from torch.nn.attention.flex_attention import create_block_mask
-
                 self._masks[key] = create_block_mask(
                     block_mask_mod(length, self.block_size), None, None, 2 * length, 2 * length, device=device
                 )
             else:
                 self._masks[key] = block_attention_bias(length, self.block_size, dtype=dtype, device=device)
         return self._masks[key]
+
+
+class DistillTrainer(TermLogTrainer):
+    """The Hugging Face Trainer with :func:`prove.train.losses.distill_loss` (CE on the response + kl_weight ×
+    top-k KL to the proposer; stage distill, docs/design.md §2.3)."""
+
+    term_names = ("loss_ce", "loss_kl")
+
+    def __init__(self, *args: Any, kl_weight: float = 0.0, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.kl_weight = kl_weight
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False)
+        out = distill_loss(
+            outputs.logits, inputs["labels"], inputs.get("topk_ids"), inputs.get("topk_logprobs"), self.kl_weight
+        )
+        self._record(out.ce, out.kl)
+        return (out.loss, outputs) if return_outputs else out.loss
 
 
 class WallClockCallback(TrainerCallback):

@@ -14,7 +14,8 @@ import sys
 
 import torch
 from prove.train import distill
-from train_helpers import train_config
+
+from tests.train.helpers import train_config
 
 
 def main() -> None:

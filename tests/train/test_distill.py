@@ -5,32 +5,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from prove.train.collate import DistillCollator
 from prove.train.config import Role, Stage
-from prove.train.distill import (
-    DistillCollator,
-    build_generated_set,
-    distill_loss,
-    generate_responses,
-    read_shards,
-    training_rows,
-)
-from train_helpers import losses, tiny_overrides, train_config
+from prove.train.distill import build_generated_set, generate_responses, read_shards, training_rows
+from prove.train.losses import distill_loss
 
-HERE = Path(__file__).resolve().parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.train.helpers import losses, tiny_overrides, torchrun, train_config, write_checkpoint
 
 # -- the loss ----------------------------------------------------------------------------------------------------
 
@@ -180,19 +166,11 @@ def test_distill_config_errors(overrides, match):
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, qwen2_factory, tokenizer):
     """A random 'MARS' proposer (K = 4, with <|mask|>) and a random stock verifier (same tokenizer)."""
-    from prove.decode.checkpoint import MASK_TOKEN, ProveMeta, write_prove_json
-
     root = tmp_path_factory.mktemp("models")
     proposer = qwen2_factory(len(tokenizer), seed=0, eos_token_id=tokenizer.eos_token_id, init_std=0.3)
-    proposer.save_pretrained(root / "mars")
-    tokenizer.save_pretrained(root / "mars")
-    write_prove_json(root / "mars", ProveMeta(stage="mars", base_model="tiny-random", block_size=4,
-                                              mask_token=MASK_TOKEN,
-                                              mask_token_id=tokenizer.convert_tokens_to_ids(MASK_TOKEN)))
     verifier = qwen2_factory(len(tokenizer), seed=1, layers=1, hidden=32, heads=2, kv_heads=1, intermediate=64)
-    verifier.save_pretrained(root / "verifier")
-    tokenizer.save_pretrained(root / "verifier")
-    return root / "mars", root / "verifier"
+    return (write_checkpoint(root / "mars", proposer, tokenizer, block_size=4),
+            write_checkpoint(root / "verifier", verifier, tokenizer))
 
 
 def _cfg(run_dir: Path, data: Path, models, **kw):
@@ -374,19 +352,13 @@ def test_distilled_verifier_commits_more_tokens_per_cycle(tmp_path, arithmetic_j
     measurement is the tiny recipe's; see the issue report. Here the proposer is a scripted constant model, so
     the effect is certain: the stock verifier rejects its tokens, the distilled one learns them.)"""
     from prove.decode import Decoder
-    from prove.decode.checkpoint import MASK_TOKEN, ProveMeta, write_prove_json
     from prove.train.pipeline import train
 
     token = tokenizer("apples", add_special_tokens=False)["input_ids"][0]
     proposer = _constant_proposer(qwen2_factory, len(tokenizer), token)
-    proposer.save_pretrained(tmp_path / "mars")
-    tokenizer.save_pretrained(tmp_path / "mars")
-    write_prove_json(tmp_path / "mars", ProveMeta(stage="mars", base_model="scripted", block_size=4,
-                                                   mask_token=MASK_TOKEN,
-                                                   mask_token_id=tokenizer.convert_tokens_to_ids(MASK_TOKEN)))
+    write_checkpoint(tmp_path / "mars", proposer, tokenizer, block_size=4, base_model="scripted")
     verifier = qwen2_factory(len(tokenizer), seed=1, layers=1, hidden=32, heads=2, kv_heads=1, intermediate=64)
-    verifier.save_pretrained(tmp_path / "verifier")
-    tokenizer.save_pretrained(tmp_path / "verifier")
+    write_checkpoint(tmp_path / "verifier", verifier, tokenizer)
     res = train(_cfg(tmp_path, arithmetic_jsonl, (tmp_path / "mars", tmp_path / "verifier"),
                      **{"distill.num_prompts": 8, "distill.max_new_tokens": 8, "max_steps": 10, "lr": 1e-2}))
 
@@ -406,10 +378,7 @@ def test_distilled_verifier_commits_more_tokens_per_cycle(tmp_path, arithmetic_j
 
 
 def _torchrun(driver_args: list[str]) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
-           str(HERE / "distill_driver.py"), *driver_args]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    return torchrun("distill_driver.py", driver_args)
 
 
 def _shard_indices(shard: Path) -> list[int]:

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 import yaml
 from prove.train.config import Stage
-from train_helpers import train_config
+
+from tests.train.helpers import train_config
 
 ROOT = Path(__file__).resolve().parents[2]
 GPUS = 4 * 8  # the recipe's cluster: 4 nodes × 8 GPUs
@@ -54,7 +55,8 @@ def test_prove_train_cfg_job_composes_the_32b_recipe(stage="mars"):
 
 def test_save_only_model_is_a_trainer_setting(tmp_path, arithmetic_jsonl):
     from prove.train.pipeline import training_arguments
-    from train_helpers import tiny_overrides
+
+    from tests.train.helpers import tiny_overrides
 
     assert train_config([]).trainer.save_only_model is False  # resumable by default
     for value in (True, False):

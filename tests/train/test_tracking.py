@@ -8,7 +8,8 @@ import sys
 
 import pytest
 from prove.train import tracking
-from train_helpers import train_config
+
+from tests.train.helpers import train_config
 
 
 def test_wandb_mode_needs_a_login_to_go_online(tmp_path):

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 from prove.train.pipeline import train
-from train_helpers import tiny_overrides, train_config
+
+from tests.train.helpers import tiny_overrides, train_config
 
 
 def _cli(*args: str, cwd) -> subprocess.CompletedProcess:

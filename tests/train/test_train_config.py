@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from hydra.errors import ConfigCompositionException
 from prove.train.config import PeftKind, Stage
-from train_helpers import compose_train, train_config
+
+from tests.train.helpers import compose_train, train_config
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN_GROUPS = ("model", "data", "stage", "trainer", "deepspeed", "peft", "logger")

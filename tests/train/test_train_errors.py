@@ -6,14 +6,12 @@ import json
 
 import pytest
 from prove.train.pipeline import train
-from train_helpers import tiny_overrides, train_config
+
+from tests.train.helpers import tiny_overrides, train_config, write_checkpoint
 
 
 def _hf_dir(tmp_path, tokenizer, qwen2_factory, name="base"):
-    out = tmp_path / name
-    qwen2_factory(len(tokenizer), eos_token_id=tokenizer.eos_token_id).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return write_checkpoint(tmp_path / name, qwen2_factory(len(tokenizer), eos_token_id=tokenizer.eos_token_id), tokenizer)
 
 
 def test_missing_dataset_path(tmp_path):

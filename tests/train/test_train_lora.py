@@ -7,16 +7,15 @@ import math
 import pytest
 import torch
 from prove.train.modeling import ensure_mask_token
-from prove.train.pipeline import merge_adapter, train
-from train_helpers import losses, tiny_overrides, train_config
+from prove.train.pipeline import train
+from prove.train.saving import merge_adapter
+
+from tests.train.helpers import losses, tiny_overrides, train_config, write_checkpoint
 
 
 def _stock_dir(tmp_path, stock_tokenizer, qwen2_factory, rows=None):
-    out = tmp_path / "base"
     model = qwen2_factory(rows or len(stock_tokenizer), eos_token_id=stock_tokenizer.eos_token_id, seed=3)
-    model.save_pretrained(out)
-    stock_tokenizer.save_pretrained(out)
-    return out
+    return write_checkpoint(tmp_path / "base", model, stock_tokenizer)
 
 
 @pytest.mark.parametrize("spare", [True, False])

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 from prove.train.pipeline import train
-from train_helpers import losses, tiny_overrides, train_config
+
+from tests.train.helpers import losses, tiny_overrides, train_config
 
 pytestmark = pytest.mark.slow
 

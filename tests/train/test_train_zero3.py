@@ -4,24 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from train_helpers import tiny_overrides
+
+from tests.train.helpers import tiny_overrides, torchrun, write_checkpoint
 
 pytestmark = pytest.mark.slow
-HERE = Path(__file__).resolve().parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_zero3_two_process_mars_checkpoint_matches_in_memory_model(tmp_path, tokenizer, qwen2_factory, arithmetic_jsonl):
@@ -29,17 +18,14 @@ def test_zero3_two_process_mars_checkpoint_matches_in_memory_model(tmp_path, tok
     from transformers import AutoModelForCausalLM
 
     sft = tmp_path / "sft"
-    qwen2_factory(len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id).save_pretrained(sft)
-    tokenizer.save_pretrained(sft)
+    write_checkpoint(sft, qwen2_factory(len(tokenizer), eos_token_id=tokenizer.eos_token_id,
+                                        pad_token_id=tokenizer.pad_token_id), tokenizer)
     overrides = tiny_overrides(
         tmp_path, arithmetic_jsonl, model="hf", stage="mars", deepspeed="zero3", max_steps=4, lr=1e-3,
         **{"model.name_or_path": str(sft), "stage.init_from": str(sft), "trainer.per_device_train_batch_size": 4},
     )
     out = tmp_path / "inmemory.pt"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
-           str(HERE / "zero3_driver.py"), str(out), *overrides]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    proc = torchrun("zero3_driver.py", [str(out), *overrides])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
     ref = torch.load(out)
@@ -69,8 +55,8 @@ def test_zero3_two_process_lora_leaves_a_merged_checkpoint_that_decodes(tmp_path
     from transformers import AutoModelForCausalLM
 
     sft = tmp_path / "sft"
-    qwen2_factory(len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id).save_pretrained(sft)
-    tokenizer.save_pretrained(sft)
+    write_checkpoint(sft, qwen2_factory(len(tokenizer), eos_token_id=tokenizer.eos_token_id,
+                                        pad_token_id=tokenizer.pad_token_id), tokenizer)
     overrides = tiny_overrides(
         tmp_path, arithmetic_jsonl, model="hf", stage="mars", deepspeed="zero3", peft="lora", max_steps=3, lr=1e-2,
         **{"model.name_or_path": str(sft), "stage.init_from": str(sft), "trainer.per_device_train_batch_size": 4,
@@ -80,10 +66,7 @@ def test_zero3_two_process_lora_leaves_a_merged_checkpoint_that_decodes(tmp_path
            "peft.train_mask_token": "false"},
     )
     out = tmp_path / "inmemory.pt"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
-           str(HERE / "zero3_driver.py"), str(out), *overrides]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    proc = torchrun("zero3_driver.py", [str(out), *overrides])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
     mars = tmp_path / "mars"

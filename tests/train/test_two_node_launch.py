@@ -6,24 +6,18 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from train_helpers import tiny_overrides
+
+from tests.train.helpers import free_port, tiny_overrides
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 VENV = Path(sys.executable).parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_nodes_sft_then_mars_zero3_checkpoints_decode(tmp_path, arithmetic_jsonl):
@@ -35,7 +29,7 @@ def test_two_nodes_sft_then_mars_zero3_checkpoints_decode(tmp_path, arithmetic_j
         runs, arithmetic_jsonl, deepspeed="zero3", max_steps=3,
         **{"trainer.per_device_train_batch_size": 4, "trainer.save_steps": 2, "trainer.max_minutes": "null"},
     )
-    port = _free_port()
+    port = free_port()
     procs, logs = [], []
     for rank in (0, 1):
         env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}

@@ -10,7 +10,8 @@ import sys
 
 import torch
 from prove.train.pipeline import train
-from train_helpers import train_config
+
+from tests.train.helpers import train_config
 
 
 def main() -> None:

@@ -1,0 +1,133 @@
+"""The training stages as units behind one interface, and their registry (as :mod:`prove.decode.methods` is for
+decoding methods).
+
+A :class:`StageUnit` says what its stage differs in; :func:`prove.train.pipeline.train` runs the same steps for
+every stage and asks the unit at each:
+
+- ``prepare``: work before ``TrainingArguments`` (distill: generate the proposer's responses);
+- ``adds_mask_token``: add ``<|mask|>`` to the tokenizer (mars), else only look it up;
+- ``lora_trains_mask_token``: with LoRA, train the placeholder's embedding row (not for distill's verifier);
+- ``dataset`` / ``collator`` / ``trainer``: what the Trainer runs on and with;
+- ``block_size`` / ``meta_extra``: the stage's fields of the checkpoint's ``prove.json`` (docs/design.md §2.2).
+
+    stage_unit(Stage.mars).trainer(cfg, mask_id, **common)
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from prove.train import distill
+from prove.train.collate import Collator, DistillCollator
+from prove.train.config import Stage, TrainConfig
+from prove.train.modeling import check_source, load_tokenizer, tokenizer_source
+from prove.train.rows import tokenized_dataset
+from prove.train.trainer import DistillTrainer, MarsTrainer
+from transformers import Trainer
+
+
+class StageUnit:
+    """Stage sft's behaviour, which the other stages override where they differ."""
+
+    name: ClassVar[Stage] = Stage.sft
+    adds_mask_token: ClassVar[bool] = False
+    """Add ``stage.mask_token`` to the tokenizer (else its id is recorded only when the tokenizer has it)."""
+    lora_trains_mask_token: ClassVar[bool] = True
+    """With ``peft=lora``: train the placeholder's embedding row (``peft.train_mask_token``) when it exists."""
+
+    def prepare(self, cfg: TrainConfig) -> None:
+        """Work before ``TrainingArguments`` exist (they make ZeRO-3 load models partitioned)."""
+
+    def dataset(self, cfg: TrainConfig, tokenizer: Any, args: Any) -> Any:
+        """The tokenized training rows; each node's main process tokenizes first (the cache is per node)."""
+        with args.main_process_first(local=True, desc="tokenizing"):
+            return tokenized_dataset(cfg, tokenizer)
+
+    def collator(self, cfg: TrainConfig, tokenizer: Any) -> Any:
+        return Collator(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+
+    def trainer(self, cfg: TrainConfig, mask_id: int | None, **common: Any) -> Trainer:
+        """The Trainer over ``common`` (model, args, train_dataset, data_collator, processing_class, callbacks)."""
+        return Trainer(**common)
+
+    def block_size(self, cfg: TrainConfig) -> int | None:
+        """K recorded in prove.json (``None``: the checkpoint is not a block proposer)."""
+        return None
+
+    def meta_extra(self, cfg: TrainConfig) -> dict[str, Any]:
+        """Stage-specific entries of prove.json's ``extra``."""
+        return {}
+
+
+class SftStage(StageUnit):
+    """Ordinary causal-LM SFT: CE on the final assistant turn."""
+
+
+class MarsStage(StageUnit):
+    """MARS block training (docs/design.md §2.1): K placeholders per block, ``[noisy | clean]`` input."""
+
+    name = Stage.mars
+    adds_mask_token = True
+
+    def collator(self, cfg: TrainConfig, tokenizer: Any) -> Any:
+        return Collator(
+            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, block_size=cfg.stage.block_size
+        )
+
+    def trainer(self, cfg: TrainConfig, mask_id: int | None, **common: Any) -> Trainer:
+        assert mask_id is not None, "stage mars adds the mask token before building its trainer"
+        return MarsTrainer(
+            **common, mask_token_id=mask_id, block_size=cfg.stage.block_size, ar_weight=cfg.stage.ar_weight
+        )
+
+    def block_size(self, cfg: TrainConfig) -> int | None:
+        return cfg.stage.block_size
+
+    def meta_extra(self, cfg: TrainConfig) -> dict[str, Any]:
+        return {"ar_weight": cfg.stage.ar_weight}
+
+
+class DistillStage(StageUnit):
+    """Verifier distillation (docs/design.md §2.3): generate the proposer's responses, then CE + top-k KL."""
+
+    name = Stage.distill
+    lora_trains_mask_token = False
+
+    def prepare(self, cfg: TrainConfig) -> None:
+        """This rank's share of the proposer's responses (a rerun resumes), then wait for every rank."""
+        distill.init_distributed()  # first: the rendezvous never waits on a rank's generation
+        if (source := tokenizer_source(cfg)) is not None:  # refuse a mismatched verifier before generating
+            check_source(source)
+            distill.check_same_vocab(load_tokenizer(source, cfg.model.trust_remote_code), cfg.distill.proposer)
+        distill.generate_responses(cfg)
+        distill.wait_for_all_ranks()  # ranks finish their shards hours apart at scale
+
+    def dataset(self, cfg: TrainConfig, tokenizer: Any, args: Any) -> Any:
+        """The generated set, assembled by one process of the whole job (it is on shared storage)."""
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()  # every rank has written its shard
+        with args.main_process_first(local=False, desc="tokenizing"):
+            generated = distill.build_generated_set(cfg.distill.generated_dir)
+            return distill.training_rows(generated, cfg.data.max_len)
+
+    def collator(self, cfg: TrainConfig, tokenizer: Any) -> Any:
+        return DistillCollator(pad_token_id=tokenizer.pad_token_id)
+
+    def trainer(self, cfg: TrainConfig, mask_id: int | None, **common: Any) -> Trainer:
+        return DistillTrainer(**common, kl_weight=cfg.distill.kl_weight)
+
+    def meta_extra(self, cfg: TrainConfig) -> dict[str, Any]:
+        return distill.meta_extra(cfg)
+
+
+STAGES: dict[Stage, StageUnit] = {unit.name: unit for unit in (SftStage(), MarsStage(), DistillStage())}
+"""Every stage, by name."""
+
+
+def stage_unit(name: Stage | str) -> StageUnit:
+    """The unit of stage ``name``; a clear error for an unknown one."""
+    try:
+        return STAGES[Stage(name)]
+    except ValueError:
+        raise ValueError(f"unknown stage {name!r}: use one of {[str(s) for s in STAGES]}") from None
