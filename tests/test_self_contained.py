@@ -137,3 +137,37 @@ def test_the_patterns_catch_what_they_are_for():
     assert [section_numbers(chunk) for chunk in listed] == [["2", "2.1"], ["3", "4"]]
     assert section_numbers(DESIGN_CITATION.findall("as docs/design.md §§3–4 says")[0]) == ["3", "4"]
     assert HEADING.findall("## 2. Training\n### 2.1 MARS\n#### 3.1.2 x\n## Notes") == ["2", "2.1", "3.1.2"]
+
+
+DOTTED = re.compile(r"`(prove(?:\.\w+)+)")
+REPO_PATH = re.compile(r"`((?:tests|conf|recipes|docs|decode|train|data)/[^`\s]*)")
+
+
+def _resolves(dotted: str) -> bool:
+    """``prove.a.b.c``: the longest importable module prefix, then attributes for the rest."""
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 1, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def test_design_doc_names_only_modules_and_files_that_exist():
+    """Moving or renaming a module the design document names must update the document too."""
+    text = text_of(ROOT / DESIGN_DOC)
+    assert text is not None
+    names = sorted(set(DOTTED.findall(text)) - {"prove.json"})
+    assert [n for n in names if not _resolves(n)] == [], f"{DESIGN_DOC} names these, which do not import"
+    paths = sorted(set(REPO_PATH.findall(text)))
+    assert [p for p in paths if not (ROOT / p).exists()] == [], (
+        f"{DESIGN_DOC} names these, which do not exist"
+    )
