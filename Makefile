@@ -92,7 +92,7 @@ STAGES ?= sft mars
 train-proposer: install ## train the block proposer: sft then mars -> runs/<recipe>/{sft,mars} (RECIPE, NNODES, GPUS_PER_NODE, HOSTFILE, STAGES, ARGS)
 	$(foreach stage,$(STAGES),$(TRAIN_ENV) $(TRAIN_LAUNCH) recipe=$(RECIPE) stage=$(stage) $(ARGS)$(newline))
 
-# make train-verifier: stage distill (DESIGN §2.3) — the proposer's greedy responses (prove-lossless) to the recipe's
+# make train-verifier: stage distill (docs/design.md §2.3) — the proposer's greedy responses (prove-lossless) to the recipe's
 # prompts, then the verifier fine-tuned on them -> runs/<recipe>/{distill-data,<distill output>}. A recipe without a
 # stock verifier (tiny) first trains one from scratch: VERIFIER_SFT=1 (the default for RECIPE=tiny) runs
 # `stage=sft stage.role=verifier` before it. Needs runs/<recipe>/mars (make train-proposer).

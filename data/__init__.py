@@ -1,9 +1,9 @@
 """prove.data — chat datasets (Dolci schema) and the tiny task.
 
 - ``load``: :func:`~prove.data.load.load_chat_dataset` (hub id, JSONL / JSON / parquet, globs, folders, save_to_disk)
-- ``chat``: :func:`~prove.data.chat.tokenize_conversation` (DESIGN §2.1 ids / labels), row validation, ``SkipReport``
+- ``chat``: :func:`~prove.data.chat.tokenize_conversation` (docs/design.md §2.1 ids / labels), row validation, ``SkipReport``
 - ``build``: :func:`~prove.data.build.build_tokenized_dataset` (``datasets.map`` over a whole dataset)
-- ``synthetic``: the arithmetic word-problem task of DESIGN §5, its answer checker, and its CLI
+- ``synthetic``: the arithmetic word-problem task of docs/design.md §5, its answer checker, and its CLI
 - ``tokenizer``: in-process ChatML byte-level BPE (``train_chatml_bpe``, ``build_tiny_tokenizer``)
 - ``samples``: a small Dolci-schema sample for tests and demos
 """

@@ -1,4 +1,4 @@
-"""Chat-template tokenization of one conversation for SFT / MARS training (DESIGN §2.1).
+"""Chat-template tokenization of one conversation for SFT / MARS training (docs/design.md §2.1).
 
 Dolci rows are first mapped onto what a Hugging Face chat template renders (:func:`to_template_messages`):
 Dolci writes a tool's output as an ``environment`` turn, the tool schemas as a ``functions`` string on a

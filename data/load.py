@@ -2,7 +2,7 @@
 ``messages = [{role, content, function_calls, functions}]`` (tool use: see :func:`prove.data.chat.to_template_messages`).
 
 Dolci (allenai/Dolci-Instruct-SFT, allenai/Dolci-Think-SFT-*) is the SFT mixture ProVe trains on
-(DESIGN §2.1); any dataset with the same ``messages`` column works: a hub id, a local JSONL / JSON /
+(docs/design.md §2.1); any dataset with the same ``messages`` column works: a hub id, a local JSONL / JSON /
 parquet file, a glob or folder of them, or a ``Dataset.save_to_disk`` folder.
 """
 

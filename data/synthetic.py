@@ -1,4 +1,4 @@
-"""The tiny task of DESIGN §5: generated 2–3-step arithmetic word problems with templated reasoning.
+"""The tiny task of docs/design.md §5: generated 2–3-step arithmetic word problems with templated reasoning.
 
     user:      Mia has 8 apples. She buys 7 more and gives away 5. How many apples does Mia have now?
     assistant: Mia starts with 8 apples. She buys 7, so 8 + 7 = 15. She gives away 5, so 15 - 5 = 10.

@@ -2,7 +2,7 @@
 
 The tokenizer speaks ChatML (``<|im_start|>role\\n...<|im_end|>``, as Qwen2.5 does) and carries the
 MARS placeholder ``<|mask|>`` as a special token, so a checkpoint saved with it satisfies the
-checkpoint contract of DESIGN §2.2 without a hub download.
+checkpoint contract of docs/design.md §2.2 without a hub download.
 """
 
 from __future__ import annotations
@@ -150,14 +150,14 @@ def build_tiny_tokenizer(
     with_mask: bool = True,
     default_system: bool = False,
 ) -> PreTrainedTokenizerFast:
-    """The tiny recipe's tokenizer (DESIGN §5): byte-level BPE trained on the rows' ChatML renders.
+    """The tiny recipe's tokenizer (docs/design.md §5): byte-level BPE trained on the rows' ChatML renders.
 
     ``rows`` carry a ``messages`` list (e.g. :func:`prove.data.synthetic.generate_arithmetic`). The BPE
     sees each rendered conversation with the special tokens cut out, so it learns the role headers as
     well as the task text. The chat template is ChatML; by default without Qwen's default system turn
     ("You are a helpful assistant.", 11 tokens a conversation that a 1M-parameter model has no use for).
-    On the arithmetic task the default 512-token vocabulary gives ~77 tokens per tokenized training
-    example (measured over 20k rows; tests/data/test_tokenizer.py checks the range).
+    On the arithmetic task the default 512-token vocabulary gives ~93 tokens per tokenized training
+    example (docs/design.md §5; tests/data/test_tokenizer.py checks the range).
     """
     splitter = re.compile("|".join(re.escape(s) for s in CHATML_SPECIALS + [MASK_TOKEN]))
 

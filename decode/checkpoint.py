@@ -1,4 +1,4 @@
-"""The checkpoint contract between training and decoding (DESIGN §2.2).
+"""The checkpoint contract between training and decoding (docs/design.md §2.2).
 
 A stage writes a plain Hugging Face directory (config.json, safetensors, tokenizer including
 ``<|mask|>``) plus ``prove.json``. Decoding meets training only through this file: ``prove.decode``

@@ -1,4 +1,4 @@
-"""Structured configs of decoding (DESIGN §3.1): dataclasses registered with Hydra's ConfigStore.
+"""Structured configs of decoding (docs/design.md §3.1): dataclasses registered with Hydra's ConfigStore.
 
 ``DecodeParams`` is what a method reads (the Python API takes the same names as keyword arguments);
 ``DecodeConfig`` adds what the ``prove-decode`` CLI needs (paths, prompt file, output file, device).

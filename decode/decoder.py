@@ -1,10 +1,10 @@
-"""``prove.decode.Decoder``: the Python front door of decoding (DESIGN §3.1).
+"""``prove.decode.Decoder``: the Python front door of decoding (docs/design.md §3.1).
 
 >>> dec = Decoder.from_pretrained("ckpt/mars", method="prove", verifier="ckpt/verifier", theta=0.1)
 >>> out = dec.generate([{"role": "user", "content": "2 + 3?"}], max_new_tokens=64)
 >>> out.text, out.stats.tokens_per_cycle
 
-Every check of the checkpoint contract (DESIGN §2.2) happens here, at construction, so a bad
+Every check of the checkpoint contract (docs/design.md §2.2) happens here, at construction, so a bad
 combination is a ``ValueError`` that says what to change, never a crash inside a forward pass.
 """
 
@@ -236,7 +236,7 @@ class Decoder:
     def from_pretrained(cls, path: str, **kwargs: Any) -> Decoder:
         return cls(path, **kwargs)
 
-    # -- the checkpoint contract (DESIGN §2.2) ---------------------------------------------------------------
+    # -- the checkpoint contract (docs/design.md §2.2) ---------------------------------------------------------------
 
     def _check_mask(self, model: Any, meta: ProveMeta | None, mask_token_id: int | None) -> int:
         if mask_token_id is None and self.tokenizer is not None and MASK_TOKEN in self.tokenizer.get_vocab():

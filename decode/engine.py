@@ -1,4 +1,4 @@
-"""The cycle engine (DESIGN §3): propose → score → accept → commit, for every method.
+"""The cycle engine (docs/design.md §3): propose → score → accept → commit, for every method.
 
 One loop serves every method; a method differs only in its proposer, its verifier and its pure rule
 (``prove.decode.methods``). AR is the method whose proposer proposes nothing and whose verifier (the
@@ -208,7 +208,7 @@ class Stopper:
 
 @dataclass(frozen=True)
 class Stats:
-    """Per-request statistics (DESIGN §3).
+    """Per-request statistics (docs/design.md §3).
 
     ``tokens_per_cycle`` = new_tokens / cycles: the mean committed length, which counts the correction
     or bonus token of rules that add one (so AR is 1.0). ``model_passes`` counts every forward pass of

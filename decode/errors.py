@@ -1,7 +1,7 @@
 """How the command-line entry points start (:func:`hydra_cli`) and report bad input: one line that names the
 fix, exit status 2.
 
-Library code raises ``ValueError`` for input a user can correct (STYLE: errors say what to change);
+Library code raises ``ValueError`` for input a user can correct (docs/design.md §1: errors say what to change);
 the CLIs turn those into ``prove-decode: error: ...`` instead of a stack trace. ``HYDRA_FULL_ERROR=1``
 (Hydra's own switch, which users of these Hydra CLIs already know) keeps the full traceback.
 """

@@ -1,4 +1,4 @@
-"""The method registry (DESIGN §3): a method = (proposer, verifier, rule adapter, default params).
+"""The method registry (docs/design.md §3): a method = (proposer, verifier, rule adapter, default params).
 
 Composing differently is one new entry, not a new code path: e.g. NSD's nucleus rule on the block
 proposer self-verified is ``Method("block-nsd", proposer="block", verifier="self", accept=...)``.

@@ -1,4 +1,4 @@
-"""Verifiers (DESIGN §3): one teacher-forced pass of a causal LM over the proposed block.
+"""Verifiers (docs/design.md §3): one teacher-forced pass of a causal LM over the proposed block.
 
 ``score(seq, tokens)`` returns logits (k+1, V): row i is the verifier's prediction for position i+1 of
 the block given the committed sequence and y_1..y_i; row k is the bonus position after y_k. Methods

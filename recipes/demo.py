@@ -1,4 +1,4 @@
-"""``make demo``: the tiny default end to end on CPU (DESIGN §5), then ``prove-bench`` on held-out prompts.
+"""``make demo``: the tiny default end to end on CPU (docs/design.md §5), then ``prove-bench`` on held-out prompts.
 
     python -m prove.recipes.demo                         # what `make demo` runs: runs/tiny/*, outputs/demo/
     python -m prove.recipes.demo --n-prompts 100 --repeats 5
@@ -14,7 +14,7 @@ greedy and assisted generation.
 
 A stage whose checkpoint is complete (its ``prove.json`` is written last) is skipped, so a rerun goes
 straight to the bench; delete ``runs/tiny/<stage>`` to retrain one. Training runs the ``prove-train`` CLI in
-a subprocess: ``prove.decode`` never imports ``prove.train`` (DESIGN §3.2).
+a subprocess: ``prove.decode`` never imports ``prove.train`` (docs/design.md §3.2).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The wheel layout of DESIGN §1: every package folder is listed in pyproject and is importable as prove.*."""
+"""The wheel layout of docs/design.md §1: every package folder is listed in pyproject and is importable as prove.*."""
 
 from __future__ import annotations
 

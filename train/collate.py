@@ -17,7 +17,7 @@ class Collator:
     """Pads ``{input_ids, labels}`` rows into a right-padded batch.
 
     With ``block_size`` K > 1 (stage mars), each example is first padded to a multiple of K with
-    ``eos_token_id`` *labelled* as a target (DESIGN §2.1): the model learns to keep emitting EOS inside
+    ``eos_token_id`` *labelled* as a target (docs/design.md §2.1): the model learns to keep emitting EOS inside
     a block after the answer ends. Batch padding then uses ``pad_token_id`` with label -100 and, since
     every example already ends on a block boundary, fills whole blocks that no real token attends.
     """

@@ -1,4 +1,4 @@
-"""Structured configs for ``prove-train`` (DESIGN §2), registered with Hydra's ConfigStore.
+"""Structured configs for ``prove-train`` (docs/design.md §2), registered with Hydra's ConfigStore.
 
 ``conf/train.yaml`` composes the groups below onto :class:`TrainConfig`, so an unknown key or a value
 of the wrong type fails when the config is composed, not an hour into a run. ``train(cfg)`` receives
@@ -30,7 +30,7 @@ class _Choice(str, Enum):
 
 
 class Stage(_Choice):
-    """A training stage (DESIGN §2): each is one Hydra run of ``prove-train``."""
+    """A training stage (docs/design.md §2): each is one Hydra run of ``prove-train``."""
 
     sft = "sft"
     mars = "mars"
@@ -38,7 +38,7 @@ class Stage(_Choice):
 
 
 class Role(_Choice):
-    """Which model of the proposer–verifier pair a stage trains (DESIGN §2)."""
+    """Which model of the proposer–verifier pair a stage trains (docs/design.md §2)."""
 
     proposer = "proposer"
     verifier = "verifier"
@@ -46,7 +46,7 @@ class Role(_Choice):
 
 @dataclass
 class ScratchConfig:
-    """A Qwen2 model built from scratch (the tiny CPU demo, DESIGN §5) instead of loaded."""
+    """A Qwen2 model built from scratch (the tiny CPU demo, docs/design.md §5) instead of loaded."""
 
     layers: int = 4
     """Decoder layers."""
@@ -105,7 +105,7 @@ class SyntheticConfig:
 
 @dataclass
 class DataConfig:
-    """Training conversations (Dolci ``messages`` schema; DESIGN §2)."""
+    """Training conversations (Dolci ``messages`` schema; docs/design.md §2)."""
 
     path: str = MISSING
     """Hub id, JSONL/parquet file or folder, or ``save_to_disk`` folder."""
@@ -127,10 +127,10 @@ class DataConfig:
 
 @dataclass
 class StageConfig:
-    """What the stage trains (DESIGN §2, §2.1)."""
+    """What the stage trains (docs/design.md §2, §2.1)."""
 
     name: Stage = Stage.sft
-    """``sft``, ``mars`` (block training) or ``distill`` (the verifier, on the proposer's outputs; DESIGN §2.3)."""
+    """``sft``, ``mars`` (block training) or ``distill`` (the verifier, on the proposer's outputs; docs/design.md §2.3)."""
     role: Role = Role.proposer
     """The model trained: ``proposer`` (sft, mars) or ``verifier`` (distill; sft too, for a verifier trained from
     scratch like the tiny recipe's). Recipes key their per-stage knobs and output folders by it."""
@@ -147,7 +147,7 @@ class StageConfig:
 
 @dataclass
 class DistillConfig:
-    """Verifier distillation (stage distill, DESIGN §2.3): generate the proposer's greedy responses with
+    """Verifier distillation (stage distill, docs/design.md §2.3): generate the proposer's greedy responses with
     ``prove.decode``, then fine-tune the verifier on them (CE on the response + optional top-k KL)."""
 
     proposer: str = "${run_dir}/mars"

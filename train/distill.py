@@ -1,4 +1,4 @@
-"""Verifier distillation (stage distill, DESIGN §2.3): the verifier learns the proposer's own outputs.
+"""Verifier distillation (stage distill, docs/design.md §2.3): the verifier learns the proposer's own outputs.
 
 ProVe reports that a verifier fine-tuned on the proposer's greedy responses commits 6–10% more tokens per
 cycle at the same error rate. The stage has two steps:

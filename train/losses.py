@@ -1,4 +1,4 @@
-"""The stages' losses: MARS block training (DESIGN §2.1) and stage distill's CE + top-k KL
+"""The stages' losses: MARS block training (docs/design.md §2.1) and stage distill's CE + top-k KL
 (:func:`distill_loss`). Pure functions of tensors.
 
 MARS:

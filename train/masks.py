@@ -1,4 +1,4 @@
-"""MARS block-training inputs and attention masks (DESIGN §2.1). Pure functions; imports only torch.
+"""MARS block-training inputs and attention masks (docs/design.md §2.1). Pure functions; imports only torch.
 
 MARS (Jin, Wang, Luo, Sun, arXiv 2604.07023) trains an ordinary causal LM to fill K placeholder
 tokens in one pass. A training example of length L (a multiple of K) becomes one sequence of length

@@ -39,7 +39,7 @@ def load_model(source: str, cfg: ModelConfig):
 
 
 def scratch_model(arch: ScratchConfig, tokenizer: Any, cfg: ModelConfig, seed: int):
-    """A randomly initialised Qwen2 sized by ``arch`` for ``tokenizer`` (DESIGN §5)."""
+    """A randomly initialised Qwen2 sized by ``arch`` for ``tokenizer`` (docs/design.md §5)."""
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=arch.hidden,
@@ -116,7 +116,7 @@ def embedding_rows(model) -> int:
 
 
 def ensure_mask_token(model, tokenizer, token: str) -> int:
-    """Add ``token`` as a special token; give it a spare embedding row, else resize the embeddings (DESIGN §2.1).
+    """Add ``token`` as a special token; give it a spare embedding row, else resize the embeddings (docs/design.md §2.1).
 
     Qwen2.5's embedding matrix has spare rows (151,665 tokens, 151,936/152,064 rows): the new id lands
     in one and nothing is resized. Returns the token's id.

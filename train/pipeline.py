@@ -1,4 +1,4 @@
-"""``train(cfg)``: one stage of the pipeline (DESIGN §2), end to end, the same steps for every stage.
+"""``train(cfg)``: one stage of the pipeline (docs/design.md §2), end to end, the same steps for every stage.
 
 The stage's unit (:mod:`prove.train.stages`) supplies what differs between sft, mars and distill:
 

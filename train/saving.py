@@ -37,7 +37,7 @@ def prove_meta(cfg: TrainConfig, unit: StageUnit, base_model: str, mask_id: int 
 
 
 def save_checkpoint(trainer: Any, cfg: TrainConfig, output_dir: Path, meta: ProveMeta) -> None:
-    """The final checkpoint (DESIGN §2.2): merged weights + tokenizer + prove.json at ``output_dir``, whatever the
+    """The final checkpoint (docs/design.md §2.2): merged weights + tokenizer + prove.json at ``output_dir``, whatever the
     launcher. ZeRO-3 gathers the 16-bit weights. LoRA also keeps the adapter at ``output_dir/adapter``; the merged
     model is built in memory when every rank holds the whole model, and under DeepSpeed (whose module is
     partitioned under ZeRO-3) by rank 0 on the CPU from the base checkpoint + the saved adapter."""

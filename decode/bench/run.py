@@ -1,4 +1,4 @@
-"""``prove-bench``: several methods over one prompt set, in one process, AR first as the reference (DESIGN §3.1).
+"""``prove-bench``: several methods over one prompt set, in one process, AR first as the reference (docs/design.md §3.1).
 
     prove-bench model=runs/tiny/mars verifier=runs/tiny/verifier draft=runs/tiny/verifier \\
         prompts=data/tiny/test.jsonl methods=[ar,mars,prove,prove-lossless,sd] theta=[0.05,0.1,0.3]

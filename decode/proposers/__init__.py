@@ -1,4 +1,4 @@
-"""Proposers (DESIGN §3): each returns a ``Proposal`` of k candidate tokens per cycle.
+"""Proposers (docs/design.md §3): each returns a ``Proposal`` of k candidate tokens per cycle.
 
 ``PROPOSERS`` maps a method's proposer name to a factory ``(models, params, generator) -> Proposer``;
 a new proposer (draft model, n-gram, ...) is a new class plus one entry here.

@@ -1,6 +1,6 @@
 """The MARS block proposer: the model reads ``[pending, M×K]`` with a plain causal mask in one pass.
 
-The outputs at [last committed token, M_1 … M_{K-1}] are y_1..y_K (DESIGN §2.1); y_1 is ordinary
+The outputs at [last committed token, M_1 … M_{K-1}] are y_1..y_K (docs/design.md §2.1); y_1 is ordinary
 next-token prediction. K at decode time may be smaller than the trained block size: under the causal
 mask, placeholders after position i do not change the output at i.
 """

@@ -1,4 +1,4 @@
-"""Acceptance rules (DESIGN §3): pure tensor functions, no model calls, importing nothing but torch."""
+"""Acceptance rules (docs/design.md §3): pure tensor functions, no model calls, importing nothing but torch."""
 
 from prove.decode.rules.base import Accept
 

@@ -1,4 +1,4 @@
-"""Acceptance rules of the block methods (DESIGN §3): pure functions of one proposed block.
+"""Acceptance rules of the block methods (docs/design.md §3): pure functions of one proposed block.
 
 Notation, kept explicit because speculative-decoding papers swap p and q:
 

@@ -1,4 +1,4 @@
-"""Acceptance rules of the speculative-decoding family: SD, Nucleus SD, Approximate SD (DESIGN §3).
+"""Acceptance rules of the speculative-decoding family: SD, Nucleus SD, Approximate SD (docs/design.md §3).
 
 Pure tensor functions: no model calls, nothing imported but torch. Notation, kept explicit because the
 papers disagree on letters:

@@ -1,4 +1,4 @@
-"""tokenize_conversation (DESIGN §2.1): ids = whole template, labels mask exactly the prompt."""
+"""tokenize_conversation (docs/design.md §2.1): ids = whole template, labels mask exactly the prompt."""
 
 from __future__ import annotations
 

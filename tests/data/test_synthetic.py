@@ -1,4 +1,4 @@
-"""The tiny arithmetic task (DESIGN §5): deterministic, correct, disjoint splits, checkable answers."""
+"""The tiny arithmetic task (docs/design.md §5): deterministic, correct, disjoint splits, checkable answers."""
 
 from __future__ import annotations
 

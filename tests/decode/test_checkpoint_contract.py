@@ -1,4 +1,4 @@
-"""The checkpoint contract at decode time (DESIGN §2.2): every bad combination is a ValueError that says
+"""The checkpoint contract at decode time (docs/design.md §2.2): every bad combination is a ValueError that says
 what to change, raised when the Decoder is built, never inside a forward pass."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The MARS block attention mask against a position-by-position reference (DESIGN §2.1)."""
+"""The MARS block attention mask against a position-by-position reference (docs/design.md §2.1)."""
 
 from __future__ import annotations
 

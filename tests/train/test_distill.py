@@ -1,4 +1,4 @@
-"""Stage distill (DESIGN §2.3): the loss against a hand computation, the generated set (exact greedy output,
+"""Stage distill (docs/design.md §2.3): the loss against a hand computation, the generated set (exact greedy output,
 top-k aligned, resumable), the verifier's training rows, and the stage end to end."""
 
 from __future__ import annotations

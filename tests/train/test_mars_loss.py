@@ -1,4 +1,4 @@
-"""The 2L MARS loss equals the loss computed the slow way, one plain causal forward per target (DESIGN §2.1)."""
+"""The 2L MARS loss equals the loss computed the slow way, one plain causal forward per target (docs/design.md §2.1)."""
 
 from __future__ import annotations
 
