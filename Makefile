@@ -57,10 +57,10 @@ test-fast: install ## the suite without tests marked slow
 	$(OFFLINE) $(PY) -m pytest -q -m "not slow" tests
 
 lint: install ## ruff over the packages and tests
-	$(VENV)/bin/ruff check decode train data tests
+	$(VENV)/bin/ruff check decode train data recipes tests tools
 
-typecheck: install ## mypy over the three packages
-	$(VENV)/bin/mypy decode train data
+typecheck: install ## mypy over the packages and the recipe drivers
+	$(VENV)/bin/mypy decode train data recipes
 
 # prove-train launcher (README "Train"): the deepspeed launcher with a HOSTFILE (started from one node; ssh to
 # all), torchrun for several processes (run on each node with its NODE_RANK), else one plain process (CPU, 1 GPU).

@@ -315,8 +315,8 @@ class Decoder:
             allowed[runner.vocab_size :] = False
         if self.tokenizer is not None:
             allowed[max(self.tokenizer.get_vocab().values()) + 1 :] = False
-        masks = {mask_id, self._tokenizer_mask_id(), None if meta is None else meta.mask_token_id} - {None}
-        for m in masks:
+        masks = {mask_id, self._tokenizer_mask_id(), None if meta is None else meta.mask_token_id}
+        for m in (m for m in masks if m is not None):
             if 0 <= m < V:
                 allowed[m] = False
         return None if bool(allowed.all()) else allowed

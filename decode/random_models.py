@@ -71,7 +71,7 @@ def random_target_and_draft(
     torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(
         dtype, torch.float32
     )  # auto: fp32
-    common = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None, use_cache=True)
+    common: dict[str, Any] = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None, use_cache=True)
     torch.manual_seed(seed)
     target = Qwen2ForCausalLM(Qwen2Config(**spec, **common))
     if deep_scale != 1.0:
@@ -90,7 +90,7 @@ def random_target_and_draft(
     for model in (target, draft):
         model.generation_config.eos_token_id = None
         model.generation_config.pad_token_id = None
-    target = target.to(device=device, dtype=torch_dtype).eval()
+    target = target.to(device=device, dtype=torch_dtype).eval()  # type: ignore[call-arg]
     return target, draft.eval()
 
 
