@@ -11,20 +11,20 @@ from __future__ import annotations
 
 from typing import Any
 
+_QWEN25 = dict(rope_theta=1000000.0, max_position_embeddings=32768, rms_norm_eps=1e-6)
+"""What every Qwen2.5 size shares (q/k/v biases, SwiGLU and RMSNorm come with the Qwen2 architecture)."""
+
 SHAPES: dict[str, dict[str, Any]] = {
-    # Qwen2.5-0.5B's config.json, minus the tokenizer ids (no EOS: every request decodes max_new_tokens).
-    "qwen2.5-0.5b": dict(
-        vocab_size=151936,
-        hidden_size=896,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        intermediate_size=4864,
-        tie_word_embeddings=True,
-        rope_theta=1000000.0,
-        max_position_embeddings=32768,
-        rms_norm_eps=1e-6,
-    ),
+    # Qwen2.5's config.json per size, minus the tokenizer ids (no EOS: every request decodes max_new_tokens).
+    # prove-bench hf_compare and make gpu-check (prove.recipes.gpu_check) both build from this table.
+    "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, intermediate_size=4864, tie_word_embeddings=True, **_QWEN25),
+    "qwen2.5-3b": dict(vocab_size=151936, hidden_size=2048, num_hidden_layers=36, num_attention_heads=16,
+                       num_key_value_heads=2, intermediate_size=11008, tie_word_embeddings=True, **_QWEN25),
+    "qwen2.5-7b": dict(vocab_size=152064, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
+                       num_key_value_heads=4, intermediate_size=18944, tie_word_embeddings=False, **_QWEN25),
+    "qwen2.5-32b": dict(vocab_size=152064, hidden_size=5120, num_hidden_layers=64, num_attention_heads=40,
+                        num_key_value_heads=8, intermediate_size=27648, tie_word_embeddings=False, **_QWEN25),
     # A few-second stand-in with the same structure (GQA, tied embeddings), for tests.
     "tiny": dict(
         vocab_size=512,
@@ -38,7 +38,7 @@ SHAPES: dict[str, dict[str, Any]] = {
         max_position_embeddings=512,
         rms_norm_eps=1e-6,
     ),
-}
+}  # fmt: skip
 
 
 def random_target_and_draft(

@@ -49,19 +49,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prove.decode.random_models import SHAPES as REAL_SHAPES
+
 SCHEMA = "prove-gpu-check/1"
 ACCEPTANCE_DEFAULT = Path(__file__).with_name("gpu_check_acceptance.json")
 
-# Qwen2.5 base-model shapes (their config.json); every one has q/k/v biases, SwiGLU, RMSNorm, head_dim 128 (64 at 0.5B).
+# The Qwen2.5 sizes from the one table of real shapes (prove.decode.random_models), and tiny CPU stand-ins.
 SHAPES: dict[str, dict[str, Any]] = {
-    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-    "qwen2.5-3b": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
-                       num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                       num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
-    "qwen2.5-32b": dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
-                        num_key_value_heads=8, vocab_size=152064, tie_word_embeddings=False),
+    **{name: spec for name, spec in REAL_SHAPES.items() if name.startswith("qwen2.5-")},
     # --tiny: the same roles at CPU size (draft < verifier < targets).
     "tiny-s": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                    num_key_value_heads=1, vocab_size=256, tie_word_embeddings=True),
@@ -157,13 +152,11 @@ def qwen2_config(shape: str, *, layers: int | None = None, attn: str = "sdpa") -
     """A ``Qwen2Config`` of a named shape (no EOS: generation always runs to max_new_tokens)."""
     from transformers import Qwen2Config
 
-    kw = dict(SHAPES[shape])
+    kw = {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6, **SHAPES[shape]}
     if layers is not None:
         kw["num_hidden_layers"] = layers
     cfg = Qwen2Config(
         **kw,
-        max_position_embeddings=32768,
-        rms_norm_eps=1e-6,
         bos_token_id=None,
         eos_token_id=None,
         pad_token_id=0,
