@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prove.data.loading import MASK_TOKEN as MASK_TOKEN  # the contract's placeholder token, re-exported
+# The contract's placeholder token and the checks both sides share live in prove.data.loading; re-exported here.
+from prove.data.loading import MASK_TOKEN as MASK_TOKEN
+from prove.data.loading import missing_local_path as missing_local_path
+from prove.data.loading import vocab_difference as vocab_difference
 
 PROVE_JSON = "prove.json"
 
@@ -49,21 +52,6 @@ class ProveMeta:
         return cls(
             **{k: v for k, v in d.items() if k in names}, extra={k: v for k, v in d.items() if k not in names}
         )
-
-
-def vocab_difference(tokenizer: Any, other: Any) -> int:
-    """How many (token, id) entries differ between two tokenizers' vocabularies, ``<|mask|>`` aside: a stock
-    verifier or draft lacks only the placeholder that MARS training added. 0 = they can verify each other."""
-    a = {t: i for t, i in tokenizer.get_vocab().items() if t != MASK_TOKEN}
-    b = {t: i for t, i in other.get_vocab().items() if t != MASK_TOKEN}
-    return len(set(a.items()) ^ set(b.items()))
-
-
-def missing_local_path(source: str) -> bool:
-    """True if ``source`` looks like a local path (not a hub id ``org/name``) and nothing is there: a user
-    error to report as such, rather than a hub lookup that fails with a confusing message (or hangs)."""
-    looks_local = source.startswith((".", "/", "~")) or source.count("/") != 1 or Path(source).parent.is_dir()
-    return looks_local and not Path(source).expanduser().exists()
 
 
 def write_prove_json(directory: str | Path, meta: ProveMeta) -> Path:

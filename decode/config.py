@@ -17,7 +17,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-DTYPES = ("float32", "bfloat16", "float16", "auto")
+from prove.data.loading import DTYPES as DTYPES  # one home of the dtype names (decode, bench, eval, train)
+
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "seed")
 """The ``DecodeParams`` every method reads; the others are method parameters (``prove.decode.methods``)."""
 _INT_PARAMS = ("block_size", "k", "max_mismatches", "top_k", "seed")

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
+from prove.data import loading
 from prove.decode import engine
 from prove.decode.checkpoint import (
     MASK_TOKEN,
     ProveMeta,
-    missing_local_path,
     read_prove_json,
     vocab_difference,
 )
@@ -44,30 +44,18 @@ class GenerationResult:
     stats: Stats
 
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
-
-
 def check_source(path: str, role: str) -> None:
     """A clear error for ``role=path`` when it names a local directory that does not exist."""
-    if missing_local_path(path):
-        raise ValueError(
-            f"{role}={path}: no checkpoint there; pass {role}=<a Hugging Face model directory, e.g. runs/tiny/mars> "
-            "or a hub id"
-        )
+    loading.check_source(path, f"pass {role}=<a Hugging Face model directory, e.g. runs/tiny/mars> or a hub id")
 
 
 def load_model(path: str, device: str | torch.device, dtype: str) -> Any:
-    """A causal LM from a checkpoint directory or hub id, on ``device``, in eval mode."""
-    from transformers import AutoModelForCausalLM
-
-    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
-    return model.to(device).eval()
+    """A causal LM from a checkpoint directory or hub id, on ``device``, in eval mode (``prove.data.loading``,
+    the loader training uses too: ``dtype=auto`` is float32 on the CPU, the checkpoint's dtype elsewhere)."""
+    return loading.load_model(path, dtype, device=device)
 
 
-def load_tokenizer(path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
+load_tokenizer = loading.load_tokenizer
 
 
 def _name(model: Any) -> str:
@@ -112,8 +100,7 @@ class Decoder:
         trace: bool = False,
         **params: Any,
     ) -> None:
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype={dtype!r} is not one of {sorted(_DTYPES)}")
+        loading.check_dtype(dtype, "dtype")
         self.method, self.params = self._resolve(method, proposer, params)
         self.trace = trace
         if device is None:

@@ -282,7 +282,7 @@ def test_bad_input_is_one_line_and_exit_status_2(tmp_path):
         capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2
-    assert "prove-decode: error: model=" in proc.stderr and "no checkpoint there" in proc.stderr
+    assert "prove-decode: error: no model at" in proc.stderr and "pass model=" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
