@@ -46,7 +46,11 @@ class ModelRunner:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return self._param.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._param.dtype
 
     @property
     def vocab_size(self) -> int:
@@ -54,6 +58,7 @@ class ModelRunner:
 
     def reset(self) -> None:
         """Forget everything (a new request)."""
+        self._param = next(self.model.parameters())  # where and in what dtype the model runs (read per pass)
         self.cache = DynamicCache(config=self.model.config)
         self.fed: list[int] = []  # token fed at each cache position
         self.valid = 0  # fed[:valid] is known to equal the committed sequence
@@ -136,9 +141,9 @@ class ModelRunner:
         self._crop(keep)
         pending = list(seq[keep:])
         ids = torch.tensor([pending + list(extra)], dtype=torch.long, device=self.device)  # (1, P+E)
-        positions = torch.cat([torch.arange(keep, len(seq)), len(seq) + offsets.cpu()]).to(self.device)[None]
-        dtype = next(self.model.parameters()).dtype
-        bias = tree_attention_bias(keep, len(pending), attend, dtype=dtype, device=self.device)
+        device = self.device
+        positions = torch.cat([torch.arange(keep, len(seq)), len(seq) + offsets.cpu()]).to(device)[None]
+        bias = tree_attention_bias(keep, len(pending), attend, dtype=self.dtype, device=device)
         kwargs: dict[str, Any] = {
             self._cache_kw: self.cache, "position_ids": positions, "attention_mask": bias, "use_cache": True,
         }  # fmt: skip

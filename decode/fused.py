@@ -62,6 +62,7 @@ width 64 as at 9 (a large model on a GPU) the pass count is the cost and J=all i
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -69,7 +70,7 @@ from typing import TYPE_CHECKING
 import torch
 from prove.decode.config import parse_fuse_groups
 from prove.decode.proposers.base import Proposal
-from prove.decode.sampling import logits_to_probs, pick
+from prove.decode.sampling import logits_to_probs, pick, restrict
 
 if TYPE_CHECKING:
     from prove.decode.engine import ModelRunner
@@ -101,7 +102,13 @@ class TreeLayout:
 def tree_layout(k: int, groups: Sequence[tuple[int, int]]) -> TreeLayout:
     """The fused tree for a proposal of ``k`` tokens and ``groups`` = [(j, m_j)] (0 ≤ j ≤ k, m_j ≥ 1,
     each j once): y_i at offset i−1, causal among the y's; G_j's entry r at offset j+r, seeing y_1..y_j and
-    G_j's entries 0..r."""
+    G_j's entries 0..r. A pure function of its arguments, built once per distinct tree (a decode reuses a
+    handful: its tensors are shared, never written)."""
+    return _tree_layout(k, tuple(sorted((int(j), int(m)) for j, m in groups)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _tree_layout(k: int, groups: tuple[tuple[int, int], ...]) -> TreeLayout:
     if k < 0:
         raise ValueError(f"k={k} must be ≥ 0")
     js = [j for j, _ in groups]
@@ -144,25 +151,28 @@ def tree_attention_bias(
     """
     if pending < 1:
         raise ValueError("a pass feeds at least one pending token (the last committed one)")
-    e = int(attend.shape[0])
-    q = pending + e
-    allowed = torch.zeros(q, cached + q, dtype=torch.bool, device=device)
-    allowed[:, :cached] = True
-    allowed[:pending, cached : cached + pending] = torch.ones(pending, pending, dtype=torch.bool).tril()
-    allowed[pending:, cached : cached + pending] = True
-    allowed[pending:, cached + pending :] = attend.to(device)
-    bias = torch.zeros(allowed.shape, dtype=dtype, device=device)
-    bias.masked_fill_(~allowed, torch.finfo(dtype).min)
+    q = pending + int(attend.shape[0])
+    # among the new entries: lower-triangular covers pending rows (causal, no tree entry: their columns
+    # past the pending block are above the diagonal) and tree rows seeing every pending token
+    local = torch.ones(q, q, dtype=torch.bool, device=device).tril_()
+    local[pending:, pending:] = attend.to(device)
+    bias = torch.zeros(q, cached + q, dtype=dtype, device=device)  # the cache: seen by every row
+    bias[:, cached:].masked_fill_(~local, torch.finfo(dtype).min)
     return bias[None, None]
 
 
-def acceptance_probs(conf: torch.Tensor) -> torch.Tensor:
+def acceptance_probs(conf: torch.Tensor | Sequence[float]) -> list[float]:
     """P(n = j), j = 0..k, for a proposal with confidences p̃ (k,) read as independent acceptances:
-    p̃_1 ⋯ p̃_j (1 − p̃_{j+1}), and p̃_1 ⋯ p̃_k for j = k. Sums to 1."""
-    c = conf.detach().double().cpu().clamp(0, 1)
-    reach = torch.cat([torch.ones(1, dtype=c.dtype), torch.cumprod(c, 0)])  # (k+1,) P(n ≥ j)
-    stop = torch.cat([1 - c, torch.ones(1, dtype=c.dtype)])  # (k+1,)
-    return reach * stop
+    p̃_1 ⋯ p̃_j (1 − p̃_{j+1}), and p̃_1 ⋯ p̃_k for j = k. Sums to 1. (Plain floats: k ≤ K is a handful,
+    and this runs every cycle.)"""
+    c = [min(max(float(x), 0.0), 1.0) for x in (conf.tolist() if isinstance(conf, torch.Tensor) else conf)]
+    reach = 1.0  # P(n ≥ j)
+    out = []
+    for x in c:
+        out.append(reach * (1 - x))
+        reach *= x
+    out.append(reach)
+    return out
 
 
 def choose_groups(conf: torch.Tensor, budget: int, width: int, limit: int | None) -> list[tuple[int, int]]:
@@ -180,7 +190,7 @@ def choose_groups(conf: torch.Tensor, budget: int, width: int, limit: int | None
     if limit is None or limit >= len(cand):
         return cand
     p = acceptance_probs(conf)
-    best = sorted(cand, key=lambda jm: (-float(p[jm[0]]), jm[0]))[:limit]
+    best = sorted(cand, key=lambda jm: (-p[jm[0]], jm[0]))[:limit]
     return sorted(best)
 
 
@@ -212,6 +222,7 @@ class FusedBlockProposer:
         block_size: int,
         *,
         groups: int | None = None,
+        allowed: torch.Tensor | None = None,
         temperature: float = 0.0,
         top_k: int = 0,
         top_p: float = 1.0,
@@ -223,6 +234,7 @@ class FusedBlockProposer:
         self.mask_token_id = mask_token_id
         self.block_size = block_size
         self.groups = groups
+        self.allowed = allowed
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         self.generator = generator
         self.carry: _Carry | None = None
@@ -236,12 +248,17 @@ class FusedBlockProposer:
             return None
         n = len(seq) - len(c.base) - 1
         if (
-            n not in c.groups
+            n < 0
             or list(seq[: len(c.base)]) != c.base
             or list(seq[len(c.base) : len(c.base) + n]) != c.tokens[:n]
         ):
             return None
-        return c.groups[n]
+        # G_j for the largest j ≤ n in J: its rows from n − j on predict the tokens after seq
+        usable = [j for j, logits in c.groups.items() if j <= n and logits.shape[0] > n - j]
+        if not usable:
+            return None
+        j = max(usable)
+        return c.groups[j][n - j :]
 
     def propose(self, seq: Sequence[int], budget: int) -> Proposal:
         logits = self._carried(seq)
@@ -250,7 +267,7 @@ class FusedBlockProposer:
         if logits is None or budget < 1:
             proposal = Proposal.empty(device)
         else:
-            logits = logits[:budget]
+            logits = restrict(logits[:budget], self.allowed)  # never <|mask|> (``Models.allowed``)
             probs = logits_to_probs(logits, self.temperature, self.top_k, self.top_p)  # (m, V)
             tokens = pick(probs, self.temperature, self.generator)  # (m,)
             proposal = Proposal(tokens=tokens, conf=probs.gather(-1, tokens[:, None])[:, 0], probs=probs)
@@ -269,9 +286,12 @@ class FusedVerifier:
 
     is_target = True
 
-    def __init__(self, runner: ModelRunner, proposer: FusedBlockProposer) -> None:
+    def __init__(
+        self, runner: ModelRunner, proposer: FusedBlockProposer, allowed: torch.Tensor | None = None
+    ) -> None:
         self.runner = runner
         self.proposer = proposer
+        self.allowed = allowed
 
     def score(self, seq: Sequence[int], tokens: torch.Tensor) -> torch.Tensor:
         k = int(tokens.shape[0])
@@ -281,7 +301,8 @@ class FusedVerifier:
         # row 0 is the last pending token; row 1 + e is tree entry e
         groups = {j: logits[1 + start : 1 + start + m] for j, start, m in layout.groups}
         self.proposer.receive(seq, tokens.tolist(), groups)
-        return logits[: k + 1]  # (k+1, V)
+        # the rows the rule reads: as ``ModelVerifier``'s, never an id outside ``Models.allowed``
+        return restrict(logits[: k + 1], self.allowed)  # (k+1, V)
 
 
 def build_fused(models, params, generator) -> tuple[FusedBlockProposer, FusedVerifier]:
@@ -294,9 +315,10 @@ def build_fused(models, params, generator) -> tuple[FusedBlockProposer, FusedVer
         models.mask_token_id,
         params.block_size,
         groups=parse_fuse_groups(params.fuse_groups),
+        allowed=models.allowed,
         temperature=params.temperature,
         top_k=params.top_k,
         top_p=params.top_p,
         generator=generator,
     )
-    return proposer, FusedVerifier(models.target, proposer)
+    return proposer, FusedVerifier(models.target, proposer, models.allowed)

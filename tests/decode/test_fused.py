@@ -5,9 +5,11 @@ invariant after every cycle."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
-from decode_helpers import hf_generate
+from decode_helpers import hf_generate, mask_ids
 from prove.decode import Decoder
 from prove.decode.config import DecodeParams
 from prove.decode.engine import ModelRunner
@@ -27,8 +29,10 @@ N = 40
 
 
 @pytest.fixture(scope="module")
-def refs(lm, prompts):
-    return [hf_generate(lm, p, N) for p in prompts]
+def refs(lm, prompts, tokenizer):
+    """Greedy with <|mask|> suppressed: the random model's argmax is <|mask|> now and then (prompts[0] at
+    its 12th token), which no decode may output."""
+    return [hf_generate(lm, p, N, suppress=mask_ids(tokenizer)) for p in prompts]
 
 
 def no_eos(dec: Decoder, prompt, n: int, **kw):
@@ -86,7 +90,7 @@ def test_tree_attention_bias_sees_cache_and_pending():
 def test_choose_groups_all_pruned_and_budget():
     conf = torch.tensor([0.9, 0.5, 0.2])
     p = acceptance_probs(conf)
-    torch.testing.assert_close(p, torch.tensor([0.1, 0.45, 0.36, 0.09], dtype=torch.float64))
+    assert p == pytest.approx([0.1, 0.45, 0.36, 0.09])
     assert choose_groups(conf, budget=20, width=7, limit=None) == [(j, 7) for j in range(4)]
     assert choose_groups(conf, budget=20, width=7, limit=2) == [(1, 7), (2, 7)]
     assert choose_groups(conf, budget=20, width=7, limit=1) == [(1, 7)]
@@ -211,7 +215,7 @@ def _first_new_token_at(ref: list[int], lo: int) -> int:
 def test_fused_eos_inside_a_block_ends_where_ar_does(lm, tokenizer, prompts, refs, scripted):
     p, ref = prompts[1], refs[1]
     e = _first_new_token_at(ref, 5)
-    expected = hf_generate(lm, p, N, eos=ref[e])
+    expected = hf_generate(lm, p, N, eos=ref[e], suppress=mask_ids(tokenizer))
     assert expected == ref[: e + 1]
     if scripted:
         dec = scripted_decoder(lm, tokenizer, p, ref, set(), 8)
@@ -227,7 +231,7 @@ def test_fused_eos_inside_a_block_ends_where_ar_does(lm, tokenizer, prompts, ref
 def test_fused_max_new_tokens_inside_a_block(lm, tokenizer, prompts, refs, n):
     p, ref = prompts[0], refs[0]
     out = no_eos(scripted_decoder(lm, tokenizer, p, ref, {9}, 8), p, n)
-    assert out.token_ids == ref[:n] == hf_generate(lm, p, n)
+    assert out.token_ids == ref[:n] == hf_generate(lm, p, n, suppress=mask_ids(tokenizer))
 
 
 def test_fused_stop_string_inside_a_block_ends_where_ar_does(lm, tokenizer, prompts, refs):
@@ -278,6 +282,51 @@ def test_mask_token_as_a_greedy_token_is_never_taken_for_a_group_entry(lm, token
     runner.sync(ctx + ys + [mask_id])  # y_1 accepted, then the "correction" happens to be <|mask|>
     assert runner.valid == len(ctx) + 1 == runner.cached
     _check_cache(runner, ctx + ys + [mask_id])
+
+
+def test_a_miss_carries_the_rest_of_the_nearest_earlier_group():
+    """After y_1..y_n and one token, the carried proposal is G_j's rows from n − j on, for the largest j ≤ n
+    in J (those rows predict the tokens after the committed one; the positions between y_j and them are
+    placeholders in G_j); nothing when no group lies at or before n, or when G_j has no row left."""
+    V, base, ys = 11, [1, 2, 3], [4, 5, 6, 7]
+    rows = {0: [1, 2, 3, 4, 5], 2: [6, 7, 8]}  # the argmax of each row of G_0 (m=5) and G_2 (m=3)
+    groups = {j: torch.nn.functional.one_hot(torch.tensor(r), V).float() * 9 for j, r in rows.items()}
+    cpu = types.SimpleNamespace(device=torch.device("cpu"))  # all propose reads of its runner
+    prop = FusedBlockProposer(cpu, mask_token_id=10, block_size=6, groups=2)  # type: ignore[arg-type]
+    expected = {0: [1, 2, 3, 4, 5], 1: [2, 3, 4, 5], 2: [6, 7, 8], 3: [7, 8], 4: [8]}
+    for n in range(len(ys) + 1):
+        prop.receive(base, ys, groups)
+        got = prop.propose(base + ys[:n] + [9], budget=20)
+        assert got.tokens.tolist() == expected[n], n
+    prop.receive(base, ys, {2: groups[2]})
+    assert prop.propose(base + [9], budget=20).tokens.numel() == 0  # n = 0: no group at or before it
+    prop.receive(base, ys, groups)
+    assert prop.propose(base + [5, 9], budget=20).tokens.numel() == 0  # not y_1 + one token: nothing carries
+    prop.receive(base, ys, groups)
+    assert prop.propose(base + ys[:1] + [9], budget=2).tokens.tolist() == [2, 3]  # the budget cuts it
+
+
+def test_fused_never_commits_or_proposes_the_mask_token(lm, tokenizer, prompts):
+    """A model whose greedy argmax is <|mask|> now and then (its output row copies a frequent token's,
+    scaled up): fused decoding gives the greedy tokens with <|mask|> suppressed, as AR and unfused do."""
+    import copy
+
+    mask_id = tokenizer.convert_tokens_to_ids("<|mask|>")
+    p = prompts[0]
+    free = hf_generate(lm, p, N)
+    frequent = max(set(free), key=free.count)
+    m = copy.deepcopy(lm)
+    with torch.no_grad():
+        w = m.get_output_embeddings().weight
+        w[mask_id] = w[frequent] * 1.5
+    assert mask_id in hf_generate(m, p, N)  # the case this test is about happens
+    expected = hf_generate(m, p, N, suppress=mask_ids(tokenizer))
+    for kw in ({"fuse": True, "fuse_groups": "all"}, {"fuse": True, "fuse_groups": 1}, {"fuse": False}):
+        dec = Decoder(m, tokenizer, method="prove-lossless", block_size=4, **kw)
+        traced = []
+        out = no_eos(dec, p, N, on_cycle=lambda ev: traced.append(ev.proposal.tokens.tolist()))
+        assert out.token_ids == expected, kw
+        assert all(mask_id not in t for t in traced), kw
 
 
 # -- other methods, the interface ----------------------------------------------------------------------------------
