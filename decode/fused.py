@@ -39,11 +39,15 @@ t(w)/t(1)); a miss (n ∉ J) costs one cycle: see below.
 Carrying a proposal without breaking the one-loop engine. ``FusedBlockProposer`` and ``FusedVerifier``
 share one state: the verifier's ``score`` runs the tree pass and hands the groups' logits to the proposer
 (``receive``), keyed by the committed sequence and block they were computed from. The next ``propose``
-takes G_n's proposal iff the new committed sequence is that sequence + y_1..y_n + one token: the carried
-proposal is a pure function of the token prefix, so matching by content is all the bookkeeping there is
-(no engine hook, and the rule stays the same pure function of the cycle's view). With nothing to carry
-(the first cycle, n ∉ J, or a rule that committed no correction) the proposal is empty and the pass is
-``[pending, G_0]``: exactly the unfused block pass, whose first row (the next token, exact) the rule
+reads the new committed sequence as that sequence + y_1..y_n + one token and takes G_n's proposal; when
+n ∉ J it takes the rest of the nearest earlier group, G_j for the largest j ≤ n in J, from its row n − j
+on: those rows predict the tokens after the committed one, from the context ending at y_j with the
+positions of y_{j+1}..y_n and the correction held by placeholders (a block pass's deeper positions:
+proposals the model was trained to make, only from further back). The carried proposal is a pure function
+of the token prefix, so matching by content is all the bookkeeping there is (no engine hook, and the rule
+stays the same pure function of the cycle's view). With nothing to carry (the first cycle, no group at or
+before n, or a committed sequence that is not base + y_1..y_n + one token) the proposal is empty and the
+pass is ``[pending, G_0]``: exactly the unfused block pass, whose first row (the next token, exact) the rule
 commits as an AR step and whose placeholders' outputs become the next proposal. Two passes then commit
 what the unfused block + verify passes commit, and every later cycle is one pass.
 
@@ -54,10 +58,12 @@ What it buys. The carried proposal is the block pass's positions 2..K, so a fuse
 token less than an unfused one (T − 1 against T tokens a cycle, y_1 being the exact token the unfused cycle
 spends a pass to re-derive), in one pass instead of two: passes per token fall by 2(T − 1)/T (1.4× at
 T = 3.5, 1.7× at T = 6). Whether that is wall-clock depends on how a pass's cost grows with its width: with
-all groups a K = 8 pass is 64 tokens wide. It is not the default (``fuse=false``): on the 2-core CPU of the
-tiny demo a 64-wide pass of the 4-layer model costs ~2.3× a 9-wide one, so fused J=all ran slower than
-unfused there and only pruned J (2) was a little faster; on hardware where a pass costs about the same at
-width 64 as at 9 (a large model on a GPU) the pass count is the cost and J=all is the setting to use.
+all groups a K = 8 pass is 64 tokens wide, with J = 1 or 2 it is 15 or 22. On the 2-core CPU of the tiny
+demo a pass costs ~1.0 / 1.1 / 1.5× an 8-wide one at widths 15 / 22 / 64, so J = 1–2 is faster than
+unfused there (about 1.3×) and J = all is not; where a pass costs the same at any width (a large model on a
+GPU) the pass count is the cost and J = all is the setting to use. It is not the default (``fuse=false``):
+unfused prove-lossless is the published method whose numbers users compare with, and the fused pass has
+not yet been timed on a GPU; the README's bench table has the measured rows side by side.
 """
 
 from __future__ import annotations

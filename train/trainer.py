@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -133,4 +134,13 @@ class WallClockCallback(TrainerCallback):
             self.stopped_at_step = state.global_step
             control.should_training_stop = True
             control.should_save = True
+            if state.global_step < state.max_steps and state.is_world_process_zero:
+                # said out loud: a checkpoint cut short by the clock decodes worse, and nothing else shows it
+                warnings.warn(
+                    f"training stopped by its wall-clock cap (max_minutes={self.max_seconds / 60:g}) at step "
+                    f"{state.global_step} of {state.max_steps}: the checkpoint is under-trained. Raise the "
+                    "stage's max_minutes (e.g. stages.proposer.mars.max_minutes=40), or run it on a less busy "
+                    "machine.",
+                    stacklevel=2,
+                )
         return control

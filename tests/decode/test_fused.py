@@ -323,10 +323,10 @@ def test_fused_never_commits_or_proposes_the_mask_token(lm, tokenizer, prompts):
     expected = hf_generate(m, p, N, suppress=mask_ids(tokenizer))
     for kw in ({"fuse": True, "fuse_groups": "all"}, {"fuse": True, "fuse_groups": 1}, {"fuse": False}):
         dec = Decoder(m, tokenizer, method="prove-lossless", block_size=4, **kw)
-        traced = []
-        out = no_eos(dec, p, N, on_cycle=lambda ev: traced.append(ev.proposal.tokens.tolist()))
+        traced: list[list[int]] = []
+        out = no_eos(dec, p, N, on_cycle=lambda ev, seen=traced: seen.append(ev.proposal.tokens.tolist()))
         assert out.token_ids == expected, kw
-        assert all(mask_id not in t for t in traced), kw
+        assert traced and all(mask_id not in t for t in traced), kw
 
 
 # -- other methods, the interface ----------------------------------------------------------------------------------

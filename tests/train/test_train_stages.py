@@ -127,8 +127,9 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path, arithmetic_jsonl):
         train(train_config(tiny_overrides(tmp_path / "fresh", arithmetic_jsonl, stage="sft", resume="true")))
 
 
-def test_wall_clock_cap_stops_and_saves(tmp_path, arithmetic_jsonl):
-    res = train(train_config(tiny_overrides(tmp_path, arithmetic_jsonl, stage="sft", max_steps=50,
-                                            **{"trainer.max_minutes": 1e-4})))
+def test_wall_clock_cap_stops_saves_and_says_so(tmp_path, arithmetic_jsonl):
+    with pytest.warns(UserWarning, match=r"wall-clock cap .* at step \d+ of 50: the checkpoint is under-trained"):
+        res = train(train_config(tiny_overrides(tmp_path, arithmetic_jsonl, stage="sft", max_steps=50,
+                                                **{"trainer.max_minutes": 1e-4})))
     assert res.stopped_by_wall_clock and res.global_step < 50
     assert (res.output_dir / "model.safetensors").is_file()
