@@ -20,8 +20,17 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 from prove.data.loading import MASK_TOKEN, check_dtype
 
-GREEDY_EXACT_METHODS = ("prove-lossless", "ar")
-"""Decoding methods whose output is exactly the proposer's greedy AR output (needing no second model)."""
+def greedy_exact_methods() -> list[str]:
+    """Decoding methods whose greedy output is exactly the model's own AR output with no second model: what
+    distillation may decode the proposer's responses with. Read from the decode registry's facts
+    (``Method.is_lossless``, ``needs_verifier``, ``needs_draft``); imported on use, as it pulls in torch."""
+    from prove.decode.methods import METHODS
+
+    return [
+        name
+        for name, m in METHODS.items()
+        if m.is_lossless(m.defaults) and not (m.needs_verifier or m.needs_draft)
+    ]
 
 
 class _Choice(str, Enum):
@@ -193,10 +202,11 @@ class DistillConfig:
         if self.dtype == "auto":
             raise ValueError("distill.dtype=auto: use null (bf16 on GPU, fp32 on CPU), float32, bfloat16 or float16")
         check_dtype(self.dtype, "distill.dtype", allow_none=True)
-        if self.method not in GREEDY_EXACT_METHODS:
+        exact = greedy_exact_methods()
+        if self.method not in exact:
             raise ValueError(
                 f"distill.method={self.method!r}: the responses must be the proposer's own greedy output; use one of "
-                f"{list(GREEDY_EXACT_METHODS)} (prove-lossless is the fast one)"
+                f"{exact} (prove-lossless is the fast one)"
             )
 
 

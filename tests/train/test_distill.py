@@ -150,6 +150,7 @@ def test_generation_dtype_defaults_to_bf16_on_gpu_fp32_on_cpu(monkeypatch):
         (["stage=distill"], "stage.init_from"),
         (["stage=distill", "stage.init_from=v", "distill.kl_weight=1", "distill.top_k=0"], "top_k"),
         (["stage=distill", "stage.init_from=v", "distill.method=prove"], "greedy"),
+        (["stage=distill", "stage.init_from=v", "distill.method=sd"], r"greedy .*\['ar', 'prove-lossless'\]"),  # exact, needs a draft
         (["stage=distill", "stage.init_from=v", "stage.role=proposer"], "trains the verifier"),
         (["stage=mars", "stage.role=verifier"], "block proposer"),
         (["peft=lora"], "peft=lora adapts a pretrained model"),  # the merged checkpoint is rebuilt from the base
