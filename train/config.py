@@ -20,6 +20,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 from prove.data.loading import MASK_TOKEN, check_dtype
 
+
 def greedy_exact_methods() -> list[str]:
     """Decoding methods whose greedy output is exactly the model's own AR output with no second model: what
     distillation may decode the proposer's responses with. Read from the decode registry's facts
