@@ -19,6 +19,7 @@ RULES = ["tests/decode/test_rules_speculative.py", "tests/decode/test_rules_bloc
 HARD = ["tests/decode/test_hardening.py"]
 MC = ["tests/decode/test_engine_montecarlo.py"]
 ENGINE = ["tests/decode/test_engine.py", "tests/decode/test_draft.py"]
+FUSED = ["tests/decode/test_fused.py"]
 
 # (name, file, original text, mutated text, test files)
 MUTANTS = [
@@ -48,6 +49,14 @@ MUTANTS = [
     ("stopper-max-off-by-one", "decode/engine.py", "len(new) >= self.max_new_tokens", "len(new) > self.max_new_tokens", HARD + ENGINE),
     ("engine-keep-all-valid", "decode/engine.py", "keep = min(self._valid_prefix(seq), len(seq) - 1)", "keep = min(self._valid_prefix(seq), len(seq))", ENGINE),
     ("restrict-off", "decode/sampling.py", "    if allowed is None:\n        return logits\n", "    return logits\n", HARD),
+    ("fused-carry-row-off-by-one", "decode/fused.py", "return c.groups[j][n - j :]", "return c.groups[j][n - j + 1 :]", FUSED),
+    ("fused-carry-farthest-group", "decode/fused.py", "j = max(usable)", "j = min(usable)", FUSED),
+    ("fused-verifier-unrestricted", "decode/fused.py", "return restrict(logits[: k + 1], self.allowed)", "return logits[: k + 1]", FUSED),
+    ("fused-proposer-unrestricted", "decode/fused.py", "logits = restrict(logits[:budget], self.allowed)", "logits = logits[:budget]", FUSED),
+    ("fused-group-sees-one-y-less", "decode/fused.py", "attend[rows, :j] = True", "attend[rows, : max(j - 1, 0)] = True", FUSED),
+    ("fused-group-offset-shifted", "decode/fused.py", "offsets[rows] = torch.arange(j, j + m)", "offsets[rows] = torch.arange(j + 1, j + m + 1)", FUSED),
+    ("fused-tree-rows-blind-to-pending", "decode/fused.py", "local[pending:, pending:] = attend.to(device)", "local[pending:, :] = torch.cat([torch.zeros(q - pending, pending, dtype=torch.bool), attend], 1)", FUSED),
+    ("fused-likeliest-ties-longer", "decode/fused.py", "key=lambda jm: (-p[jm[0]], jm[0])", "key=lambda jm: (-p[jm[0]], -jm[0])", FUSED),
 ]
 
 

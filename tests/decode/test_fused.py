@@ -94,6 +94,8 @@ def test_choose_groups_all_pruned_and_budget():
     assert choose_groups(conf, budget=20, width=7, limit=None) == [(j, 7) for j in range(4)]
     assert choose_groups(conf, budget=20, width=7, limit=2) == [(1, 7), (2, 7)]
     assert choose_groups(conf, budget=20, width=7, limit=1) == [(1, 7)]
+    # a tie (P(n=0) = P(n=1) = 0.5) goes to the shorter acceptance, whose group also serves the longer one
+    assert choose_groups(torch.tensor([0.5]), budget=20, width=7, limit=1) == [(0, 7)]
     # after accepting j and the correction the next cycle may propose budget − j − 1 tokens
     assert choose_groups(conf, budget=3, width=7, limit=None) == [(0, 2), (1, 1)]
     assert choose_groups(torch.zeros(0), budget=5, width=7, limit=2) == [(0, 4)]
