@@ -56,8 +56,9 @@ test: install ## run the whole test suite (slow tests included, as CI does)
 test-fast: install ## the suite without tests marked slow
 	$(OFFLINE) $(PY) -m pytest -q -m "not slow" tests
 
-lint: install ## ruff over the packages and tests
+lint: install ## ruff (rules and formatting) over the packages and tests
 	$(VENV)/bin/ruff check decode train data recipes tests tools
+	$(VENV)/bin/ruff format --check decode train data recipes tests tools
 
 typecheck: install ## mypy over the packages and the recipe drivers
 	$(VENV)/bin/mypy decode train data recipes

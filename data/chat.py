@@ -41,7 +41,9 @@ TEMPLATE_MISMATCH = "template_mismatch"
 BAD_FUNCTIONS = "bad_functions"  # a `functions` tool schema that is not a JSON list/object of named functions
 BAD_FUNCTION_CALLS = "bad_function_calls"  # `function_calls` neither JSON calls nor literal Python calls
 MISPLACED_FUNCTION_CALLS = "function_calls_not_assistant"  # calls on a user/system/tool turn
-TEMPLATE_DROPS_TOOLS = "template_drops_tools"  # the chat template renders the same text without the tools/calls
+TEMPLATE_DROPS_TOOLS = (
+    "template_drops_tools"  # the chat template renders the same text without the tools/calls
+)
 
 # Dolci's role names that Hugging Face chat templates spell differently.
 ROLE_ALIASES = {"environment": "tool"}
@@ -234,8 +236,10 @@ def _python_calls(text: str, tools: Sequence[Mapping[str, Any]]) -> list[dict[st
         nodes.extend(stmt.value.elts if isinstance(stmt.value, ast.List | ast.Tuple) else [stmt.value])
     if not nodes:
         raise _Unusable(BAD_FUNCTION_CALLS)
-    params = {t["function"]["name"]: list((t["function"].get("parameters") or {}).get("properties") or {})
-              for t in tools}
+    params = {
+        t["function"]["name"]: list((t["function"].get("parameters") or {}).get("properties") or {})
+        for t in tools
+    }
     return [_python_call(node, params) for node in nodes]
 
 
@@ -289,7 +293,10 @@ def check_messages(messages: Any) -> str | None:
 def render(tokenizer: Any, conversation: TemplateConversation, *, add_generation_prompt: bool = False) -> str:
     """The chat template's text of ``conversation`` (its tools passed as ``tools=``)."""
     return tokenizer.apply_chat_template(
-        conversation.messages, tools=conversation.tools, tokenize=False, add_generation_prompt=add_generation_prompt
+        conversation.messages,
+        tools=conversation.tools,
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
     )
 
 

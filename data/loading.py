@@ -63,7 +63,9 @@ def load_tokenizer(source: str, trust_remote_code: bool = False) -> Any:
 
     tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     if tok.eos_token_id is None:
-        raise ValueError(f"the tokenizer of {source!r} has no eos_token: set one (e.g. <|im_end|> for ChatML models)")
+        raise ValueError(
+            f"the tokenizer of {source!r} has no eos_token: set one (e.g. <|im_end|> for ChatML models)"
+        )
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok

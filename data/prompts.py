@@ -27,7 +27,9 @@ class PromptRecord:
 def read_prompts(path: str | Path) -> list[PromptRecord]:
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"prompts={path} is not a file: give a JSONL file (prompt / messages fields) or a text file")
+        raise ValueError(
+            f"prompts={path} is not a file: give a JSONL file (prompt / messages fields) or a text file"
+        )
     lines = path.read_text().splitlines()
     first = next((ln for ln in lines if ln.strip()), "")
     is_jsonl = path.suffix in (".jsonl", ".json") or first.lstrip().startswith("{")
@@ -41,18 +43,25 @@ def read_prompts(path: str | Path) -> list[PromptRecord]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{lineno} is not valid JSON ({e.msg}); one JSON object per line") from None
+            raise ValueError(
+                f"{path}:{lineno} is not valid JSON ({e.msg}); one JSON object per line"
+            ) from None
         if not isinstance(row, dict) or ("prompt" in row) == ("messages" in row):
-            raise ValueError(f"{path}:{lineno} needs exactly one of the fields 'prompt' (text) or 'messages' (chat)")
+            raise ValueError(
+                f"{path}:{lineno} needs exactly one of the fields 'prompt' (text) or 'messages' (chat)"
+            )
         prompt: Any = row.get("prompt", row.get("messages"))
         if "messages" in row and not (
-            isinstance(prompt, list) and all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in prompt)
+            isinstance(prompt, list)
+            and all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in prompt)
         ):
             raise ValueError(f"{path}:{lineno}: 'messages' must be a list of {{'role', 'content'}} objects")
         if "prompt" in row and not isinstance(prompt, str):
             raise ValueError(f"{path}:{lineno}: 'prompt' must be a string (use 'messages' for chat turns)")
         answer = row.get("answer")
-        records.append(PromptRecord(row.get("id", len(records)), prompt, None if answer is None else str(answer)))
+        records.append(
+            PromptRecord(row.get("id", len(records)), prompt, None if answer is None else str(answer))
+        )
     ids = [r.id for r in records]
     if len(set(map(repr, ids))) != len(ids):
         raise ValueError(f"{path} repeats an id; ids must be unique (or leave them out to number the lines)")

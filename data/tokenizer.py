@@ -14,9 +14,7 @@ from prove.data.loading import MASK_TOKEN
 from transformers import PreTrainedTokenizerFast
 
 # The split pattern of Qwen2 / Qwen2.5 tokenizers (a fact of their format, needed for compatibility).
-QWEN2_SPLIT_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+QWEN2_SPLIT_PATTERN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 # Qwen2.5's chat format, written out for tokenizers built here: ChatML turns, an optional default system turn,
@@ -39,7 +37,9 @@ def _chatml_template(default_system: str | None) -> str:
     first_is_system = "messages and messages[0]['role'] == 'system'"
     head_default = "" if default_system is None else f"{{{{- '{default_system}\\n\\n' }}}}"
     plain_default = (
-        "" if default_system is None else f"{{%- else %}}{{{{- '<|im_start|>system\\n{default_system}<|im_end|>\\n' }}}}"
+        ""
+        if default_system is None
+        else f"{{%- else %}}{{{{- '<|im_start|>system\\n{default_system}<|im_end|>\\n' }}}}"
     )
     return (
         # the system turn: the given or default system text, then the tool schemas when tools are given

@@ -46,7 +46,9 @@ class GenerationResult:
 
 def check_source(path: str, role: str) -> None:
     """A clear error for ``role=path`` when it names a local directory that does not exist."""
-    loading.check_source(path, f"pass {role}=<a Hugging Face model directory, e.g. runs/tiny/mars> or a hub id")
+    loading.check_source(
+        path, f"pass {role}=<a Hugging Face model directory, e.g. runs/tiny/mars> or a hub id"
+    )
 
 
 def load_model(path: str, device: str | torch.device, dtype: str) -> Any:

@@ -8,7 +8,13 @@ from pathlib import Path
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-MAPPING = {"decode": "prove.decode", "train": "prove.train", "data": "prove.data", "conf": "prove.conf", "recipes": "prove.recipes"}
+MAPPING = {
+    "decode": "prove.decode",
+    "train": "prove.train",
+    "data": "prove.data",
+    "conf": "prove.conf",
+    "recipes": "prove.recipes",
+}
 
 
 def _package_folders() -> dict[str, Path]:

@@ -1,8 +1,8 @@
 """``prove-train``: the Hydra entry point of the training pipeline (a thin shell over :func:`prove.train.pipeline.train`).
 
-    prove-train recipe=tiny stage=sft
-    prove-train recipe=tiny stage=mars
-    torchrun --nproc_per_node 8 -m prove.train.cli recipe=qwen2.5-32b stage=mars
+prove-train recipe=tiny stage=sft
+prove-train recipe=tiny stage=mars
+torchrun --nproc_per_node 8 -m prove.train.cli recipe=qwen2.5-32b stage=mars
 """
 
 from __future__ import annotations

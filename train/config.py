@@ -97,7 +97,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.name_or_path is None and self.scratch is None:
-            raise ValueError("set model.name_or_path=<hub id or dir>, or pick a from-scratch model (model=tiny)")
+            raise ValueError(
+                "set model.name_or_path=<hub id or dir>, or pick a from-scratch model (model=tiny)"
+            )
         check_dtype(self.dtype, "model.dtype")
 
 
@@ -195,13 +197,17 @@ class DistillConfig:
         if self.kl_weight < 0:
             raise ValueError(f"distill.kl_weight={self.kl_weight} must be ≥ 0")
         if self.kl_weight > 0 and self.top_k < 1:
-            raise ValueError("distill.kl_weight > 0 needs the proposer's top-k log-probs: set distill.top_k ≥ 1")
+            raise ValueError(
+                "distill.kl_weight > 0 needs the proposer's top-k log-probs: set distill.top_k ≥ 1"
+            )
         if self.num_prompts is not None and self.num_prompts < 1:
             raise ValueError(f"distill.num_prompts={self.num_prompts}: use ≥ 1, or null for every prompt")
         if self.max_new_tokens < 1:
             raise ValueError(f"distill.max_new_tokens={self.max_new_tokens} must be ≥ 1")
         if self.dtype == "auto":
-            raise ValueError("distill.dtype=auto: use null (bf16 on GPU, fp32 on CPU), float32, bfloat16 or float16")
+            raise ValueError(
+                "distill.dtype=auto: use null (bf16 on GPU, fp32 on CPU), float32, bfloat16 or float16"
+            )
         check_dtype(self.dtype, "distill.dtype", allow_none=True)
         exact = greedy_exact_methods()
         if self.method not in exact:
@@ -338,11 +344,19 @@ class TrainConfig:
                 f"padded with EOS labels inside the answer; use max_len={lower or upper} or max_len={upper}"
             )
         if self.stage.name == Stage.mars and self.stage.role == Role.verifier:
-            raise ValueError("stage=mars trains the block proposer: drop stage.role=verifier (the verifier is a plain AR "
-                             "model: stage=sft stage.role=verifier, or stage=distill)")
-        if self.peft.kind == PeftKind.lora and self.stage.init_from is None and self.model.name_or_path is None:
-            raise ValueError("peft=lora adapts a pretrained model, and the merged checkpoint is rebuilt from it: set "
-                             "model.name_or_path=<hub id or dir> or stage.init_from=<checkpoint> (or drop peft=lora)")
+            raise ValueError(
+                "stage=mars trains the block proposer: drop stage.role=verifier (the verifier is a plain AR "
+                "model: stage=sft stage.role=verifier, or stage=distill)"
+            )
+        if (
+            self.peft.kind == PeftKind.lora
+            and self.stage.init_from is None
+            and self.model.name_or_path is None
+        ):
+            raise ValueError(
+                "peft=lora adapts a pretrained model, and the merged checkpoint is rebuilt from it: set "
+                "model.name_or_path=<hub id or dir> or stage.init_from=<checkpoint> (or drop peft=lora)"
+            )
         if self.stage.name == Stage.distill:
             if self.stage.role != Role.verifier:
                 raise ValueError("stage=distill trains the verifier: drop stage.role=proposer")

@@ -69,8 +69,17 @@ log = logging.getLogger(__name__)
 
 GENERATION_JSON = "generation.json"
 # generation.json keys that must match for a rerun to resume (or reuse) what is in generated_dir.
-_SETTING_KEYS = ("proposer", "method", "block_size", "max_new_tokens", "dtype", "top_k", "prompts", "num_prompts",
-                 "prompt_seed")
+_SETTING_KEYS = (
+    "proposer",
+    "method",
+    "block_size",
+    "max_new_tokens",
+    "dtype",
+    "top_k",
+    "prompts",
+    "num_prompts",
+    "prompt_seed",
+)
 # How long a rank that finished its shard waits for the slowest one (generation speed varies with response length).
 WAIT_TIMEOUT = timedelta(days=7)
 _wait_group: Any = None
@@ -124,25 +133,39 @@ def prompt_set(cfg: TrainConfig) -> tuple[list[Prompt], str]:
                 continue
             prompts.append(Prompt(len(prompts), str(row.get("id", i)), turns))
         if with_tools:
-            log.warning("distill: skipped %d prompts with tool schemas or tool turns (generation takes plain chat)",
-                        with_tools)
-        source = f"data:{cfg.data.path}" + (f"[{cfg.data.name}]" if cfg.data.name else "") + f":{cfg.data.split}"
+            log.warning(
+                "distill: skipped %d prompts with tool schemas or tool turns (generation takes plain chat)",
+                with_tools,
+            )
+        source = (
+            f"data:{cfg.data.path}" + (f"[{cfg.data.name}]" if cfg.data.name else "") + f":{cfg.data.split}"
+        )
     if not prompts:
-        raise ValueError(f"no prompts in {source}: set distill.prompts=<prompt file> or data.path=<conversations>")
+        raise ValueError(
+            f"no prompts in {source}: set distill.prompts=<prompt file> or data.path=<conversations>"
+        )
     return prompts, source
 
 
 def _clean(messages: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
-    return [{"role": str(m["role"]), "content": str(m["content"])} for m in messages if m.get("content") is not None]
+    return [
+        {"role": str(m["role"]), "content": str(m["content"])}
+        for m in messages
+        if m.get("content") is not None
+    ]
 
 
-def generation_settings(cfg: TrainConfig, source: str, n_prompts: int, block_size: int | None) -> dict[str, Any]:
+def generation_settings(
+    cfg: TrainConfig, source: str, n_prompts: int, block_size: int | None
+) -> dict[str, Any]:
     """What generation.json records; the keys of ``_SETTING_KEYS`` must match for a rerun to resume."""
     d = cfg.distill
     meta = read_prove_json(d.proposer) if Path(d.proposer).is_dir() else None
     return {
         "proposer": str(d.proposer),
-        "proposer_meta": None if meta is None else {k: v for k, v in meta.to_dict().items() if k != "training_config"},
+        "proposer_meta": None
+        if meta is None
+        else {k: v for k, v in meta.to_dict().items() if k != "training_config"},
         "method": d.method,
         "block_size": block_size,
         "max_new_tokens": d.max_new_tokens,
@@ -304,7 +327,9 @@ def generate_responses(
     d = cfg.distill
     out = Path(d.generated_dir)
     if not Path(d.proposer).exists():
-        raise ValueError(f"distill.proposer={d.proposer!r} does not exist: train it first (prove-train stage=mars)")
+        raise ValueError(
+            f"distill.proposer={d.proposer!r} does not exist: train it first (prove-train stage=mars)"
+        )
     prompts, source = prompt_set(cfg)
     settings = generation_settings(cfg, source, len(prompts), _block_size(cfg))
     stored = _check_settings(out, settings)
@@ -321,10 +346,18 @@ def generate_responses(
     decoder = load_proposer(cfg)
     if decoder.method.needs_mask and decoder.params.block_size != settings["block_size"]:
         raise AssertionError(f"block size {decoder.params.block_size} != {settings['block_size']} recorded")
-    log.info("generating %d responses (%d already done) with %s on %s", len(todo), len(done), d.method, d.proposer)
+    log.info(
+        "generating %d responses (%d already done) with %s on %s", len(todo), len(done), d.method, d.proposer
+    )
     mine = sum(1 for p in prompts if p.index % world_size == rank)
-    bar = tqdm(total=mine, initial=mine - len(todo), file=sys.stderr, disable=not progress, unit="prompt",
-               desc=f"distill generation (rank {rank})")
+    bar = tqdm(
+        total=mine,
+        initial=mine - len(todo),
+        file=sys.stderr,
+        disable=not progress,
+        unit="prompt",
+        desc=f"distill generation (rank {rank})",
+    )
     with own.open("a") as f:
         for p in todo:
             rec = answer(decoder, p, d.max_new_tokens, d.top_k)
@@ -416,7 +449,11 @@ def training_rows(generated: datasets.Dataset, max_len: int) -> datasets.Dataset
     if len(kept) == 0:
         raise ValueError(f"no generated row fits max_len={max_len} with a response token: raise max_len")
     if len(kept) < len(generated):
-        log.warning("distill: dropped %d rows whose prompt is ≥ max_len=%d tokens", len(generated) - len(kept), max_len)
+        log.warning(
+            "distill: dropped %d rows whose prompt is ≥ max_len=%d tokens",
+            len(generated) - len(kept),
+            max_len,
+        )
     return kept.map(encode, remove_columns=kept.column_names, desc="distill rows")
 
 

@@ -23,8 +23,18 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-FORWARD_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "WANDB_", "OMP_", "MKL_",
-                    "PYTORCH_", "TORCH_", "CUDA_")
+FORWARD_PREFIXES = (
+    "HF_",
+    "HUGGINGFACE_",
+    "TRANSFORMERS_",
+    "TOKENIZERS_",
+    "WANDB_",
+    "OMP_",
+    "MKL_",
+    "PYTORCH_",
+    "TORCH_",
+    "CUDA_",
+)
 """Variables with these prefixes are written to the environment file."""
 SECRET_MARKERS = frozenset({"TOKEN", "KEY", "APIKEY", "SECRET", "PASSWORD"})
 """A name with one of these words (between underscores) is a credential, never written to a file:
@@ -69,11 +79,17 @@ def write_env_file(path: str | os.PathLike, environ: Mapping[str, str] | None = 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m prove.train.launch", description=__doc__.splitlines()[0])
-    parser.add_argument("--env-file", default=os.environ.get("DS_ENV_FILE", ".deepspeed_env"),
-                        help="the file DeepSpeed's launcher reads (default: $DS_ENV_FILE or .deepspeed_env)")
+    parser.add_argument(
+        "--env-file",
+        default=os.environ.get("DS_ENV_FILE", ".deepspeed_env"),
+        help="the file DeepSpeed's launcher reads (default: $DS_ENV_FILE or .deepspeed_env)",
+    )
     args = parser.parse_args(argv)
     written = write_env_file(args.env_file)
-    print(f"prove.train.launch: {len(written)} variables -> {args.env_file}: {' '.join(written)}", file=sys.stderr)
+    print(
+        f"prove.train.launch: {len(written)} variables -> {args.env_file}: {' '.join(written)}",
+        file=sys.stderr,
+    )
     return 0
 
 

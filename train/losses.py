@@ -119,14 +119,21 @@ def distill_loss(
     targets = labels[:, 1:]  # (B, L-1)
     valid = targets != IGNORE_INDEX  # (B, L-1)
     count = valid.sum().clamp(min=1)
-    ce = F.cross_entropy(z.reshape(-1, vocab), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum") / count
+    ce = (
+        F.cross_entropy(z.reshape(-1, vocab), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+        / count
+    )
     kl = torch.zeros((), dtype=ce.dtype, device=ce.device)
     if kl_weight > 0:
         if topk_ids is None or topk_logprobs is None:
             raise ValueError("kl_weight > 0 needs the proposer's top-k ids and log-probs (distill.top_k ≥ 1)")
         ids = topk_ids[:, 1:].long()  # (B, L-1, k)
-        log_p_hat = torch.log_softmax(topk_logprobs[:, 1:].float(), dim=-1)  # (B, L-1, k): renormalised over the k
-        log_q = z.gather(-1, ids) - torch.logsumexp(z, dim=-1, keepdim=True)  # (B, L-1, k): verifier's full softmax
+        log_p_hat = torch.log_softmax(
+            topk_logprobs[:, 1:].float(), dim=-1
+        )  # (B, L-1, k): renormalised over the k
+        log_q = z.gather(-1, ids) - torch.logsumexp(
+            z, dim=-1, keepdim=True
+        )  # (B, L-1, k): verifier's full softmax
         per_token = (log_p_hat.exp() * (log_p_hat - log_q)).sum(-1)  # (B, L-1)
         kl = (per_token * valid).sum() / count
     return DistillLoss(loss=ce + kl_weight * kl, ce=ce.detach(), kl=kl.detach())

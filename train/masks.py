@@ -42,7 +42,9 @@ def padded_length(length: int, block_size: int) -> int:
     return -(-length // block_size) * block_size
 
 
-def block_attention_allowed(length: int, block_size: int, device: torch.device | str | None = None) -> torch.Tensor:
+def block_attention_allowed(
+    length: int, block_size: int, device: torch.device | str | None = None
+) -> torch.Tensor:
     """Boolean ``(2L, 2L)`` matrix, True where query (row) may attend key (column).
 
     Rows/columns ``0..L-1`` are the noisy stream, ``L..2L-1`` the clean stream. ``length`` (L) is one
@@ -115,7 +117,9 @@ def block_inputs(
     ``input_ids``, ``labels``: ``(B, L)``, labels ``-100`` on the prompt (and on batch padding).
     Returns ``(ids, position_ids)``, each ``(B, 2L)``.
     """
-    noisy = torch.where(labels != IGNORE_INDEX, torch.full_like(input_ids, mask_token_id), input_ids)  # (B, L)
+    noisy = torch.where(
+        labels != IGNORE_INDEX, torch.full_like(input_ids, mask_token_id), input_ids
+    )  # (B, L)
     ids = torch.cat([noisy, input_ids], dim=1)  # (B, 2L)
     pos = torch.arange(input_ids.shape[1], device=input_ids.device)
     position_ids = torch.cat([pos, pos])[None].expand(input_ids.shape[0], -1)  # (B, 2L)

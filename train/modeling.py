@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
 def check_source(source: str) -> None:
     """A local-looking path that does not exist is a user error, not a hub lookup."""
     loading.check_source(
@@ -34,7 +35,10 @@ def check_source(source: str) -> None:
 def load_model(source: str, cfg: ModelConfig):
     """``from_pretrained`` (under ZeRO-3 the weights load partitioned when TrainingArguments exist first)."""
     return loading.load_model(
-        source, cfg.dtype, attn_implementation=cfg.attn_implementation, trust_remote_code=cfg.trust_remote_code
+        source,
+        cfg.dtype,
+        attn_implementation=cfg.attn_implementation,
+        trust_remote_code=cfg.trust_remote_code,
     )
 
 
@@ -122,7 +126,9 @@ def ensure_mask_token(model, tokenizer, token: str) -> int:
     in one and nothing is resized. Returns the token's id.
     """
     if token not in tokenizer.get_vocab():
-        tokenizer.add_special_tokens({"additional_special_tokens": [token]}, replace_extra_special_tokens=False)
+        tokenizer.add_special_tokens(
+            {"additional_special_tokens": [token]}, replace_extra_special_tokens=False
+        )
     token_id = tokenizer.convert_tokens_to_ids(token)
     rows = embedding_rows(model)
     if token_id >= rows:
@@ -147,8 +153,12 @@ def apply_lora(model, cfg: TrainConfig, mask_id: int | None):
     p = cfg.peft
     train_tokens = [mask_id] if (p.train_mask_token and mask_id is not None) else None
     lora = LoraConfig(
-        r=p.r, lora_alpha=p.alpha, lora_dropout=p.dropout, target_modules=list(p.target_modules),
-        task_type="CAUSAL_LM", trainable_token_indices=train_tokens,
+        r=p.r,
+        lora_alpha=p.alpha,
+        lora_dropout=p.dropout,
+        target_modules=list(p.target_modules),
+        task_type="CAUSAL_LM",
+        trainable_token_indices=train_tokens,
     )
     model = get_peft_model(model, lora)
     model.print_trainable_parameters()

@@ -66,11 +66,19 @@ def _run(cfg: TrainConfig, tracker: Any) -> StageResult:
         model = apply_lora(model, cfg, mask_id if unit.lora_trains_mask_token else None)
     wall = WallClockCallback(cfg.trainer.max_minutes) if cfg.trainer.max_minutes is not None else None
     trainer = unit.trainer(  # 6)
-        cfg, mask_id, model=model, args=args, train_dataset=dataset, data_collator=unit.collator(cfg, tokenizer),
-        processing_class=tokenizer, callbacks=[wall] if wall else [],
+        cfg,
+        mask_id,
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        data_collator=unit.collator(cfg, tokenizer),
+        processing_class=tokenizer,
+        callbacks=[wall] if wall else [],
     )
     result = trainer.train(resume_from_checkpoint=resume_checkpoint(cfg))
-    save_checkpoint(trainer, cfg, Path(cfg.trainer.output_dir), prove_meta(cfg, unit, base_model, mask_id))  # 7)
+    save_checkpoint(
+        trainer, cfg, Path(cfg.trainer.output_dir), prove_meta(cfg, unit, base_model, mask_id)
+    )  # 7)
     barrier()  # every rank returns after rank 0 has written prove.json
     return StageResult(
         output_dir=Path(cfg.trainer.output_dir),
@@ -109,7 +117,9 @@ def resume_checkpoint(cfg: TrainConfig) -> str | None:
     output_dir = Path(cfg.trainer.output_dir)
     last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
     if cfg.resume is True and last is None:
-        raise ValueError(f"resume=true but {output_dir} has no checkpoint-* folder: drop resume=true to start fresh")
+        raise ValueError(
+            f"resume=true but {output_dir} has no checkpoint-* folder: drop resume=true to start fresh"
+        )
     resume_from = last if cfg.resume is not False else None
     if resume_from:
         log.info("resuming from %s", resume_from)

@@ -24,15 +24,29 @@ def load_rows(cfg: TrainConfig) -> Any:
     if d.synthetic is not None and not Path(d.path).exists():
         out = Path(d.path).parent
         log.info("generating the arithmetic task into %s", out)
-        write_synthetic(["--out", str(out), "--n", str(d.synthetic.n), "--test-size", str(d.synthetic.test_size),
-                         "--seed", str(d.synthetic.seed)])
+        write_synthetic(
+            [
+                "--out",
+                str(out),
+                "--n",
+                str(d.synthetic.n),
+                "--test-size",
+                str(d.synthetic.test_size),
+                "--seed",
+                str(d.synthetic.seed),
+            ]
+        )
         if not Path(d.path).exists():
-            raise ValueError(f"data.path={d.path!r} is not where prove.data.synthetic writes: use <dir>/train.jsonl")
+            raise ValueError(
+                f"data.path={d.path!r} is not where prove.data.synthetic writes: use <dir>/train.jsonl"
+            )
     return load_chat_dataset(d.path, d.split, name=d.name, num_rows=d.num_rows)
 
 
 def tokenized_dataset(cfg: TrainConfig, tokenizer: Any) -> Any:
     """``{input_ids, labels}`` rows of the conversations (labels: the final assistant turn)."""
-    dataset, report = build_tokenized_dataset(load_rows(cfg), tokenizer, cfg.data.max_len, num_proc=cfg.data.num_proc)
+    dataset, report = build_tokenized_dataset(
+        load_rows(cfg), tokenizer, cfg.data.max_len, num_proc=cfg.data.num_proc
+    )
     log.info("data: %s", report)
     return dataset

@@ -23,8 +23,13 @@ log = logging.getLogger(__name__)
 
 def prove_meta(cfg: TrainConfig, unit: StageUnit, base_model: str, mask_id: int | None) -> ProveMeta:
     """The checkpoint's prove.json: the common fields, and the stage unit's block size and extra entries."""
-    extra = {"role": str(cfg.stage.role), "ar_weight": None, "init_from": cfg.stage.init_from,
-             "peft": str(cfg.peft.kind), "training_config": config_dict(cfg)}
+    extra = {
+        "role": str(cfg.stage.role),
+        "ar_weight": None,
+        "init_from": cfg.stage.init_from,
+        "peft": str(cfg.peft.kind),
+        "training_config": config_dict(cfg),
+    }
     extra.update(unit.meta_extra(cfg))
     return ProveMeta(
         stage=str(cfg.stage.name),
@@ -43,7 +48,9 @@ def save_checkpoint(trainer: Any, cfg: TrainConfig, output_dir: Path, meta: Prov
     partitioned under ZeRO-3) by rank 0 on the CPU from the base checkpoint + the saved adapter."""
     if cfg.peft.kind == PeftKind.lora:
         adapter_dir = output_dir / "adapter"
-        trainer.save_model(str(adapter_dir))  # under DeepSpeed: the adapter's gathered weights (every rank takes part)
+        trainer.save_model(
+            str(adapter_dir)
+        )  # under DeepSpeed: the adapter's gathered weights (every rank takes part)
         if trainer.is_world_process_zero():
             write_prove_json(adapter_dir, meta)
         if cfg.deepspeed is not None:
@@ -78,7 +85,10 @@ def _merge_dtype(cfg: TrainConfig) -> str:
 
 
 def merge_adapter(
-    base: str | os.PathLike, adapter_dir: str | os.PathLike, out_dir: str | os.PathLike, dtype: str = "float32"
+    base: str | os.PathLike,
+    adapter_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    dtype: str = "float32",
 ) -> Path:
     """Load ``base`` on the CPU, apply the LoRA adapter at ``adapter_dir`` and save the merged model (+ tokenizer,
     prove.json) to ``out_dir``. Outside any DeepSpeed context: the weights load whole, never partitioned."""

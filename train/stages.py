@@ -72,7 +72,9 @@ class MarsStage(StageUnit):
 
     def collator(self, cfg: TrainConfig, tokenizer: Any) -> Any:
         return Collator(
-            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, block_size=cfg.stage.block_size
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            block_size=cfg.stage.block_size,
         )
 
     def trainer(self, cfg: TrainConfig, mask_id: int | None, **common: Any) -> Trainer:
@@ -99,7 +101,9 @@ class DistillStage(StageUnit):
         distill.init_distributed()  # first: the rendezvous never waits on a rank's generation
         if (source := tokenizer_source(cfg)) is not None:  # refuse a mismatched verifier before generating
             check_source(source)
-            distill.check_same_vocab(load_tokenizer(source, cfg.model.trust_remote_code), cfg.distill.proposer)
+            distill.check_same_vocab(
+                load_tokenizer(source, cfg.model.trust_remote_code), cfg.distill.proposer
+            )
         distill.generate_responses(cfg)
         distill.wait_for_all_ranks()  # ranks finish their shards hours apart at scale
 

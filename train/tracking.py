@@ -39,7 +39,9 @@ class Tracker:
             self.run = None
 
 
-def wandb_has_credentials(environ: Mapping[str, str] | None = None, home: str | os.PathLike | None = None) -> bool:
+def wandb_has_credentials(
+    environ: Mapping[str, str] | None = None, home: str | os.PathLike | None = None
+) -> bool:
     """Whether wandb can log in without a prompt: ``WANDB_API_KEY``, an identity-token file, or a netrc entry
     for the wandb host (``wandb login`` writes one to ``~/.netrc``; ``NETRC`` moves it)."""
     env = os.environ if environ is None else environ
@@ -90,7 +92,9 @@ def open_logger(cfg: TrainConfig) -> Tracker:
     try:
         import wandb
     except ImportError as e:
-        raise ValueError("logger=wandb needs the wandb package: pip install wandb, or pass logger=none") from e
+        raise ValueError(
+            "logger=wandb needs the wandb package: pip install wandb, or pass logger=none"
+        ) from e
     mode, warning = wandb_mode()  # on every rank: a bad WANDB_MODE fails them all
     if int(os.environ.get("RANK", "0")) != 0:
         return Tracker(report_to=[])
@@ -98,14 +102,22 @@ def open_logger(cfg: TrainConfig) -> Tracker:
         log.warning(warning)
         os.environ["WANDB_MODE"] = mode  # the Trainer's WandbCallback reads it too
     lg = cfg.logger
-    kwargs = dict(project=lg.project, name=run_label(cfg), group=lg.group, entity=lg.entity,
-                  tags=list(lg.tags) or None, config=config_dict(cfg))
+    kwargs = dict(
+        project=lg.project,
+        name=run_label(cfg),
+        group=lg.group,
+        entity=lg.entity,
+        tags=list(lg.tags) or None,
+        config=config_dict(cfg),
+    )
     try:
         run = wandb.init(mode=mode, **kwargs)
     except Exception as e:  # noqa: BLE001 - any server-side failure: keep training, log locally
         if mode in LOCAL_MODES:
             raise
-        log.warning("wandb.init failed online (%s): logging offline to ./wandb instead (`wandb sync` later)", e)
+        log.warning(
+            "wandb.init failed online (%s): logging offline to ./wandb instead (`wandb sync` later)", e
+        )
         os.environ["WANDB_MODE"] = "offline"
         run = wandb.init(mode="offline", **kwargs)
     return Tracker(report_to=["wandb"], run=run)

@@ -57,7 +57,9 @@ class MarsTrainer(TermLogTrainer):
 
     term_names = ("loss_noisy", "loss_clean")
 
-    def __init__(self, *args: Any, mask_token_id: int, block_size: int, ar_weight: float = 1.0, **kwargs: Any):
+    def __init__(
+        self, *args: Any, mask_token_id: int, block_size: int, ar_weight: float = 1.0, **kwargs: Any
+    ):
         super().__init__(*args, **kwargs)
         self.mask_token_id = mask_token_id
         self.block_size = block_size
@@ -101,9 +103,15 @@ class DistillTrainer(TermLogTrainer):
         self.kl_weight = kl_weight
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False)
+        outputs = model(
+            input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False
+        )
         out = distill_loss(
-            outputs.logits, inputs["labels"], inputs.get("topk_ids"), inputs.get("topk_logprobs"), self.kl_weight
+            outputs.logits,
+            inputs["labels"],
+            inputs.get("topk_ids"),
+            inputs.get("topk_logprobs"),
+            self.kl_weight,
         )
         self._record(out.ce, out.kl)
         return (out.loss, outputs) if return_outputs else out.loss

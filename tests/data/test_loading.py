@@ -33,8 +33,14 @@ def test_missing_local_checkpoint_is_a_user_error(tmp_path):
 def test_load_model_places_and_evals(tmp_path, tokenizer):
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=2, intermediate_size=32)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=32,
+    )
     AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(tmp_path)
     model = loading.load_model(str(tmp_path), "auto", device="cpu")
     assert not model.training and next(model.parameters()).dtype is torch.float32

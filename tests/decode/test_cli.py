@@ -174,7 +174,13 @@ def test_resume_skips_finished_ids_and_drops_a_torn_line(checkpoints, prompt_fil
     out = tmp_path / "out.jsonl"
     first = {"id": 0, "prompt": "Ana has 3 apples", "completion": "KEEP", "token_ids": [], "stats": {}}
     out.write_text(json.dumps(first) + "\n" + '{"id": "chat-1", "prompt": [{"ro')  # killed mid-write
-    cfg = config(f"model={checkpoints['mars']}", "method=ar", f"prompts={prompt_file}", f"output={out}", "max_new_tokens=4")
+    cfg = config(
+        f"model={checkpoints['mars']}",
+        "method=ar",
+        f"prompts={prompt_file}",
+        f"output={out}",
+        "max_new_tokens=4",
+    )
     run(cfg)
     recs = read_jsonl(out)
     assert [r["id"] for r in recs] == [0, "chat-1", 2]

@@ -67,16 +67,24 @@ def losses(log_history: list[dict]) -> list[float]:
     return [h["loss"] for h in log_history if "loss" in h]
 
 
-def write_checkpoint(path: Path, model: Any, tokenizer: Any, block_size: int | None = None,
-                     base_model: str = "tiny-random") -> Path:
+def write_checkpoint(
+    path: Path, model: Any, tokenizer: Any, block_size: int | None = None, base_model: str = "tiny-random"
+) -> Path:
     """A checkpoint directory as training leaves it: weights + tokenizer, and with ``block_size`` a MARS
     proposer's prove.json (K and the tokenizer's ``<|mask|>`` id)."""
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     if block_size is not None:
-        write_prove_json(path, ProveMeta(stage="mars", base_model=base_model, block_size=block_size,
-                                         mask_token=MASK_TOKEN,
-                                         mask_token_id=tokenizer.convert_tokens_to_ids(MASK_TOKEN)))
+        write_prove_json(
+            path,
+            ProveMeta(
+                stage="mars",
+                base_model=base_model,
+                block_size=block_size,
+                mask_token=MASK_TOKEN,
+                mask_token_id=tokenizer.convert_tokens_to_ids(MASK_TOKEN),
+            ),
+        )
     return path
 
 
@@ -89,6 +97,15 @@ def free_port() -> int:
 def torchrun(driver: str, args: list[str]) -> subprocess.CompletedProcess:
     """``torchrun --nproc_per_node 2 tests/train/<driver> <args>`` on free ports; the drivers import this module."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           str(HERE / driver), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        str(HERE / driver),
+        *args,
+    ]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)

@@ -62,11 +62,16 @@ def test_bias_is_additive_float(dtype):
 
 def test_unpadded_length_padded_by_collator_matches_reference():
     """L = 7 is not a multiple of K = 3: the collator pads to 9 with labelled EOS, then the mask is the reference at 9."""
-    rows = [{"input_ids": [5, 6, 7, 8, 9, 10, 11], "labels": [-100, -100, -100, 8, 9, 10, 11]},
-            {"input_ids": [5, 6, 7, 8], "labels": [-100, -100, 7, 8]}]
+    rows = [
+        {"input_ids": [5, 6, 7, 8, 9, 10, 11], "labels": [-100, -100, -100, 8, 9, 10, 11]},
+        {"input_ids": [5, 6, 7, 8], "labels": [-100, -100, 7, 8]},
+    ]
     batch = Collator(pad_token_id=0, eos_token_id=2, block_size=3)(rows)
     assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9, 10, 11, 2, 2], [5, 6, 7, 8, 2, 2, 0, 0, 0]]
-    assert batch["labels"].tolist() == [[-100, -100, -100, 8, 9, 10, 11, 2, 2], [-100, -100, 7, 8, 2, 2, -100, -100, -100]]
+    assert batch["labels"].tolist() == [
+        [-100, -100, -100, 8, 9, 10, 11, 2, 2],
+        [-100, -100, 7, 8, 2, 2, -100, -100, -100],
+    ]
     length = batch["input_ids"].shape[1]
     assert length == padded_length(7, 3) == 9
     assert torch.equal(block_attention_allowed(length, 3), reference_allowed(length, 3))

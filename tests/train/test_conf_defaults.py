@@ -83,9 +83,9 @@ def test_yaml_restates_no_schema_default(group: str, path: Path):
 
 
 def test_the_check_sees_a_restated_default():
-    assert restated_defaults({"trainer": {"seed": 42, "learning_rate": "${lr}"}, "lr": 5e-6}, TrainConfig) == [
-        "trainer.seed=42", "lr=5e-06"
-    ]
+    assert restated_defaults(
+        {"trainer": {"seed": 42, "learning_rate": "${lr}"}, "lr": 5e-6}, TrainConfig
+    ) == ["trainer.seed=42", "lr=5e-06"]
     assert restated_defaults({"model": {"scratch": {"layers": 4, "hidden": 64}}}, TrainConfig) == [
         "model.scratch.layers=4"
     ]

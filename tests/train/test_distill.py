@@ -49,7 +49,9 @@ def test_distill_loss_matches_a_hand_computation():
     logits = torch.randn(bsz, length, vocab, generator=g)  # (B, L, V)
     labels = torch.tensor([[-100, -100, 4, 1, 6], [-100, 2, 3, -100, -100]])  # (B, L): prompt/padding -100
     topk_ids = torch.randint(0, vocab, (bsz, length, k), generator=g)  # (B, L, k)
-    topk_logprobs = torch.log_softmax(torch.randn(bsz, length, vocab, generator=g), -1)[..., :k]  # unnormalised over k
+    topk_logprobs = torch.log_softmax(torch.randn(bsz, length, vocab, generator=g), -1)[
+        ..., :k
+    ]  # unnormalised over k
     for w in (0.0, 0.7):
         out = distill_loss(logits, labels, topk_ids, topk_logprobs, kl_weight=w)
         loss, ce, kl = _hand_loss(logits, labels, topk_ids, topk_logprobs, w)
@@ -62,7 +64,9 @@ def test_distill_loss_matches_a_hand_computation():
     # kl_weight = 0 is plain SFT: transformers' own causal-LM loss on the same batch
     from transformers.loss.loss_utils import ForCausalLMLoss
 
-    assert distill_loss(logits, labels).loss.item() == pytest.approx(ForCausalLMLoss(logits, labels, vocab).item())
+    assert distill_loss(logits, labels).loss.item() == pytest.approx(
+        ForCausalLMLoss(logits, labels, vocab).item()
+    )
 
 
 def test_kl_vanishes_when_the_verifier_is_the_truncated_proposer():
@@ -74,17 +78,27 @@ def test_kl_vanishes_when_the_verifier_is_the_truncated_proposer():
     labels = torch.tensor([[-100, 0]])
     topk_ids = torch.tensor([[[0, 1], [0, 1]]])
     topk_logprobs = p[:k].log().expand(1, 2, k)
-    assert distill_loss(logits, labels, topk_ids, topk_logprobs, kl_weight=1.0).kl.item() == pytest.approx(0, abs=1e-6)
+    assert distill_loss(logits, labels, topk_ids, topk_logprobs, kl_weight=1.0).kl.item() == pytest.approx(
+        0, abs=1e-6
+    )
     with pytest.raises(ValueError, match="top-k"):
         distill_loss(logits, labels, kl_weight=1.0)
 
 
 def test_collator_puts_each_top_k_at_its_label_position():
     rows = [
-        {"input_ids": [5, 6, 7, 8], "labels": [-100, -100, 7, 8], "topk_ids": [[7, 1], [8, 2]],
-         "topk_logprobs": [[-0.1, -2.0], [-0.2, -3.0]]},
-        {"input_ids": [5, 9, 4], "labels": [-100, 9, 4], "topk_ids": [[9, 3], [4, 3]],
-         "topk_logprobs": [[-0.3, -1.0], [-0.4, -1.5]]},
+        {
+            "input_ids": [5, 6, 7, 8],
+            "labels": [-100, -100, 7, 8],
+            "topk_ids": [[7, 1], [8, 2]],
+            "topk_logprobs": [[-0.1, -2.0], [-0.2, -3.0]],
+        },
+        {
+            "input_ids": [5, 9, 4],
+            "labels": [-100, 9, 4],
+            "topk_ids": [[9, 3], [4, 3]],
+            "topk_logprobs": [[-0.3, -1.0], [-0.4, -1.5]],
+        },
     ]
     batch = DistillCollator(pad_token_id=0)(rows)
     assert batch["topk_ids"].shape == (2, 4, 2) and batch["labels"].shape == (2, 4)
@@ -115,22 +129,50 @@ def test_the_32b_recipe_distills_proves_3b_verifier_in_bf16():
     import subprocess as sp
 
     cfg = train_config(["recipe=qwen2.5-32b", "stage=distill"])
-    assert cfg.stage.init_from == "Qwen/Qwen2.5-3B-Instruct" and cfg.model.name_or_path == "Qwen/Qwen2.5-32B-Instruct"
-    assert cfg.distill.dtype == "bfloat16" and cfg.distill.num_prompts == 16000 and cfg.distill.prompt_seed == 0
-    assert cfg.distill.proposer == "runs/qwen2.5-32b/mars" and cfg.output_dir == "runs/qwen2.5-32b/verifier-distill"
+    assert (
+        cfg.stage.init_from == "Qwen/Qwen2.5-3B-Instruct"
+        and cfg.model.name_or_path == "Qwen/Qwen2.5-32B-Instruct"
+    )
+    assert (
+        cfg.distill.dtype == "bfloat16" and cfg.distill.num_prompts == 16000 and cfg.distill.prompt_seed == 0
+    )
+    assert (
+        cfg.distill.proposer == "runs/qwen2.5-32b/mars"
+        and cfg.output_dir == "runs/qwen2.5-32b/verifier-distill"
+    )
     assert cfg.distill.method == "prove-lossless" and cfg.deepspeed["zero_optimization"]["stage"] == 3
     seven = train_config(["recipe=qwen2.5-32b", "stage=distill", "stage.init_from=Qwen/Qwen2.5-7B-Instruct"])
     assert seven.stage.init_from == "Qwen/Qwen2.5-7B-Instruct"
     # the recipe's verifier and output folder do not leak into the proposer's stages
-    sft, mars = train_config(["recipe=qwen2.5-32b", "stage=sft"]), train_config(["recipe=qwen2.5-32b", "stage=mars"])
+    sft, mars = (
+        train_config(["recipe=qwen2.5-32b", "stage=sft"]),
+        train_config(["recipe=qwen2.5-32b", "stage=mars"]),
+    )
     assert sft.stage.init_from is None and sft.output_dir == "runs/qwen2.5-32b/sft"
     assert mars.stage.init_from == "runs/qwen2.5-32b/sft" and mars.output_dir == "runs/qwen2.5-32b/mars"
     # the CLI composes the same (what a user runs to check it)
-    out = sp.run([sys.executable, "-m", "prove.train.cli", "--cfg", "job", "--resolve", "recipe=qwen2.5-32b",
-                  "stage=distill"], capture_output=True, text=True, timeout=120)
+    out = sp.run(
+        [
+            sys.executable,
+            "-m",
+            "prove.train.cli",
+            "--cfg",
+            "job",
+            "--resolve",
+            "recipe=qwen2.5-32b",
+            "stage=distill",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
-    for line in ("init_from: Qwen/Qwen2.5-3B-Instruct", "dtype: bfloat16", "num_prompts: 16000",
-                 "output_dir: runs/qwen2.5-32b/verifier-distill"):
+    for line in (
+        "init_from: Qwen/Qwen2.5-3B-Instruct",
+        "dtype: bfloat16",
+        "num_prompts: 16000",
+        "output_dir: runs/qwen2.5-32b/verifier-distill",
+    ):
         assert line in out.stdout, line
 
 
@@ -141,7 +183,9 @@ def test_generation_dtype_defaults_to_bf16_on_gpu_fp32_on_cpu(monkeypatch):
     assert cfg.distill.dtype is None and generation_dtype(cfg) == "float32"  # this machine: CPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert generation_dtype(cfg) == "bfloat16"
-    assert generation_dtype(train_config(["recipe=tiny", "stage=distill", "distill.dtype=float16"])) == "float16"
+    assert (
+        generation_dtype(train_config(["recipe=tiny", "stage=distill", "distill.dtype=float16"])) == "float16"
+    )
 
 
 @pytest.mark.parametrize(
@@ -150,10 +194,16 @@ def test_generation_dtype_defaults_to_bf16_on_gpu_fp32_on_cpu(monkeypatch):
         (["stage=distill"], "stage.init_from"),
         (["stage=distill", "stage.init_from=v", "distill.kl_weight=1", "distill.top_k=0"], "top_k"),
         (["stage=distill", "stage.init_from=v", "distill.method=prove"], "greedy"),
-        (["stage=distill", "stage.init_from=v", "distill.method=sd"], r"greedy .*\['ar', 'prove-lossless'\]"),  # exact, needs a draft
+        (
+            ["stage=distill", "stage.init_from=v", "distill.method=sd"],
+            r"greedy .*\['ar', 'prove-lossless'\]",
+        ),  # exact, needs a draft
         (["stage=distill", "stage.init_from=v", "stage.role=proposer"], "trains the verifier"),
         (["stage=mars", "stage.role=verifier"], "block proposer"),
-        (["peft=lora"], "peft=lora adapts a pretrained model"),  # the merged checkpoint is rebuilt from the base
+        (
+            ["peft=lora"],
+            "peft=lora adapts a pretrained model",
+        ),  # the merged checkpoint is rebuilt from the base
     ],
 )
 def test_distill_config_errors(overrides, match):
@@ -169,15 +219,25 @@ def models(tmp_path_factory, qwen2_factory, tokenizer):
     """A random 'MARS' proposer (K = 4, with <|mask|>) and a random stock verifier (same tokenizer)."""
     root = tmp_path_factory.mktemp("models")
     proposer = qwen2_factory(len(tokenizer), seed=0, eos_token_id=tokenizer.eos_token_id, init_std=0.3)
-    verifier = qwen2_factory(len(tokenizer), seed=1, layers=1, hidden=32, heads=2, kv_heads=1, intermediate=64)
-    return (write_checkpoint(root / "mars", proposer, tokenizer, block_size=4),
-            write_checkpoint(root / "verifier", verifier, tokenizer))
+    verifier = qwen2_factory(
+        len(tokenizer), seed=1, layers=1, hidden=32, heads=2, kv_heads=1, intermediate=64
+    )
+    return (
+        write_checkpoint(root / "mars", proposer, tokenizer, block_size=4),
+        write_checkpoint(root / "verifier", verifier, tokenizer),
+    )
 
 
 def _cfg(run_dir: Path, data: Path, models, **kw):
     proposer, verifier = models
-    base = {"stage": "distill", "stage.init_from": str(verifier), "distill.proposer": str(proposer),
-            "distill.num_prompts": 6, "distill.max_new_tokens": 10, "distill.top_k": 4}
+    base = {
+        "stage": "distill",
+        "stage.init_from": str(verifier),
+        "distill.proposer": str(proposer),
+        "distill.num_prompts": 6,
+        "distill.max_new_tokens": 10,
+        "distill.top_k": 4,
+    }
     base.update(kw)
     return train_config(tiny_overrides(run_dir, data, **base))
 
@@ -200,7 +260,9 @@ def test_generated_set_is_the_proposers_greedy_output_with_aligned_top_k(tmp_pat
     for row in ds:
         prompt = row["messages"][:-1]
         assert row["prompt_ids"] == ar.encode(prompt)
-        assert row["response_ids"] == ar.generate(prompt, max_new_tokens=10).token_ids  # identical to AR greedy
+        assert (
+            row["response_ids"] == ar.generate(prompt, max_new_tokens=10).token_ids
+        )  # identical to AR greedy
         assert row["messages"][-1]["role"] == "assistant"
         assert len(row["topk_ids"]) == len(row["response_ids"]) and len(row["topk_ids"][0]) == 4
         # greedy: the response token is the proposer's top-1 at its position, and log-probs are sorted
@@ -209,7 +271,9 @@ def test_generated_set_is_the_proposers_greedy_output_with_aligned_top_k(tmp_pat
 
 
 def test_interrupted_generation_resumes_to_the_same_dataset(tmp_path, arithmetic_jsonl, models):
-    whole = build_generated_set(generate_responses(_cfg(tmp_path / "a", arithmetic_jsonl, models), progress=False))
+    whole = build_generated_set(
+        generate_responses(_cfg(tmp_path / "a", arithmetic_jsonl, models), progress=False)
+    )
 
     cfg = _cfg(tmp_path / "b", arithmetic_jsonl, models)
 
@@ -262,8 +326,10 @@ def test_training_rows_are_prove_data_tokenization(tmp_path, arithmetic_jsonl, m
         assert tr["labels"] == [-100] * p + gen["response_ids"]
         assert tr["topk_ids"] == gen["topk_ids"]
     short = training_rows(ds, max_len=len(ds[0]["prompt_ids"]) + 2)
-    assert all(len(r["topk_ids"]) == len(r["input_ids"]) - (len(r["labels"]) - sum(x != -100 for x in r["labels"]))
-               for r in short)
+    assert all(
+        len(r["topk_ids"]) == len(r["input_ids"]) - (len(r["labels"]) - sum(x != -100 for x in r["labels"]))
+        for r in short
+    )
 
 
 # -- the stage end to end ------------------------------------------------------------------------------------------
@@ -277,7 +343,9 @@ def test_distill_stage_trains_the_verifier_and_decodes_with_it(tmp_path, arithme
     from transformers import AutoModelForCausalLM
 
     proposer, verifier = models
-    res = train(_cfg(tmp_path, arithmetic_jsonl, models, **{"distill.kl_weight": 1.0, "max_steps": 6, "lr": 1e-2}))
+    res = train(
+        _cfg(tmp_path, arithmetic_jsonl, models, **{"distill.kl_weight": 1.0, "max_steps": 6, "lr": 1e-2})
+    )
     assert res.output_dir == tmp_path / "distill" and res.global_step == 6
     logged = [h for h in res.log_history if "loss" in h]
     assert all(h["loss_kl"] > 0 and h["loss_ce"] > 0 for h in logged)
@@ -290,7 +358,10 @@ def test_distill_stage_trains_the_verifier_and_decodes_with_it(tmp_path, arithme
     meta = read_prove_json(res.output_dir)
     assert meta.stage == "distill" and meta.extra["distilled_from"] == str(proposer)
     assert meta.extra["role"] == "verifier" and meta.extra["kl_weight"] == 1.0 and meta.extra["top_k"] == 4
-    assert meta.extra["generation"]["method"] == "prove-lossless" and meta.extra["generation"]["num_prompts"] == 6
+    assert (
+        meta.extra["generation"]["method"] == "prove-lossless"
+        and meta.extra["generation"]["num_prompts"] == 6
+    )
     assert meta.block_size is None
 
     # the distilled verifier is ProVe's verifier for its proposer
@@ -326,7 +397,9 @@ def test_the_stage_refuses_a_mismatched_verifier_before_generating(tmp_path, ari
     cfg = _cfg(tmp_path, arithmetic_jsonl, (proposer, alien))
     with pytest.raises(ValueError, match="tokenizer differs"):
         train(cfg)
-    assert not list(Path(cfg.distill.generated_dir).glob("**/*.jsonl")), "nothing generated for a verifier it refuses"
+    assert not list(Path(cfg.distill.generated_dir).glob("**/*.jsonl")), (
+        "nothing generated for a verifier it refuses"
+    )
 
 
 def _constant_proposer(qwen2_factory, vocab: int, token: int, seed: int = 0):
@@ -347,7 +420,9 @@ def _constant_proposer(qwen2_factory, vocab: int, token: int, seed: int = 0):
 
 
 @pytest.mark.slow
-def test_distilled_verifier_commits_more_tokens_per_cycle(tmp_path, arithmetic_jsonl, qwen2_factory, tokenizer):
+def test_distilled_verifier_commits_more_tokens_per_cycle(
+    tmp_path, arithmetic_jsonl, qwen2_factory, tokenizer
+):
     """ProVe's claim in miniature: under method=prove at a fixed θ, the verifier distilled on the proposer's
     outputs commits more tokens per cycle on held-out prompts than the same verifier before. (The realistic
     measurement is the tiny recipe's; see the issue report. Here the proposer is a scripted constant model, so
@@ -358,15 +433,25 @@ def test_distilled_verifier_commits_more_tokens_per_cycle(tmp_path, arithmetic_j
     token = tokenizer("apples", add_special_tokens=False)["input_ids"][0]
     proposer = _constant_proposer(qwen2_factory, len(tokenizer), token)
     write_checkpoint(tmp_path / "mars", proposer, tokenizer, block_size=4, base_model="scripted")
-    verifier = qwen2_factory(len(tokenizer), seed=1, layers=1, hidden=32, heads=2, kv_heads=1, intermediate=64)
+    verifier = qwen2_factory(
+        len(tokenizer), seed=1, layers=1, hidden=32, heads=2, kv_heads=1, intermediate=64
+    )
     write_checkpoint(tmp_path / "verifier", verifier, tokenizer)
-    res = train(_cfg(tmp_path, arithmetic_jsonl, (tmp_path / "mars", tmp_path / "verifier"),
-                     **{"distill.num_prompts": 8, "distill.max_new_tokens": 8, "max_steps": 10, "lr": 1e-2}))
+    res = train(
+        _cfg(
+            tmp_path,
+            arithmetic_jsonl,
+            (tmp_path / "mars", tmp_path / "verifier"),
+            **{"distill.num_prompts": 8, "distill.max_new_tokens": 8, "max_steps": 10, "lr": 1e-2},
+        )
+    )
 
     held_out = [json.loads(line)["messages"] for line in (arithmetic_jsonl.parent / "test.jsonl").open()][:6]
 
     def tokens_per_cycle(verifier_dir: Path) -> float:
-        dec = Decoder.from_pretrained(str(tmp_path / "mars"), method="prove", verifier=str(verifier_dir), theta=0.1)
+        dec = Decoder.from_pretrained(
+            str(tmp_path / "mars"), method="prove", verifier=str(verifier_dir), theta=0.1
+        )
         outs = [dec.generate(m, max_new_tokens=12) for m in held_out]
         assert all(o.token_ids == [token] * 12 for o in outs)  # prove commits only the proposer's tokens
         return sum(o.stats.new_tokens for o in outs) / sum(o.stats.cycles for o in outs)
@@ -387,17 +472,33 @@ def _shard_indices(shard: Path) -> list[int]:
 
 
 @pytest.mark.slow
-def test_two_process_generation_partitions_the_prompts_and_a_killed_run_resumes(tmp_path, arithmetic_jsonl, models):
+def test_two_process_generation_partitions_the_prompts_and_a_killed_run_resumes(
+    tmp_path, arithmetic_jsonl, models
+):
     """Two ranks over gloo: rank r answers prompts i ≡ r (mod 2) into its own shard; rank 1 is killed after one
     record (rank 0 torn down wherever it was); the rerun completes the set — nothing lost, nothing repeated, the
     same dataset as one uninterrupted process."""
     n = 8
-    whole = build_generated_set(generate_responses(
-        _cfg(tmp_path / "one", arithmetic_jsonl, models, **{"distill.num_prompts": n}), progress=False, rank=0,
-        world_size=1))
-    overrides = tiny_overrides(tmp_path / "two", arithmetic_jsonl, stage="distill", **{
-        "stage.init_from": str(models[1]), "distill.proposer": str(models[0]), "distill.num_prompts": n,
-        "distill.max_new_tokens": 10, "distill.top_k": 4})
+    whole = build_generated_set(
+        generate_responses(
+            _cfg(tmp_path / "one", arithmetic_jsonl, models, **{"distill.num_prompts": n}),
+            progress=False,
+            rank=0,
+            world_size=1,
+        )
+    )
+    overrides = tiny_overrides(
+        tmp_path / "two",
+        arithmetic_jsonl,
+        stage="distill",
+        **{
+            "stage.init_from": str(models[1]),
+            "distill.proposer": str(models[0]),
+            "distill.num_prompts": n,
+            "distill.max_new_tokens": 10,
+            "distill.top_k": 4,
+        },
+    )
     shards = tmp_path / "two" / "distill-data" / "shards"
 
     killed = _torchrun(["1", "1", *overrides])
@@ -416,4 +517,6 @@ def test_two_process_generation_partitions_the_prompts_and_a_killed_run_resumes(
         assert final[name][: len(indices)] == indices
     resumed = build_generated_set(shards.parent)
     assert _rows(resumed) == _rows(whole)
-    assert json.loads((shards.parent / "generation.json").read_text())["dtype"] == "float32"  # fp32 on the CPU
+    assert (
+        json.loads((shards.parent / "generation.json").read_text())["dtype"] == "float32"
+    )  # fp32 on the CPU

@@ -19,8 +19,21 @@ from prove.train.launch import forwarded_env, write_env_file
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 # Variables a user may have set that change the Makefile's choices.
-CLEAN = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "MASTER_ADDR", "HOSTFILE", "NNODES",
-         "GPUS_PER_NODE", "NODE_RANK", "DS_ENV_FILE", "WANDB_MODE", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+CLEAN = (
+    "HF_HUB_OFFLINE",
+    "HF_DATASETS_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "MASTER_ADDR",
+    "HOSTFILE",
+    "NNODES",
+    "GPUS_PER_NODE",
+    "NODE_RANK",
+    "DS_ENV_FILE",
+    "WANDB_MODE",
+    "MAKEFLAGS",
+    "MFLAGS",
+    "MAKELEVEL",
+)
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -40,7 +53,9 @@ def _lines(proc: subprocess.CompletedProcess) -> list[str]:
 
 
 def test_hostfile_launch_passes_master_addr_only_when_set():
-    lines = _lines(make("train-proposer", "HOSTFILE=hostfile", "NNODES=4", "GPUS_PER_NODE=8", "RECIPE=qwen2.5-32b"))
+    lines = _lines(
+        make("train-proposer", "HOSTFILE=hostfile", "NNODES=4", "GPUS_PER_NODE=8", "RECIPE=qwen2.5-32b")
+    )
     launches = [ln for ln in lines if "/deepspeed " in ln]
     assert len(launches) == 2  # sft, mars
     for ln in launches:
@@ -48,7 +63,9 @@ def test_hostfile_launch_passes_master_addr_only_when_set():
         assert "--master_addr" not in ln and "127.0.0.1" not in ln, ln
         assert "--hostfile hostfile --num_nodes 4 --num_gpus 8" in ln and "--no_local_rank" in ln
         # ... and the environment file is written first, in the same shell line
-        assert ln.index("-m prove.train.launch --env-file .deepspeed_env") < ln.index("DS_ENV_FILE=.deepspeed_env ")
+        assert ln.index("-m prove.train.launch --env-file .deepspeed_env") < ln.index(
+            "DS_ENV_FILE=.deepspeed_env "
+        )
     set_ = _lines(make("train-proposer", "HOSTFILE=hostfile", "NNODES=4", "MASTER_ADDR=10.1.2.3"))
     assert all("--master_addr 10.1.2.3" in ln for ln in set_ if "/deepspeed " in ln)
     from_env = _lines(make("train-proposer", "HOSTFILE=hostfile", "NNODES=4", env=_env(MASTER_ADDR="node0")))
@@ -59,7 +76,9 @@ def test_torchrun_launch_per_node():
     one = _lines(make("train-proposer", "NNODES=1", "GPUS_PER_NODE=2"))
     assert all("--master_addr 127.0.0.1" in ln for ln in one)  # one node: loopback is right
     node1 = _lines(make("train-proposer", "NNODES=2", "GPUS_PER_NODE=8", "NODE_RANK=1", "MASTER_ADDR=node0"))
-    assert all("torchrun --nnodes 2 --nproc_per_node 8 --node_rank 1 --master_addr node0" in ln for ln in node1)
+    assert all(
+        "torchrun --nnodes 2 --nproc_per_node 8 --node_rank 1 --master_addr node0" in ln for ln in node1
+    )
     # several nodes and no address of node 0: a clear error, not ranks waiting on their own loopback
     proc = make("train-proposer", "NNODES=2", "GPUS_PER_NODE=8", "NODE_RANK=1")
     assert proc.returncode != 0 and "set MASTER_ADDR=<node 0 address>" in proc.stderr
@@ -69,12 +88,14 @@ def _stand_in_venv(root: Path, dump: Path, real_python: bool) -> Path:
     """bin/{python,deepspeed,torchrun,prove-train}: each appends its argv, env and $DS_ENV_FILE to ``dump``."""
     bin_ = root / "bin"
     bin_.mkdir(parents=True)
-    record = (f'{{ echo "ARGV $(basename "$0") $*"; env | sed "s/^/ENV /"; '
-              f'[ -n "$DS_ENV_FILE" ] && [ -f "$DS_ENV_FILE" ] && sed "s/^/DSENV /" "$DS_ENV_FILE"; }} >> {dump}\nexit 0\n')
+    record = (
+        f'{{ echo "ARGV $(basename "$0") $*"; env | sed "s/^/ENV /"; '
+        f'[ -n "$DS_ENV_FILE" ] && [ -f "$DS_ENV_FILE" ] && sed "s/^/DSENV /" "$DS_ENV_FILE"; }} >> {dump}\nexit 0\n'
+    )
     for name in ("python", "deepspeed", "torchrun", "prove-train"):
         script = bin_ / name
         if name == "python" and real_python:
-            script.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} \"$@\"\n")
+            script.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
         else:
             script.write_text("#!/bin/sh\n" + record)
         script.chmod(0o755)
@@ -116,11 +137,26 @@ def test_training_reaches_the_hub_tests_stay_offline(tmp_path):
 def test_hostfile_launch_writes_the_environment_file_first(tmp_path):
     dump, env_file = tmp_path / "calls.txt", tmp_path / "ds_env"
     venv = _stand_in_venv(tmp_path / "venv", dump, real_python=True)
-    env = _env(HF_HOME="/shared/hf", HF_HUB_ENABLE_HF_TRANSFER="1", HF_TOKEN="hf_secret", WANDB_API_KEY="k",
-               WANDB_PROJECT="prove-32b", CUDA_VISIBLE_DEVICES="0,1", PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True",
-               NCCL_DEBUG="WARN")
-    proc = make("train-proposer", f"VENV={venv}", "HOSTFILE=hostfile", "NNODES=2", "GPUS_PER_NODE=8",
-                f"DS_ENV_FILE={env_file}", env=env, dry=False)
+    env = _env(
+        HF_HOME="/shared/hf",
+        HF_HUB_ENABLE_HF_TRANSFER="1",
+        HF_TOKEN="hf_secret",
+        WANDB_API_KEY="k",
+        WANDB_PROJECT="prove-32b",
+        CUDA_VISIBLE_DEVICES="0,1",
+        PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True",
+        NCCL_DEBUG="WARN",
+    )
+    proc = make(
+        "train-proposer",
+        f"VENV={venv}",
+        "HOSTFILE=hostfile",
+        "NNODES=2",
+        "GPUS_PER_NODE=8",
+        f"DS_ENV_FILE={env_file}",
+        env=env,
+        dry=False,
+    )
     assert proc.returncode == 0, proc.stderr
     launches = _records(dump, "deepspeed")
     assert len(launches) == 2
@@ -141,12 +177,26 @@ def test_hostfile_launch_writes_the_environment_file_first(tmp_path):
 
 
 def test_forwarded_env_rules(tmp_path):
-    keep, skipped = forwarded_env({"HF_HOME": "/x", "HF_TOKEN": "t", "WANDB_API_KEY": "k", "PATH": "/bin",
-                                   "OMP_NUM_THREADS": "4", "TRANSFORMERS_CACHE": 'a"b', "HF_X": "a\nb",
-                                   "CUDA_VISIBLE_DEVICES": "0", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-                                   "TOKENIZERS_PARALLELISM": "false"})
-    assert keep == {"HF_HOME": "/x", "OMP_NUM_THREADS": "4", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-                    "TOKENIZERS_PARALLELISM": "false"}
+    keep, skipped = forwarded_env(
+        {
+            "HF_HOME": "/x",
+            "HF_TOKEN": "t",
+            "WANDB_API_KEY": "k",
+            "PATH": "/bin",
+            "OMP_NUM_THREADS": "4",
+            "TRANSFORMERS_CACHE": 'a"b',
+            "HF_X": "a\nb",
+            "CUDA_VISIBLE_DEVICES": "0",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+    )
+    assert keep == {
+        "HF_HOME": "/x",
+        "OMP_NUM_THREADS": "4",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     assert {s.split()[0] for s in skipped} == {"HF_TOKEN", "WANDB_API_KEY", "TRANSFORMERS_CACHE", "HF_X"}
     path = tmp_path / ".deepspeed_env"
     write_env_file(path, {"HF_HOME": "/x"})

@@ -64,7 +64,10 @@ def test_clean_term_is_plain_causal_lm_loss(qwen2_factory):
     ids, labels = batch["input_ids"], batch["labels"]
     x, pos = block_inputs(ids, labels, MASK)
     with torch.no_grad():
-        out = mars_loss(model(input_ids=x, position_ids=pos, attention_mask=block_attention_bias(ids.shape[1], 4)).logits, labels)
+        out = mars_loss(
+            model(input_ids=x, position_ids=pos, attention_mask=block_attention_bias(ids.shape[1], 4)).logits,
+            labels,
+        )
         ref = model(input_ids=ids, labels=labels).loss
     torch.testing.assert_close(out.clean, ref, rtol=1e-5, atol=1e-5)
 

@@ -27,7 +27,9 @@ def test_32b_recipe_composes_with_what_makes_it_fit(stage):
     assert cfg.model.name_or_path == "Qwen/Qwen2.5-32B-Instruct" and cfg.model.dtype == "bfloat16"
     assert t.bf16 and t.activation_checkpointing
     assert ds["bf16"]["enabled"] == "auto" and ds["zero_optimization"]["stage"] == 3  # bf16 from the trainer
-    assert ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True  # final dir loads as is
+    assert (
+        ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
+    )  # final dir loads as is
     assert "offload_optimizer" not in ds["zero_optimization"]
     # effective batch 384 of the MARS reference, one parameter-gather pass per optimizer step
     assert t.per_device_train_batch_size * t.gradient_accumulation_steps * GPUS == 384
@@ -44,7 +46,10 @@ def test_prove_train_cfg_job_composes_the_32b_recipe(stage="mars"):
     stages compose in-process above, through the same Hydra compose)."""
     proc = subprocess.run(
         [sys.executable, "-m", "prove.train.cli", "--cfg", "job", "recipe=qwen2.5-32b", f"stage={stage}"],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     job = yaml.safe_load(proc.stdout)
@@ -70,7 +75,8 @@ def _deepspeed_optimizer(ds: dict):
     zero = ds["zero_optimization"]
     fake = SimpleNamespace(
         zero_use_cpu_optimizer=lambda: zero.get("offload_optimizer", {}).get("device") in ("cpu", "nvme"),
-        zenflow=False, bf16_optimizer_states=lambda: False,
+        zenflow=False,
+        bf16_optimizer_states=lambda: False,
     )
     params = dict(ds["optimizer"]["params"])
     cls, _ = engine.DeepSpeedEngine.get_optimizer_configuration(fake, params, True)
@@ -88,8 +94,10 @@ def test_zero3_offload_uses_deepspeeds_cpu_adam():
     assert _deepspeed_optimizer(train_config(["deepspeed=zero3"]).deepspeed) is torch.optim.AdamW
 
 
-@pytest.mark.parametrize("max_len,k,fix", [(100, 16, "use max_len=96 or max_len=112"), (10, 16, None),
-                                           (513, 16, "use max_len=512 or max_len=528")])
+@pytest.mark.parametrize(
+    "max_len,k,fix",
+    [(100, 16, "use max_len=96 or max_len=112"), (10, 16, None), (513, 16, "use max_len=512 or max_len=528")],
+)
 def test_mars_max_len_must_be_a_multiple_of_k(max_len, k, fix):
     overrides = ["stage=mars", f"max_len={max_len}", f"block_size={k}"]
     if fix is None:  # K above max_len: the existing, more specific error
@@ -113,5 +121,10 @@ def test_truncated_rows_would_get_eos_labels_inside_the_answer():
 
 def test_recipe_header_states_the_sizing():
     text = (ROOT / "recipes" / "qwen2.5-32b.yaml").read_text()
-    for needle in ("Memory per GPU", "micro-batch 12 × accumulation 1 = 384", "Wall time", "every 1000 steps"):
+    for needle in (
+        "Memory per GPU",
+        "micro-batch 12 × accumulation 1 = 384",
+        "Wall time",
+        "every 1000 steps",
+    ):
         assert needle in text

@@ -31,7 +31,9 @@ def test_unknown_stage_names_the_choices():
 
 
 def test_units_differ_where_the_stages_do(arithmetic_jsonl):
-    mars = train_config(["stage=mars", f"data.path={arithmetic_jsonl}", "block_size=8", "stage.ar_weight=0.5"])
+    mars = train_config(
+        ["stage=mars", f"data.path={arithmetic_jsonl}", "block_size=8", "stage.ar_weight=0.5"]
+    )
     unit = stage_unit(mars.stage.name)
     assert unit.adds_mask_token and unit.lora_trains_mask_token
     assert unit.block_size(mars) == 8 and unit.meta_extra(mars) == {"ar_weight": 0.5}

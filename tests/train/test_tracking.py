@@ -22,12 +22,19 @@ def test_wandb_mode_needs_a_login_to_go_online(tmp_path):
     assert tracking.wandb_mode({"WANDB_MODE": "disabled"}, home=home) == ("disabled", None)
     with pytest.raises(ValueError, match="WANDB_MODE='ofline': use one of"):
         tracking.wandb_mode({"WANDB_MODE": "ofline"}, home=home)
-    assert tracking.wandb_mode({"WANDB_MODE": "online", "WANDB_API_KEY": "x" * 40}, home=home) == ("online", None)
+    assert tracking.wandb_mode({"WANDB_MODE": "online", "WANDB_API_KEY": "x" * 40}, home=home) == (
+        "online",
+        None,
+    )
     (home / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password " + "y" * 40 + "\n")
     assert tracking.wandb_mode({"WANDB_MODE": "online"}, home=home) == ("online", None)
     # a netrc for another host (a self-hosted server named by WANDB_BASE_URL) is not a login to it
-    assert tracking.wandb_mode({"WANDB_MODE": "online", "WANDB_BASE_URL": "https://wandb.example.org"},
-                               home=home)[0] == "offline"
+    assert (
+        tracking.wandb_mode(
+            {"WANDB_MODE": "online", "WANDB_BASE_URL": "https://wandb.example.org"}, home=home
+        )[0]
+        == "offline"
+    )
 
 
 class _FakeWandb:

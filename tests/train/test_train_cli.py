@@ -14,7 +14,9 @@ from tests.train.helpers import tiny_overrides, train_config
 
 def _cli(*args: str, cwd) -> subprocess.CompletedProcess:
     code = "from prove.train.cli import main; main()"
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_cli_composes_a_recipe_from_any_directory(tmp_path):

@@ -17,7 +17,10 @@ REQUIRED = {
     ("model", "hf"): ["model.name_or_path=Qwen/Qwen2.5-0.5B-Instruct"],
     ("data", "jsonl"): ["data.path=conversations.jsonl"],
     ("stage", "distill"): ["stage.init_from=Qwen/Qwen2.5-0.5B-Instruct"],
-    ("peft", "lora"): ["model=hf", "model.name_or_path=Qwen/Qwen2.5-0.5B-Instruct"],  # LoRA adapts a pretrained model
+    ("peft", "lora"): [
+        "model=hf",
+        "model.name_or_path=Qwen/Qwen2.5-0.5B-Instruct",
+    ],  # LoRA adapts a pretrained model
 }
 
 
@@ -48,7 +51,11 @@ def test_every_train_yaml_composes():
 def test_recipes_resolve_per_stage_knobs():
     sft = train_config(["recipe=tiny", "stage=sft"])
     mars = train_config(["recipe=tiny", "stage=mars"])
-    assert (sft.trainer.learning_rate, sft.trainer.max_steps, sft.trainer.per_device_train_batch_size) == (3e-3, 700, 32)
+    assert (sft.trainer.learning_rate, sft.trainer.max_steps, sft.trainer.per_device_train_batch_size) == (
+        3e-3,
+        700,
+        32,
+    )
     assert (mars.trainer.learning_rate, mars.trainer.max_steps, mars.stage.block_size) == (7e-4, 300, 8)
     assert sft.trainer.max_minutes and mars.trainer.max_minutes
     assert mars.stage.init_from == "runs/tiny/sft" and sft.stage.init_from is None

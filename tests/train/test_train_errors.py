@@ -11,7 +11,9 @@ from tests.train.helpers import tiny_overrides, train_config, write_checkpoint
 
 
 def _hf_dir(tmp_path, tokenizer, qwen2_factory, name="base"):
-    return write_checkpoint(tmp_path / name, qwen2_factory(len(tokenizer), eos_token_id=tokenizer.eos_token_id), tokenizer)
+    return write_checkpoint(
+        tmp_path / name, qwen2_factory(len(tokenizer), eos_token_id=tokenizer.eos_token_id), tokenizer
+    )
 
 
 def test_missing_dataset_path(tmp_path):
@@ -48,7 +50,10 @@ def test_mars_before_sft(tmp_path, arithmetic_jsonl):
 
 @pytest.mark.parametrize(
     "kw,match",
-    [({"block_size": 0}, "block_size=0.*K must be"), ({"block_size": 200, "max_len": 128}, "exceeds max_len")],
+    [
+        ({"block_size": 0}, "block_size=0.*K must be"),
+        ({"block_size": 200, "max_len": 128}, "exceeds max_len"),
+    ],
 )
 def test_bad_block_size(tmp_path, arithmetic_jsonl, kw, match):
     with pytest.raises(ValueError, match=match):

@@ -43,9 +43,20 @@ def test_lora_mars_adapter_reloads_and_merges(tmp_path, stock_tokenizer, qwen2_f
 
     base_dir = _stock_dir(tmp_path, stock_tokenizer, qwen2_factory)
     over = tiny_overrides(
-        tmp_path / "run", arithmetic_jsonl, model="hf", stage="mars", peft="lora", lr=5e-3,
-        **{"model.name_or_path": str(base_dir), "stage.init_from": "null", "data.chat_template": "chatml",
-           "peft.r": 4, "peft.alpha": 8, "peft.dropout": 0.0},
+        tmp_path / "run",
+        arithmetic_jsonl,
+        model="hf",
+        stage="mars",
+        peft="lora",
+        lr=5e-3,
+        **{
+            "model.name_or_path": str(base_dir),
+            "stage.init_from": "null",
+            "data.chat_template": "chatml",
+            "peft.r": 4,
+            "peft.alpha": 8,
+            "peft.dropout": 0.0,
+        },
     )
     res = train(train_config(over))
     ls = losses(res.log_history)
@@ -69,7 +80,9 @@ def test_lora_mars_adapter_reloads_and_merges(tmp_path, stock_tokenizer, qwen2_f
     with torch.no_grad():
         want = merged(input_ids=x).logits
         torch.testing.assert_close(reloaded(input_ids=x).logits, want, rtol=1e-4, atol=1e-4)
-        offline = AutoModelForCausalLM.from_pretrained(merge_adapter(base_dir, adapter, tmp_path / "m")).eval()
+        offline = AutoModelForCausalLM.from_pretrained(
+            merge_adapter(base_dir, adapter, tmp_path / "m")
+        ).eval()
         torch.testing.assert_close(offline(input_ids=x).logits, want, rtol=1e-4, atol=1e-4)
         # the adapter changes the model's outputs (it is not a no-op)
         with reloaded.disable_adapter():

@@ -44,8 +44,11 @@ def test_sft_loss_falls_and_every_parameter_changes(stages):
     assert sft.output_dir == run_dir / "sft" and sft.global_step == 8
     _assert_falling(sft.log_history)
     cfg = train_config(tiny_overrides(run_dir, Path("unused"), stage="sft"))
-    init = dict(scratch_model(cfg.model.scratch, AutoTokenizer.from_pretrained(run_dir / "tokenizer"), cfg.model, 0)
-                .named_parameters())
+    init = dict(
+        scratch_model(
+            cfg.model.scratch, AutoTokenizer.from_pretrained(run_dir / "tokenizer"), cfg.model, 0
+        ).named_parameters()
+    )
     after = _state(sft.output_dir)
     assert init.keys() == after.keys()
     unchanged = [n for n in init if torch.equal(init[n], after[n])]
@@ -78,7 +81,9 @@ def test_checkpoint_contract(stages):
     assert meta.base_model == read_prove_json(sft.output_dir).base_model == "scratch:qwen2-2l-32h"
     assert meta.extra["init_from"] == str(run_dir / "sft")
     assert meta.extra["training_config"]["stage"]["name"] == "mars"
-    assert read_prove_json(sft.output_dir).stage == "sft" and read_prove_json(sft.output_dir).block_size is None
+    assert (
+        read_prove_json(sft.output_dir).stage == "sft" and read_prove_json(sft.output_dir).block_size is None
+    )
     for name in ("config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"):
         assert (mars.output_dir / name).is_file(), name
 
@@ -89,8 +94,12 @@ def test_saved_checkpoint_generates_with_transformers(stages):
     _, _, mars = stages
     tok = AutoTokenizer.from_pretrained(mars.output_dir)
     model = AutoModelForCausalLM.from_pretrained(mars.output_dir).eval()
-    ids = tok.apply_chat_template([{"role": "user", "content": "Ana has 3 pens."}], add_generation_prompt=True,
-                                  return_tensors="pt", return_dict=True)["input_ids"]
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "Ana has 3 pens."}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )["input_ids"]
     out = model.generate(ids, max_new_tokens=5, do_sample=False)
     from prove.decode import Decoder
 
@@ -102,7 +111,9 @@ def test_saved_checkpoint_decodes_in_prove_decode(stages):
     from prove.decode import Decoder
 
     _, _, mars = stages
-    prompt = [{"role": "user", "content": "Ana has 3 pens. Ben gives Ana 2 more. How many pens does Ana have?"}]
+    prompt = [
+        {"role": "user", "content": "Ana has 3 pens. Ben gives Ana 2 more. How many pens does Ana have?"}
+    ]
     ar = Decoder(str(mars.output_dir), method="ar").generate(prompt, max_new_tokens=12)
     lossless = Decoder(str(mars.output_dir), method="prove-lossless").generate(prompt, max_new_tokens=12)
     assert len(ar.token_ids) > 0
@@ -112,7 +123,9 @@ def test_saved_checkpoint_decodes_in_prove_decode(stages):
 def test_resume_continues_from_the_last_checkpoint(tmp_path, arithmetic_jsonl):
     """A run that stopped after step 4 (its checkpoint-4 saved) restarts there, not at step 0."""
     over = dict(stage="sft", max_steps=6, **{"trainer.save_steps": 4, "trainer.save_total_limit": 3})
-    first = train(train_config(tiny_overrides(tmp_path, arithmetic_jsonl, **over, **{"trainer.max_steps": 4})))
+    first = train(
+        train_config(tiny_overrides(tmp_path, arithmetic_jsonl, **over, **{"trainer.max_steps": 4}))
+    )
     state_file = first.output_dir / "checkpoint-4" / "trainer_state.json"
     state = json.loads(state_file.read_text())
     assert state["global_step"] == 4
@@ -128,8 +141,15 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path, arithmetic_jsonl):
 
 
 def test_wall_clock_cap_stops_saves_and_says_so(tmp_path, arithmetic_jsonl):
-    with pytest.warns(UserWarning, match=r"wall-clock cap .* at step \d+ of 50: the checkpoint is under-trained"):
-        res = train(train_config(tiny_overrides(tmp_path, arithmetic_jsonl, stage="sft", max_steps=50,
-                                                **{"trainer.max_minutes": 1e-4})))
+    with pytest.warns(
+        UserWarning, match=r"wall-clock cap .* at step \d+ of 50: the checkpoint is under-trained"
+    ):
+        res = train(
+            train_config(
+                tiny_overrides(
+                    tmp_path, arithmetic_jsonl, stage="sft", max_steps=50, **{"trainer.max_minutes": 1e-4}
+                )
+            )
+        )
     assert res.stopped_by_wall_clock and res.global_step < 50
     assert (res.output_dir / "model.safetensors").is_file()

@@ -13,16 +13,33 @@ from tests.train.helpers import tiny_overrides, torchrun, write_checkpoint
 pytestmark = pytest.mark.slow
 
 
-def test_zero3_two_process_mars_checkpoint_matches_in_memory_model(tmp_path, tokenizer, qwen2_factory, arithmetic_jsonl):
+def test_zero3_two_process_mars_checkpoint_matches_in_memory_model(
+    tmp_path, tokenizer, qwen2_factory, arithmetic_jsonl
+):
     pytest.importorskip("deepspeed")
     from transformers import AutoModelForCausalLM
 
     sft = tmp_path / "sft"
-    write_checkpoint(sft, qwen2_factory(len(tokenizer), eos_token_id=tokenizer.eos_token_id,
-                                        pad_token_id=tokenizer.pad_token_id), tokenizer)
+    write_checkpoint(
+        sft,
+        qwen2_factory(
+            len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+        ),
+        tokenizer,
+    )
     overrides = tiny_overrides(
-        tmp_path, arithmetic_jsonl, model="hf", stage="mars", deepspeed="zero3", max_steps=4, lr=1e-3,
-        **{"model.name_or_path": str(sft), "stage.init_from": str(sft), "trainer.per_device_train_batch_size": 4},
+        tmp_path,
+        arithmetic_jsonl,
+        model="hf",
+        stage="mars",
+        deepspeed="zero3",
+        max_steps=4,
+        lr=1e-3,
+        **{
+            "model.name_or_path": str(sft),
+            "stage.init_from": str(sft),
+            "trainer.per_device_train_batch_size": 4,
+        },
     )
     out = tmp_path / "inmemory.pt"
     proc = torchrun("zero3_driver.py", [str(out), *overrides])
@@ -38,7 +55,9 @@ def test_zero3_two_process_mars_checkpoint_matches_in_memory_model(tmp_path, tok
     mars = tmp_path / "mars"
     meta = json.loads((mars / "prove.json").read_text())
     assert meta["stage"] == "mars" and meta["block_size"] == 4
-    model = AutoModelForCausalLM.from_pretrained(mars).eval()  # a plain HF dir: the 16-bit weights were gathered
+    model = AutoModelForCausalLM.from_pretrained(
+        mars
+    ).eval()  # a plain HF dir: the 16-bit weights were gathered
     with torch.no_grad():
         logits = model(input_ids=ref["input_ids"]).logits
     torch.testing.assert_close(logits, ref["logits"], rtol=1e-4, atol=1e-4)
@@ -55,15 +74,33 @@ def test_zero3_two_process_lora_leaves_a_merged_checkpoint_that_decodes(tmp_path
     from transformers import AutoModelForCausalLM
 
     sft = tmp_path / "sft"
-    write_checkpoint(sft, qwen2_factory(len(tokenizer), eos_token_id=tokenizer.eos_token_id,
-                                        pad_token_id=tokenizer.pad_token_id), tokenizer)
+    write_checkpoint(
+        sft,
+        qwen2_factory(
+            len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+        ),
+        tokenizer,
+    )
     overrides = tiny_overrides(
-        tmp_path, arithmetic_jsonl, model="hf", stage="mars", deepspeed="zero3", peft="lora", max_steps=3, lr=1e-2,
-        **{"model.name_or_path": str(sft), "stage.init_from": str(sft), "trainer.per_device_train_batch_size": 4,
-           "peft.r": 4, "peft.alpha": 8, "peft.dropout": 0.0,
-           # peft's trainable-token rows gather their ZeRO-3 weights on torch.cuda.current_device(): GPU-only, so
-           # the <|mask|> row stays frozen here (it is already a row of the base model's embedding)
-           "peft.train_mask_token": "false"},
+        tmp_path,
+        arithmetic_jsonl,
+        model="hf",
+        stage="mars",
+        deepspeed="zero3",
+        peft="lora",
+        max_steps=3,
+        lr=1e-2,
+        **{
+            "model.name_or_path": str(sft),
+            "stage.init_from": str(sft),
+            "trainer.per_device_train_batch_size": 4,
+            "peft.r": 4,
+            "peft.alpha": 8,
+            "peft.dropout": 0.0,
+            # peft's trainable-token rows gather their ZeRO-3 weights on torch.cuda.current_device(): GPU-only, so
+            # the <|mask|> row stays frozen here (it is already a row of the base model's embedding)
+            "peft.train_mask_token": "false",
+        },
     )
     out = tmp_path / "inmemory.pt"
     proc = torchrun("zero3_driver.py", [str(out), *overrides])
@@ -77,11 +114,14 @@ def test_zero3_two_process_lora_leaves_a_merged_checkpoint_that_decodes(tmp_path
     ref = torch.load(out)
     merged = AutoModelForCausalLM.from_pretrained(mars).eval()
     with torch.no_grad():
-        torch.testing.assert_close(merged(input_ids=ref["input_ids"]).logits, ref["logits"], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            merged(input_ids=ref["input_ids"]).logits, ref["logits"], rtol=1e-4, atol=1e-4
+        )
         before = AutoModelForCausalLM.from_pretrained(sft).eval()(input_ids=ref["input_ids"]).logits
     assert not torch.allclose(before, ref["logits"], atol=1e-4)  # the adapter trained: not the base model
     dec = Decoder.from_pretrained(str(mars), method="prove-lossless")
     res = dec.generate([{"role": "user", "content": "Ana has 3 apples. How many?"}], max_new_tokens=6)
     ar = Decoder.from_pretrained(str(mars), method="ar").generate(
-        [{"role": "user", "content": "Ana has 3 apples. How many?"}], max_new_tokens=6)
+        [{"role": "user", "content": "Ana has 3 apples. How many?"}], max_new_tokens=6
+    )
     assert len(res.token_ids) > 0 and res.token_ids == ar.token_ids

@@ -26,22 +26,39 @@ def test_two_nodes_sft_then_mars_zero3_checkpoints_decode(tmp_path, arithmetic_j
         pytest.skip("needs the venv's torchrun (run under .venv/bin/python)")
     runs = tmp_path / "runs"  # the "shared file system" of both nodes
     args = tiny_overrides(
-        runs, arithmetic_jsonl, deepspeed="zero3", max_steps=3,
+        runs,
+        arithmetic_jsonl,
+        deepspeed="zero3",
+        max_steps=3,
         **{"trainer.per_device_train_batch_size": 4, "trainer.save_steps": 2, "trainer.max_minutes": "null"},
     )
     port = free_port()
     procs, logs = [], []
     for rank in (0, 1):
         env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-        env.update(OMP_NUM_THREADS="1", HF_DATASETS_CACHE=str(tmp_path / f"node{rank}-cache"))  # each node's disk
+        env.update(
+            OMP_NUM_THREADS="1", HF_DATASETS_CACHE=str(tmp_path / f"node{rank}-cache")
+        )  # each node's disk
         # DeepSpeed JIT-builds its CPU shared-memory comm op on first use (minutes); keep the build next to the
         # venv it was built for, so venvs at other paths sharing ~/.cache/torch_extensions do not rebuild it in turn.
         env.setdefault("TORCH_EXTENSIONS_DIR", str(VENV / "torch_extensions"))
         log = open(tmp_path / f"node{rank}.log", "w")  # noqa: SIM115 - closed below
         logs.append(log)
-        cmd = ["make", "--no-print-directory", "-o", f"{VENV}/.prove-installed", "train-proposer", f"VENV={VENV}",
-               "RECIPE=tiny", "NNODES=2", "GPUS_PER_NODE=1", f"NODE_RANK={rank}", "MASTER_ADDR=127.0.0.1",
-               f"MASTER_PORT={port}", "ARGS=" + " ".join(args)]
+        cmd = [
+            "make",
+            "--no-print-directory",
+            "-o",
+            f"{VENV}/.prove-installed",
+            "train-proposer",
+            f"VENV={VENV}",
+            "RECIPE=tiny",
+            "NNODES=2",
+            "GPUS_PER_NODE=1",
+            f"NODE_RANK={rank}",
+            "MASTER_ADDR=127.0.0.1",
+            f"MASTER_PORT={port}",
+            "ARGS=" + " ".join(args),
+        ]
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
     deadline = time.monotonic() + 840  # ~1 min on an idle 2-core CPU; minutes more on a busy one
     try:

@@ -23,8 +23,16 @@ def main() -> None:
     with torch.no_grad():
         logits = model(input_ids=x).logits  # every rank takes part: ZeRO-3 gathers each layer's weights
     if torch.distributed.get_rank() == 0:
-        torch.save({"input_ids": x, "logits": logits, "global_step": res.global_step,
-                    "world_size": torch.distributed.get_world_size(), "logs": [h for h in res.log_history if "loss" in h]}, out)
+        torch.save(
+            {
+                "input_ids": x,
+                "logits": logits,
+                "global_step": res.global_step,
+                "world_size": torch.distributed.get_world_size(),
+                "logs": [h for h in res.log_history if "loss" in h],
+            },
+            out,
+        )
     torch.distributed.barrier()
 
 
