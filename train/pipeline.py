@@ -64,7 +64,9 @@ def _run(cfg: TrainConfig, tracker: Any) -> StageResult:
     dataset = unit.dataset(cfg, tokenizer, args)  # 4)
     if cfg.peft.kind == PeftKind.lora:  # 5)
         model = apply_lora(model, cfg, mask_id if unit.lora_trains_mask_token else None)
-    wall = WallClockCallback(cfg.trainer.max_minutes) if cfg.trainer.max_minutes is not None else None
+    wall = None
+    if cfg.trainer.max_minutes is not None:
+        wall = WallClockCallback(cfg.trainer.max_minutes, max_minutes_setting(cfg))
     trainer = unit.trainer(  # 6)
         cfg,
         mask_id,
@@ -88,6 +90,16 @@ def _run(cfg: TrainConfig, tracker: Any) -> StageResult:
         log_history=list(trainer.state.log_history),
         model=trainer.model_wrapped,
     )
+
+
+def max_minutes_setting(cfg: TrainConfig) -> str:
+    """The override that sets this stage's wall-clock cap: a recipe's per-stage knob where the recipe has
+    one (``stages.<role>.<stage>.max_minutes``), else ``trainer.max_minutes``."""
+    role, name = str(cfg.stage.role), str(cfg.stage.name)
+    knobs = (cfg.stages or {}).get(role) or {}
+    if "max_minutes" in (knobs.get(name) or {}):
+        return f"stages.{role}.{name}.max_minutes"
+    return "trainer.max_minutes"
 
 
 def training_arguments(cfg: TrainConfig, report_to: list[str]) -> TrainingArguments:

@@ -123,8 +123,10 @@ class WallClockCallback(TrainerCallback):
     Under several processes rank 0's clock decides, broadcast every step, so all ranks stop together.
     """
 
-    def __init__(self, max_minutes: float):
+    def __init__(self, max_minutes: float, setting: str = "trainer.max_minutes"):
         self.max_seconds = max_minutes * 60.0
+        self.setting = setting
+        """The override that raises the cap (named in the warning when it cuts a run short)."""
         self.start: float | None = None
         self.stopped_at_step: int | None = None
 
@@ -146,9 +148,8 @@ class WallClockCallback(TrainerCallback):
                 # said out loud: a checkpoint cut short by the clock decodes worse, and nothing else shows it
                 warnings.warn(
                     f"training stopped by its wall-clock cap (max_minutes={self.max_seconds / 60:g}) at step "
-                    f"{state.global_step} of {state.max_steps}: the checkpoint is under-trained. Raise the "
-                    "stage's max_minutes (e.g. stages.proposer.mars.max_minutes=40), or run it on a less busy "
-                    "machine.",
+                    f"{state.global_step} of {state.max_steps}: the checkpoint is under-trained. Raise "
+                    f"{self.setting}, or run it on a less busy machine.",
                     stacklevel=2,
                 )
         return control

@@ -142,7 +142,8 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path, arithmetic_jsonl):
 
 def test_wall_clock_cap_stops_saves_and_says_so(tmp_path, arithmetic_jsonl):
     with pytest.warns(
-        UserWarning, match=r"wall-clock cap .* at step \d+ of 50: the checkpoint is under-trained"
+        UserWarning,
+        match=r"wall-clock cap .* at step \d+ of 50: the checkpoint is under-trained. Raise trainer.max_minutes",
     ):
         res = train(
             train_config(
@@ -153,3 +154,14 @@ def test_wall_clock_cap_stops_saves_and_says_so(tmp_path, arithmetic_jsonl):
         )
     assert res.stopped_by_wall_clock and res.global_step < 50
     assert (res.output_dir / "model.safetensors").is_file()
+
+
+def test_the_cap_warning_names_the_recipe_knob_that_sets_it():
+    from prove.train.pipeline import max_minutes_setting
+
+    cfg = train_config(["recipe=tiny", "stage=sft", "stage.role=verifier"])
+    assert max_minutes_setting(cfg) == "stages.verifier.sft.max_minutes" and cfg.trainer.max_minutes == 2.5
+    assert (
+        max_minutes_setting(train_config(["recipe=tiny", "stage=mars"])) == "stages.proposer.mars.max_minutes"
+    )
+    assert max_minutes_setting(train_config(["stage=sft"])) == "trainer.max_minutes"
