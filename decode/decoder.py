@@ -212,7 +212,9 @@ class Decoder:
         if self.params.fuse:  # one pass a cycle: the verifier drafts the proposer's next block
             from prove.decode.fused import build_fused
 
-            self.proposer, self.verifier = build_fused(self.models, self.params, self.generator)
+            self.proposer, self.verifier = build_fused(
+                self.models, self.params, self.generator, branch=self.method.branches
+            )
         probe_wanted = self.trace and self.models.verifier is not None and not self.method.needs_verifier
         self.probe = ModelVerifier(self.models.verifier, is_target=False) if probe_wanted else None
 

@@ -253,7 +253,8 @@ class CycleView:
 
     proposal: Proposal
     target_logits: torch.Tensor | None
-    """(k+1, V) teacher-forced logits of the target (verifier ``self``) over y_1..y_k, or None."""
+    """(k+1, V) teacher-forced logits of the target (verifier ``self``) over y_1..y_k, or None; with a
+    ``proposal.branch`` (b, z), followed by the k−b rows of the branch [z, y_{b+2}..y_k]."""
     verifier_logits: torch.Tensor | None
     """(k+1, V) teacher-forced logits of a separate verifier model (verifier ``small``), or None."""
     params: Any
@@ -351,7 +352,8 @@ def run(
         # 1) propose
         proposal = proposer.propose(seq, budget)
         # 2) score: one teacher-forced pass of the verifier over [pending, y_1..y_k]
-        scored = verifier.score(seq, proposal.tokens)
+        branch = {} if proposal.branch is None else {"branch": proposal.branch}  # (fused: its rows follow)
+        scored = verifier.score(seq, proposal.tokens, **branch)
         probed = probe.score(seq, proposal.tokens) if probe is not None else None
         view = CycleView(
             proposal=proposal,
@@ -366,7 +368,9 @@ def run(
         assert 0 <= accept.n <= proposal.tokens.shape[0], (
             f"rule accepted {accept.n} of {proposal.tokens.shape[0]}"
         )
-        tokens = proposal.tokens[: accept.n].tolist() + ([accept.extra] if accept.extra is not None else [])
+        accepted = list(accept.path) if accept.path is not None else proposal.tokens[: accept.n].tolist()
+        assert len(accepted) == accept.n, "a rule's path holds its n accepted tokens"
+        tokens = accepted + ([accept.extra] if accept.extra is not None else [])
         # 4) commit, stopping where AR would; crop every cache to the committed prefix
         before = len(new)
         done = stopper.commit(new, tokens)

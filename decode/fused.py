@@ -81,6 +81,10 @@ from prove.decode.sampling import logits_to_probs, pick, restrict
 if TYPE_CHECKING:
     from prove.decode.engine import ModelRunner
 
+BRANCH_BELOW = 0.9
+"""A carried proposal's first position with p̃ under this gets a second candidate (``Proposal.branch``): on
+the demo, half of the rejected positions had the greedy token as the proposer's second choice."""
+
 SKIPPED = -1
 """What ``ModelRunner.fed`` records for a tree entry off the causal line: it never equals a committed token."""
 
@@ -90,7 +94,8 @@ SKIPPED = -1
 
 @dataclass(frozen=True)
 class TreeLayout:
-    """The new entries after the pending tokens: y_1..y_k, then the groups in increasing j."""
+    """The new entries after the pending tokens: y_1..y_k, then the branch (if any), then the groups in
+    increasing j."""
 
     k: int
     offsets: torch.Tensor
@@ -99,24 +104,42 @@ class TreeLayout:
     """(E, E) bool: entry (row) may attend entry (column). Every entry also sees context and pending."""
     groups: tuple[tuple[int, int, int], ...]
     """(j, index of G_j's first entry among the E, m_j) per group."""
+    branch: int | None = None
+    """b: the k − b entries right after the y's are the branch [z, y_{b+2}..y_k] (positions of y_{b+1}..y_k,
+    seeing y_1..y_b and each other causally); None: no branch."""
+    branch_group: tuple[int, int] | None = None
+    """(index of its first entry, m): the group after the whole branch (the next proposal if the branch is
+    accepted to its end), right after the branch's entries; None: none."""
 
     @property
     def width(self) -> int:
         return int(self.offsets.shape[0])
 
 
-def tree_layout(k: int, groups: Sequence[tuple[int, int]]) -> TreeLayout:
+def tree_layout(
+    k: int, groups: Sequence[tuple[int, int]], branch: int | None = None, branch_group: int = 0
+) -> TreeLayout:
     """The fused tree for a proposal of ``k`` tokens and ``groups`` = [(j, m_j)] (0 ≤ j ≤ k, m_j ≥ 1,
     each j once): y_i at offset i−1, causal among the y's; G_j's entry r at offset j+r, seeing y_1..y_j and
-    G_j's entries 0..r. A pure function of its arguments, built once per distinct tree (a decode reuses a
-    handful: its tensors are shared, never written)."""
-    return _tree_layout(k, tuple(sorted((int(j), int(m)) for j, m in groups)))
+    G_j's entries 0..r. ``branch`` = b (0 ≤ b < k): k − b more entries after the y's, at offsets b..k−1,
+    seeing y_1..y_b and each other causally (the block with a second candidate at position b), then
+    ``branch_group`` placeholders at offsets k.. that see y_1..y_b, the whole branch and each other causally
+    (the group G_k of the branch). A pure function of its arguments, built once per distinct tree (a decode
+    reuses a handful: its tensors are shared, never written)."""
+    groups_key = tuple(sorted((int(j), int(m)) for j, m in groups))
+    return _tree_layout(k, groups_key, branch, branch_group if branch is not None else 0)
 
 
 @functools.lru_cache(maxsize=1024)
-def _tree_layout(k: int, groups: tuple[tuple[int, int], ...]) -> TreeLayout:
+def _tree_layout(
+    k: int, groups: tuple[tuple[int, int], ...], branch: int | None, branch_group: int
+) -> TreeLayout:
     if k < 0:
         raise ValueError(f"k={k} must be ≥ 0")
+    if branch is not None and not 0 <= branch < k:
+        raise ValueError(f"branch={branch} needs 0 ≤ b < k={k}")
+    if branch_group < 0:
+        raise ValueError(f"branch_group={branch_group} must be ≥ 0")
     js = [j for j, _ in groups]
     if len(set(js)) != len(js):
         raise ValueError(f"groups {list(groups)} repeat an acceptance length")
@@ -124,13 +147,28 @@ def _tree_layout(k: int, groups: tuple[tuple[int, int], ...]) -> TreeLayout:
         if not 0 <= j <= k or m < 1:
             raise ValueError(f"group (j={j}, m={m}) needs 0 ≤ j ≤ k={k} and m ≥ 1")
     sizes = [m for _, m in sorted(groups)]
-    width = k + sum(sizes)
+    nb = 0 if branch is None else k - branch
+    width = k + nb + branch_group + sum(sizes)
     offsets = torch.empty(width, dtype=torch.long)
     attend = torch.zeros(width, width, dtype=torch.bool)
     offsets[:k] = torch.arange(k)
     attend[:k, :k] = torch.ones(k, k, dtype=torch.bool).tril()
+    if branch is not None:
+        rows = slice(k, k + nb)
+        offsets[rows] = torch.arange(branch, k)
+        attend[rows, :branch] = True  # y_1..y_b
+        attend[rows, rows] = torch.ones(nb, nb, dtype=torch.bool).tril()
+    bg = None
+    if branch_group:
+        assert branch is not None
+        rows = slice(k + nb, k + nb + branch_group)
+        offsets[rows] = torch.arange(k, k + branch_group)
+        attend[rows, :branch] = True  # y_1..y_b
+        attend[rows, k : k + nb] = True  # the whole branch
+        attend[rows, rows] = torch.ones(branch_group, branch_group, dtype=torch.bool).tril()
+        bg = (k + nb, branch_group)
     placed = []
-    start = k
+    start = k + nb + branch_group
     for j, m in sorted(groups):
         rows = slice(start, start + m)
         offsets[rows] = torch.arange(j, j + m)
@@ -138,7 +176,9 @@ def _tree_layout(k: int, groups: tuple[tuple[int, int], ...]) -> TreeLayout:
         attend[rows, rows] = torch.ones(m, m, dtype=torch.bool).tril()  # causal inside the group
         placed.append((j, start, m))
         start += m
-    return TreeLayout(k=k, offsets=offsets, attend=attend, groups=tuple(placed))
+    return TreeLayout(
+        k=k, offsets=offsets, attend=attend, groups=tuple(placed), branch=branch, branch_group=bg
+    )
 
 
 def tree_attention_bias(
@@ -211,6 +251,10 @@ class _Carry:
     """Its proposal y_1..y_k."""
     groups: dict[int, torch.Tensor]
     """j → G_j's logits (m_j, V)."""
+    branch_path: list[int] | None = None
+    """y_1..y_b, z, y_{b+2}..y_k when the pass carried a branch group."""
+    branch_group: torch.Tensor | None = None
+    """The branch group's logits (m, V): the proposal after the whole branch."""
 
 
 class FusedBlockProposer:
@@ -229,6 +273,7 @@ class FusedBlockProposer:
         *,
         groups: int | None = None,
         allowed: torch.Tensor | None = None,
+        branch: bool = False,
         temperature: float = 0.0,
         top_k: int = 0,
         top_p: float = 1.0,
@@ -243,28 +288,34 @@ class FusedBlockProposer:
         self.allowed = allowed
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         self.generator = generator
+        self.branch = branch and temperature == 0
         self.carry: _Carry | None = None
         self.plan: list[tuple[int, int]] = []
+        self.branch_plan = 0
+        """Placeholders in the group after the branch's end (0: none)."""
         self.carried = 0
         """Cycles whose proposal came from the previous pass (over the proposer's life)."""
 
     def _carried(self, seq: Sequence[int]) -> torch.Tensor | None:
         c = self.carry
-        if c is None:
+        if c is None or len(seq) <= len(c.base) or list(seq[: len(c.base)]) != c.base:
             return None
-        n = len(seq) - len(c.base) - 1
-        if (
-            n < 0
-            or list(seq[: len(c.base)]) != c.base
-            or list(seq[len(c.base) : len(c.base) + n]) != c.tokens[:n]
-        ):
-            return None
-        # G_j for the largest j ≤ n in J: its rows from n − j on predict the tokens after seq
-        usable = [j for j, logits in c.groups.items() if j <= n and logits.shape[0] > n - j]
+        new = seq[len(c.base) :]  # committed since the tree pass: y_1..y_n (or a branch) + the correction
+        p = 0  # how many of them are the pass's y_1, y_2, ...
+        while p < min(len(new), len(c.tokens)) and new[p] == c.tokens[p]:
+            p += 1
+        # G_j for the largest j ≤ p in J (its context y_1..y_j is committed): its rows from len(new) − 1 − j
+        # on predict the tokens after seq (the rows before them sit at committed positions)
+        last = len(new) - 1
+        path, bg = c.branch_path, c.branch_group
+        if path is not None and bg is not None and last >= len(path) and list(new[: len(path)]) == path:
+            # the branch was accepted to its end: its own group has the longest context
+            return bg[last - len(path) :] if bg.shape[0] > last - len(path) else None
+        usable = [j for j, g in c.groups.items() if j <= min(p, last) and g.shape[0] > last - j]
         if not usable:
             return None
         j = max(usable)
-        return c.groups[j][n - j :]
+        return c.groups[j][last - j :]
 
     def propose(self, seq: Sequence[int], budget: int) -> Proposal:
         logits = self._carried(seq)
@@ -276,14 +327,43 @@ class FusedBlockProposer:
             logits = restrict(logits[:budget], self.allowed)  # never <|mask|> (``Models.allowed``)
             probs = logits_to_probs(logits, self.temperature, self.top_k, self.top_p)  # (m, V)
             tokens = pick(probs, self.temperature, self.generator)  # (m,)
-            proposal = Proposal(tokens=tokens, conf=probs.gather(-1, tokens[:, None])[:, 0], probs=probs)
+            conf = probs.gather(-1, tokens[:, None])[:, 0]
+            proposal = Proposal(tokens=tokens, conf=conf, probs=probs, branch=self._branch(conf, probs))
             self.carried += 1
         self.plan = choose_groups(proposal.conf, budget, self.block_size - 1, self.groups)
+        # after the whole branch and its bonus the next cycle may propose budget − k − 1 tokens
+        self.branch_plan = max(0, min(self.block_size - 1, budget - proposal.k - 1)) if proposal.branch else 0
         return proposal
 
-    def receive(self, seq: Sequence[int], tokens: Sequence[int], groups: dict[int, torch.Tensor]) -> None:
-        """The tree pass's group logits (j → (m_j, V)) for the committed ``seq`` and proposal ``tokens``."""
-        self.carry = _Carry(base=list(seq), tokens=list(tokens), groups=groups) if groups else None
+    def _branch(self, conf: torch.Tensor, probs: torch.Tensor) -> tuple[int, int] | None:
+        """(b, z): the first position whose p̃ is under ``BRANCH_BELOW`` and the proposer's second choice
+        there (greedy only, and only where the rule reads branches); None if every p̃ clears it."""
+        if not self.branch:
+            return None
+        low = (conf < BRANCH_BELOW).nonzero()
+        if low.numel() == 0:
+            return None
+        b = int(low[0, 0])
+        second = probs[b].topk(2)
+        if float(second.values[1]) <= 0:  # no second candidate (everything else is outside ``allowed``)
+            return None
+        return b, int(second.indices[1])
+
+    def receive(
+        self,
+        seq: Sequence[int],
+        tokens: Sequence[int],
+        groups: dict[int, torch.Tensor],
+        branch_path: Sequence[int] | None = None,
+        branch_group: torch.Tensor | None = None,
+    ) -> None:
+        """The tree pass's group logits (j → (m_j, V)) for the committed ``seq`` and proposal ``tokens``, and
+        the branch group's (m, V) after ``branch_path`` (y_1..y_b, z, y_{b+2}..y_k) when there was one."""
+        if not groups and branch_group is None:
+            self.carry = None
+            return
+        path = list(branch_path) if branch_path is not None and branch_group is not None else None
+        self.carry = _Carry(list(seq), list(tokens), groups, path, branch_group if path is not None else None)
 
 
 class FusedVerifier:
@@ -299,20 +379,35 @@ class FusedVerifier:
         self.proposer = proposer
         self.allowed = allowed
 
-    def score(self, seq: Sequence[int], tokens: torch.Tensor) -> torch.Tensor:
+    def score(
+        self, seq: Sequence[int], tokens: torch.Tensor, branch: tuple[int, int] | None = None
+    ) -> torch.Tensor:
+        """Logits (k+1, V) over [pending, y_1..y_k]; with a ``branch`` (b, z), followed by the k − b rows of
+        [z, y_{b+2}..y_k] (the rows ``rules.block.greedy_match_branch`` reads)."""
         k = int(tokens.shape[0])
-        layout = tree_layout(k, self.proposer.plan)
-        extra = tokens.tolist() + [self.proposer.mask_token_id] * (layout.width - k)
+        ys = tokens.tolist()
+        b, z = branch if branch is not None else (None, None)
+        layout = tree_layout(k, self.proposer.plan, b, self.proposer.branch_plan)
+        path = None if b is None else [*ys[:b], z, *ys[b + 1 :]]
+        chain = ys + ([] if path is None else path[b:])
+        extra = chain + [self.proposer.mask_token_id] * (layout.width - len(chain))
         logits = self.runner.forward_tree(seq, extra, offsets=layout.offsets, attend=layout.attend, chain=k)
         # row 0 is the last pending token; row 1 + e is tree entry e
         groups = {j: logits[1 + start : 1 + start + m] for j, start, m in layout.groups}
-        self.proposer.receive(seq, tokens.tolist(), groups)
+        bg = None
+        if layout.branch_group is not None:
+            start, m = layout.branch_group
+            bg = logits[1 + start : 1 + start + m]
+        self.proposer.receive(seq, ys, groups, path, bg)
         # the rows the rule reads: as ``ModelVerifier``'s, never an id outside ``Models.allowed``
-        return restrict(logits[: k + 1], self.allowed)  # (k+1, V)
+        return restrict(logits[: len(chain) + 1], self.allowed)  # (k+1 [+ k−b], V)
 
 
-def build_fused(models, params, generator) -> tuple[FusedBlockProposer, FusedVerifier]:
-    """The pair for a Decoder with ``fuse=true`` (the method's proposer is ``block``, its verifier ``self``)."""
+def build_fused(
+    models, params, generator, *, branch: bool = False
+) -> tuple[FusedBlockProposer, FusedVerifier]:
+    """The pair for a Decoder with ``fuse=true`` (the method's proposer is ``block``, its verifier ``self``);
+    ``branch``: propose a second candidate where p̃ is low (for a rule that reads it: ``Method.branches``)."""
     assert models.mask_token_id is not None, (
         "the Decoder checks the mask token before building a block proposer"
     )
@@ -322,6 +417,7 @@ def build_fused(models, params, generator) -> tuple[FusedBlockProposer, FusedVer
         params.block_size,
         groups=parse_fuse_groups(params.fuse_groups),
         allowed=models.allowed,
+        branch=branch,
         temperature=params.temperature,
         top_k=params.top_k,
         top_p=params.top_p,

@@ -31,7 +31,7 @@ from prove.decode.config import SAMPLING_KEYS, DecodeParams
 from prove.decode.engine import CycleView
 from prove.decode.proposers import ProposerFactory
 from prove.decode.rules.base import Accept
-from prove.decode.rules.block import greedy_match, mars_rule, prove_rule
+from prove.decode.rules.block import greedy_match, greedy_match_branch, mars_rule, prove_rule
 from prove.decode.rules.speculative import AsdState, asd_greedy, nsd_greedy, nsd_sample, sd_sample
 from prove.decode.sampling import logits_to_probs, pick, token_prob
 
@@ -58,6 +58,10 @@ class Method:
     """Whether its greedy output is, by construction, exactly the model's greedy output (AR's) token for
     token (docs/design.md §3 "Guarantees"): ``True``, or a predicate of the resolved parameters (ASD is
     exact with a zero budget, gate or mismatch count). Read through :meth:`is_lossless`."""
+
+    branches: bool = False
+    """Its rule verifies a proposal's second candidate (``Proposal.branch``) when there is one: the fused
+    cycle then proposes one where p̃ is low (``prove.decode.fused``)."""
 
     def is_lossless(self, params: Mapping[str, Any]) -> bool:
         """Whether a greedy decode with ``params`` (the resolved values of ``uses``) must reproduce AR."""
@@ -210,7 +214,12 @@ def _prove(view: CycleView) -> Accept:
 
 def _prove_lossless(view: CycleView) -> Accept:
     assert view.target_logits is not None
-    return greedy_match(view.proposal.tokens, view.target_logits)
+    prop = view.proposal
+    if prop.branch is None:
+        return greedy_match(prop.tokens, view.target_logits)
+    b, z = prop.branch  # fused: the branch's rows follow the block's k + 1 (``prove.decode.fused``)
+    k = prop.k
+    return greedy_match_branch(prop.tokens, view.target_logits[: k + 1], b, z, view.target_logits[k + 1 :])
 
 
 register_method(
@@ -244,6 +253,7 @@ register_method(
         greedy_only=True,
         summary="block proposals verified by the model itself: exactly its greedy output",
         lossless=True,
+        branches=True,
     )
 )
 

@@ -219,6 +219,48 @@ MUTANTS = [
         "key=lambda jm: (-p[jm[0]], -jm[0])",
         FUSED,
     ),
+    (
+        "branch-compares-shifted",
+        "decode/rules/block.py",
+        "m = _leading_run(rest == greedy[: k - b - 1])",
+        "m = _leading_run(rest == greedy[1 : k - b])",
+        RULES + FUSED,
+    ),
+    (
+        "branch-bonus-last-row",
+        "decode/rules/block.py",
+        "return Accept(b + 1 + m, int(greedy[m]), path=path)",
+        "return Accept(b + 1 + m, int(greedy[-1]), path=path)",
+        RULES + FUSED,
+    ),
+    (
+        "branch-z-unchecked",
+        "decode/rules/block.py",
+        "if main.n != b or main.extra != z:",
+        "if main.n != b:",
+        RULES + FUSED,
+    ),
+    (
+        "branch-group-misses-last",
+        "decode/fused.py",
+        "attend[rows, k : k + nb] = True  # the whole branch",
+        "attend[rows, k : k + nb - 1] = True",
+        FUSED,
+    ),
+    (
+        "branch-group-never-carried",
+        "decode/fused.py",
+        "if path is not None and bg is not None and last >= len(path)",
+        "if False and path is not None and bg is not None",
+        FUSED,
+    ),
+    (
+        "branch-everywhere",
+        "decode/fused.py",
+        "low = (conf < BRANCH_BELOW).nonzero()",
+        "low = (conf < 2.0).nonzero()",
+        FUSED,
+    ),
 ]
 
 

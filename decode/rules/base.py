@@ -16,6 +16,9 @@ class Accept:
 
     n: int
     extra: int | None = None
+    path: tuple[int, ...] | None = None
+    """The n committed proposal tokens when they are not y_1..y_n (a proposal's branch was accepted:
+    ``rules.block.greedy_match_branch``); None otherwise."""
 
     @property
     def committed(self) -> int:

@@ -59,3 +59,28 @@ def greedy_match(tokens: torch.Tensor, target_logits: torch.Tensor) -> Accept:
     greedy = target_logits.argmax(-1)  # (k+1,)
     n = _leading_run(tokens == greedy[:k])
     return Accept(n, int(greedy[n]))
+
+
+def greedy_match_branch(
+    tokens: torch.Tensor, target_logits: torch.Tensor, b: int, z: int, branch_logits: torch.Tensor
+) -> Accept:
+    """Greedy verification of a block with a second candidate ``z`` at position ``b`` (0-based): the block
+    y (``tokens`` (k,), ``target_logits`` (k+1, V)) as in :func:`greedy_match`, and the branch
+    B = [z, y_{b+2}, ..., y_k], teacher-forced after y_1..y_b (``branch_logits`` (k−b, V): row r scores the
+    token after B[r]).
+
+    The branch counts only when y's leading run stops at b with the greedy correction equal to z: then
+    z and the leading run of B[1:] that matches the target's greedy tokens are committed, and the
+    correction or bonus comes from the branch rows. Still exactly greedy decoding of the target: every
+    committed token is the target's argmax given the committed tokens before it.
+    """
+    k = tokens.shape[0]
+    assert 0 <= b < k and branch_logits.shape[0] == k - b, "one branch row per token of [z, y_{b+2}..y_k]"
+    main = greedy_match(tokens, target_logits)
+    if main.n != b or main.extra != z:
+        return main
+    rest = tokens[b + 1 :]  # B[1:]
+    greedy = branch_logits.argmax(-1)  # (k−b,)
+    m = _leading_run(rest == greedy[: k - b - 1])
+    path = (*tokens[:b].tolist(), z, *rest[:m].tolist())
+    return Accept(b + 1 + m, int(greedy[m]), path=path)

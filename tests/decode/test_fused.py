@@ -70,6 +70,26 @@ def test_tree_layout_positions_and_mask():
         tree_layout(2, [(1, 1), (1, 2)])
 
 
+def test_tree_layout_with_a_branch_and_its_group():
+    lay = tree_layout(3, [(1, 1)], branch=1, branch_group=2)
+    assert lay.branch == 1 and lay.branch_group == (5, 2) and lay.groups == ((1, 7, 1),)
+    #                     y1 y2 y3 B0 B1 GB GB G1      B = [z, y3] at the positions of y2, y3
+    assert lay.offsets.tolist() == [0, 1, 2, 1, 2, 3, 4, 1]
+    expected = [
+        [1, 0, 0, 0, 0, 0, 0, 0],  # y1
+        [1, 1, 0, 0, 0, 0, 0, 0],  # y2
+        [1, 1, 1, 0, 0, 0, 0, 0],  # y3
+        [1, 0, 0, 1, 0, 0, 0, 0],  # z: y1 and itself
+        [1, 0, 0, 1, 1, 0, 0, 0],  # y3 after z
+        [1, 0, 0, 1, 1, 1, 0, 0],  # the branch's group: y1, the whole branch, causal inside
+        [1, 0, 0, 1, 1, 1, 1, 0],
+        [1, 0, 0, 0, 0, 0, 0, 1],  # G1: y1 and itself
+    ]
+    assert lay.attend.int().tolist() == expected
+    with pytest.raises(ValueError, match="branch"):
+        tree_layout(3, [], branch=3)
+
+
 def test_tree_attention_bias_sees_cache_and_pending():
     lay = tree_layout(1, [(0, 1), (1, 1)])  # y1, G0, G1
     bias = tree_attention_bias(cached=2, pending=2, attend=lay.attend)
@@ -136,6 +156,34 @@ def test_group_j_equals_a_block_pass_from_the_context_ending_at_y_j(
             torch.testing.assert_close(out[1 + start : 1 + start + m], block[L + j :], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("b", [0, 2])
+def test_the_branch_is_a_plain_pass_and_its_group_a_block_pass_after_it(make_lm, tokenizer, prompts, b):
+    """The branch rows are a causal pass over [context, y_1..y_b, z, y_{b+2}..y_k] and the branch group's rows
+    are a block pass after that whole path; the y rows and the groups are unchanged by the branch."""
+    lm = make_lm(seed=0, attn="eager")
+    mask_id, K = tokenizer.convert_tokens_to_ids("<|mask|>"), 5
+    ctx, ys, z = prompts[3], [11, 12, 13, 14], 15
+    k = len(ys)
+    runner = ModelRunner(lm)
+    lay = tree_layout(k, [(j, K - 1) for j in range(k + 1)], branch=b, branch_group=K - 1)
+    path = ys[:b] + [z] + ys[b + 1 :]
+    extra = ys + path[b:] + [mask_id] * (lay.width - k - (k - b))
+    out = runner.forward_tree(ctx, extra, offsets=lay.offsets, attend=lay.attend, chain=k)
+    L = len(ctx)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            out[: k + 1], lm(torch.tensor([ctx + ys])).logits[0, L - 1 :], atol=1e-4, rtol=1e-4
+        )
+        along = lm(torch.tensor([ctx + path])).logits[0]
+        torch.testing.assert_close(out[1 + k : 1 + k + (k - b)], along[L + b :], atol=1e-4, rtol=1e-4)
+        start, m = lay.branch_group
+        block = lm(torch.tensor([ctx + path + [mask_id] * (K - 1)])).logits[0]
+        torch.testing.assert_close(out[1 + start : 1 + start + m], block[L + k :], atol=1e-4, rtol=1e-4)
+        for j, start, m in lay.groups:
+            block = lm(torch.tensor([ctx + ys[:j] + [mask_id] * (K - 1)])).logits[0]
+            torch.testing.assert_close(out[1 + start : 1 + start + m], block[L + j :], atol=1e-4, rtol=1e-4)
+
+
 # -- decoding: identical to greedy, one pass per cycle ------------------------------------------------------------
 
 
@@ -165,35 +213,76 @@ def test_fused_carries_a_proposal_into_every_cycle_but_the_first(lm, tokenizer, 
 
 class ScriptedFused(FusedBlockProposer):
     """The real tree pass, but the carried groups are replaced by the true greedy continuation ``ref``
-    (corrupted at ``wrong``, indices into the new tokens): high acceptance through the fused machinery."""
+    (corrupted at ``wrong``, indices into the new tokens): high acceptance through the fused machinery.
+    ``second``: at a wrong index the true token is the proposer's second choice (p̃ ≈ 0.73 < 0.9, so with
+    branches on it becomes the cycle's second candidate)."""
 
-    def __init__(self, *a, prompt_len: int, ref: list[int], wrong: set[int], **kw):
+    def __init__(self, *a, prompt_len: int, ref: list[int], wrong: set[int], second: bool = False, **kw):
         super().__init__(*a, **kw)
-        self.prompt_len, self.ref, self.wrong = prompt_len, ref, wrong
+        self.prompt_len, self.ref, self.wrong, self.second = prompt_len, ref, wrong, second
 
-    def receive(self, seq, tokens, groups):
+    def receive(self, seq, tokens, groups, branch_path=None, branch_group=None):
+        scripted = {j: self._script(len(seq) + j, logits.shape[0]) for j, logits in groups.items()}
+        if branch_group is not None:  # after the whole branch: the same place as G_k
+            branch_group = self._script(len(seq) + len(tokens), branch_group.shape[0])
+        super().receive(seq, tokens, scripted, branch_path, branch_group)
+
+    def _script(self, end: int, m: int) -> torch.Tensor:
+        """Logits (m, V) for a group whose context ends at sequence length ``end`` (its rows predict the new
+        tokens after the one at ``end``)."""
         vocab = self.runner.vocab_size
-        scripted = {}
-        for j, logits in groups.items():
-            at = len(seq) - self.prompt_len + j + 1  # the new-token index after y_1..y_j and g_{j+1}
-            ids = [self.ref[i] if i < len(self.ref) else 0 for i in range(at, at + logits.shape[0])]
-            ids = [
-                (t + 1) % vocab if i in self.wrong else t
-                for i, t in zip(range(at, at + len(ids)), ids, strict=True)
-            ]
-            scripted[j] = torch.nn.functional.one_hot(torch.tensor(ids), vocab).float() * 20
-        super().receive(seq, tokens, scripted)
+        at = end - self.prompt_len + 1  # the new-token index of the group's first prediction
+        idx = range(at, at + m)
+        truth = [self.ref[i] if i < len(self.ref) else 0 for i in idx]
+        ids = [(t + 1) % vocab if i in self.wrong else t for i, t in zip(idx, truth, strict=True)]
+        rows = torch.nn.functional.one_hot(torch.tensor(ids), vocab).float() * 20
+        if self.second:
+            for r, (i, t) in enumerate(zip(idx, truth, strict=True)):
+                if i in self.wrong:
+                    rows[r, t] = 19.0
+        return rows
 
 
-def scripted_decoder(lm, tokenizer, prompt, ref, wrong, k, groups="all") -> Decoder:
+def scripted_decoder(
+    lm, tokenizer, prompt, ref, wrong, k, groups="all", second=False, branch=False
+) -> Decoder:
     dec = Decoder(lm, tokenizer, method="prove-lossless", block_size=k, fuse=True, fuse_groups=groups)
     old = dec.proposer
     assert isinstance(old, FusedBlockProposer)
     new = ScriptedFused(
-        old.runner, old.mask_token_id, k, groups=old.groups, prompt_len=len(prompt), ref=ref, wrong=wrong
+        old.runner,
+        old.mask_token_id,
+        k,
+        groups=old.groups,
+        branch=branch,
+        prompt_len=len(prompt),
+        ref=ref,
+        wrong=wrong,
+        second=second,
     )
     dec.proposer = dec.verifier.proposer = new  # type: ignore[attr-defined]
     return dec
+
+
+@pytest.mark.parametrize("groups", ["all", 1])
+@pytest.mark.parametrize("k", [4, 8])
+def test_a_second_candidate_rescues_a_wrong_token_in_the_same_pass(lm, tokenizer, prompts, refs, k, groups):
+    """Where the proposer's first choice is wrong and its second is the greedy token, the branch commits
+    the whole block in that one pass (and the output is still exactly greedy)."""
+    p, ref = prompts[0], refs[0]
+    wrong = {6, 15, 27}
+    cycles = []
+    plain = no_eos(scripted_decoder(lm, tokenizer, p, ref, wrong, k, groups, second=True), p, N)
+    rescued = no_eos(
+        scripted_decoder(lm, tokenizer, p, ref, wrong, k, groups, second=True, branch=True),
+        p,
+        N,
+        on_cycle=lambda ev, seen=cycles: seen.append((ev.proposal.branch, ev.proposal.k, ev.accept)),
+    )
+    assert plain.token_ids == rescued.token_ids == ref
+    branched = [(br, kk, acc) for br, kk, acc in cycles if br is not None]
+    assert branched and all(acc.path is not None and acc.n == kk for br, kk, acc in branched), branched
+    assert rescued.stats.model_passes < plain.stats.model_passes
 
 
 @pytest.mark.parametrize("k", [2, 4, 8])
@@ -287,25 +376,31 @@ def test_mask_token_as_a_greedy_token_is_never_taken_for_a_group_entry(lm, token
 
 
 def test_a_miss_carries_the_rest_of_the_nearest_earlier_group():
-    """After y_1..y_n and one token, the carried proposal is G_j's rows from n − j on, for the largest j ≤ n
-    in J (those rows predict the tokens after the committed one; the positions between y_j and them are
-    placeholders in G_j); nothing when no group lies at or before n, or when G_j has no row left."""
+    """After the tree pass the committed tokens are y_1..y_p, then others (a correction, or an accepted
+    branch and its correction): the carried proposal is G_j's rows from (tokens committed − 1) − j on, for
+    the largest j ≤ p in J (those rows predict the tokens after the last committed one; the positions
+    between y_j and them are placeholders in G_j); nothing when no group lies at or before p, or when G_j
+    has no row left."""
     V, base, ys = 11, [1, 2, 3], [4, 5, 6, 7]
     rows = {0: [1, 2, 3, 4, 5], 2: [6, 7, 8]}  # the argmax of each row of G_0 (m=5) and G_2 (m=3)
     groups = {j: torch.nn.functional.one_hot(torch.tensor(r), V).float() * 9 for j, r in rows.items()}
     cpu = types.SimpleNamespace(device=torch.device("cpu"))  # all propose reads of its runner
     prop = FusedBlockProposer(cpu, mask_token_id=10, block_size=6, groups=2)  # type: ignore[arg-type]
+
+    def carried(committed, budget=20, g=groups):
+        prop.receive(base, ys, g)
+        return prop.propose(base + committed, budget=budget).tokens.tolist()
+
     expected = {0: [1, 2, 3, 4, 5], 1: [2, 3, 4, 5], 2: [6, 7, 8], 3: [7, 8], 4: [8]}
     for n in range(len(ys) + 1):
-        prop.receive(base, ys, groups)
-        got = prop.propose(base + ys[:n] + [9], budget=20)
-        assert got.tokens.tolist() == expected[n], n
-    prop.receive(base, ys, {2: groups[2]})
-    assert prop.propose(base + [9], budget=20).tokens.numel() == 0  # n = 0: no group at or before it
+        assert carried(ys[:n] + [9]) == expected[n], n
+    assert carried([9], g={2: groups[2]}) == []  # n = 0: no group at or before it
+    assert carried([5, 9]) == [2, 3, 4, 5]  # y_1 rejected, then one more token: G_0 from its row 1
+    assert carried([5, 9], g={2: groups[2]}) == []
+    assert carried([4, 5, 8, 7, 9]) == [8]  # y_1, y_2, a branch token, y_4, a correction: G_2 from row 2
+    assert carried(ys[:1] + [9], budget=2) == [2, 3]  # the budget cuts it
     prop.receive(base, ys, groups)
-    assert prop.propose(base + [5, 9], budget=20).tokens.numel() == 0  # not y_1 + one token: nothing carries
-    prop.receive(base, ys, groups)
-    assert prop.propose(base + ys[:1] + [9], budget=2).tokens.tolist() == [2, 3]  # the budget cuts it
+    assert prop.propose([1, 2, 0, 4, 9], budget=20).tokens.numel() == 0  # not the pass's committed prefix
 
 
 def test_fused_never_commits_or_proposes_the_mask_token(lm, tokenizer, prompts):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from prove.decode.rules import Accept
-from prove.decode.rules.block import greedy_match, mars_rule, prove_rule
+from prove.decode.rules.block import greedy_match, greedy_match_branch, mars_rule, prove_rule
 
 
 def logits_for(greedy: list[int], vocab: int = 8) -> torch.Tensor:
@@ -43,6 +43,19 @@ def test_greedy_match_never_always_partly():
     assert greedy_match(torch.tensor([3, 1, 4, 1]), target) == Accept(4, 5)  # always: bonus = 5
     assert greedy_match(torch.tensor([3, 1, 7, 1]), target) == Accept(2, 4)  # partly: correction = 4
     assert greedy_match(torch.tensor([3, 1, 7, 1]), target).committed == 3
+
+
+def test_greedy_match_branch_takes_the_second_candidate_only_where_the_block_fails_to_it():
+    y = torch.tensor([3, 1, 7, 1])
+    main = logits_for([3, 1, 4, 1, 5])  # y fails at position 2 (0-based); the greedy token there is 4
+    branch = logits_for([1, 6])  # rows after [z=4, y_4=1]: the greedy tokens 1 (y_4 matches), then 6
+    assert greedy_match_branch(y, main, 2, 4, branch) == Accept(4, 6, path=(3, 1, 4, 1))
+    assert greedy_match_branch(y, main, 2, 4, logits_for([5, 6])) == Accept(3, 5, path=(3, 1, 4))  # y_4 fails
+    assert greedy_match_branch(y, main, 2, 6, branch) == Accept(2, 4)  # z is not the greedy token
+    assert greedy_match_branch(y, main, 1, 5, logits_for([0, 0, 0])) == Accept(2, 4)  # y fails elsewhere
+    assert greedy_match_branch(y, main, 3, 2, logits_for([6])) == Accept(2, 4)
+    last = greedy_match_branch(torch.tensor([3, 1, 4, 2]), main, 3, 1, logits_for([6]))
+    assert last == Accept(4, 6, path=(3, 1, 4, 1))  # a branch at the last position: its bonus row
 
 
 def test_greedy_match_with_nothing_proposed_is_ar():
