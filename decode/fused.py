@@ -5,7 +5,7 @@ The unfused cycle spends two passes: a block pass ``[c, M_1..M_{K-1}]`` proposes
 pass over them gives the greedy tokens g_1..g_{k+1}. The fused cycle does both in the verification pass.
 
 The tree. With the committed sequence of length L (positions 0..L-1, c = its last token, KV cached up to
-the pending tokens), the pass feeds ``[pending, y_1..y_k, G_{j_1}, G_{j_2}, ...]``: one group
+the pending tokens), the pass feeds ``[pending, y_1..y_k, (branch), G_{j_1}, G_{j_2}, ...]``: one group
 G_j = ``M × m_j`` (m_j ≤ K−1 placeholders) for each acceptance length j in the chosen set J ⊆ {0..k}.
 
 - Positions (``position_ids``, not the layout, carry them): y_i sits at L+i−1 as in a plain pass; G_j's
@@ -50,6 +50,19 @@ before n, or a committed sequence that is not base + y_1..y_n + one token) the p
 pass is ``[pending, G_0]``: exactly the unfused block pass, whose first row (the next token, exact) the rule
 commits as an AR step and whose placeholders' outputs become the next proposal. Two passes then commit
 what the unfused block + verify passes commit, and every later cycle is one pass.
+
+A second candidate (ProVe-lossless only: ``Method.branches``). A block proposal's tokens are drawn from one
+pass of placeholders, so y_{i+1} does not depend on y_i: if y_{b+1} is wrong and the model's greedy token there
+is z, the block [y_1..y_b, z, y_{b+2}..y_k] is as good a guess as the first one was. Where a carried proposal's
+p̃ first drops under ``BRANCH_BELOW`` (position b, 0-based), the tree also holds that branch
+[z, y_{b+2}..y_k] with z the proposer's second choice, at the positions of y_{b+1}..y_k and seeing y_1..y_b
+(``TreeLayout.branch``), and one more group after its end, seeing the whole branch (the branch's G_k).
+The rule (``rules.block.greedy_match_branch``, pure) reads the branch's rows only when the block's leading run
+stops at b with the greedy correction equal to z: then it commits z and the branch's matching run and the
+branch's correction or bonus, so every committed token is still the greedy token after those before it. The
+branch entries are never cached (like the groups): committed branch tokens are pending in the next pass. On
+the demo, half of the rejected positions had the greedy token as the proposer's second choice; the branch
+raised tokens per pass from 5.16 to 5.61 at J = 2 for ≤ 2K − 2 more entries.
 
 Stats. ``model_passes`` counts the one pass per cycle; ``model_passes`` / ``new_tokens`` is the headline.
 A cycle that proposed nothing (``proposed_by_depth[0]`` < ``cycles``) is a miss (or the first cycle).
