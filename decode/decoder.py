@@ -206,15 +206,18 @@ class Decoder:
             allowed=self._allowed_ids(target_runner, aux.values(), meta, mask_id),
         )
         self.generator = torch.Generator(device=self.device).manual_seed(self.params.seed)
-        factory = self.method.proposer if callable(self.method.proposer) else PROPOSERS[self.method.proposer]
-        self.proposer = factory(self.models, self.params, self.generator)
-        self.verifier = build_verifier(self.method.verifier, self.models)
         if self.params.fuse:  # one pass a cycle: the verifier drafts the proposer's next block
             from prove.decode.fused import build_fused
 
             self.proposer, self.verifier = build_fused(
                 self.models, self.params, self.generator, branch=self.method.branches
             )
+        else:
+            factory = (
+                self.method.proposer if callable(self.method.proposer) else PROPOSERS[self.method.proposer]
+            )
+            self.proposer = factory(self.models, self.params, self.generator)
+            self.verifier = build_verifier(self.method.verifier, self.models)
         probe_wanted = self.trace and self.models.verifier is not None and not self.method.needs_verifier
         self.probe = ModelVerifier(self.models.verifier, is_target=False) if probe_wanted else None
 

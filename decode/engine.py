@@ -352,8 +352,7 @@ def run(
         # 1) propose
         proposal = proposer.propose(seq, budget)
         # 2) score: one teacher-forced pass of the verifier over [pending, y_1..y_k]
-        branch = {} if proposal.branch is None else {"branch": proposal.branch}  # (fused: its rows follow)
-        scored = verifier.score(seq, proposal.tokens, **branch)
+        scored = verifier.score(seq, proposal.tokens)
         probed = probe.score(seq, proposal.tokens) if probe is not None else None
         view = CycleView(
             proposal=proposal,

@@ -73,7 +73,7 @@ spends a pass to re-derive), in one pass instead of two: passes per token fall b
 T = 3.5, 1.7× at T = 6). Whether that is wall-clock depends on how a pass's cost grows with its width: with
 all groups a K = 8 pass is 64 tokens wide, with J = 1 or 2 it is 15 or 22. On the 2-core CPU of the tiny
 demo a pass costs ~1.0 / 1.1 / 1.5× an 8-wide one at widths 15 / 22 / 64, so J = 1–2 is faster than
-unfused there (about 1.3×) and J = all is not; where a pass costs the same at any width (a large model on a
+unfused there (about 1.3×) and J = all barely (1.07×); where a pass costs the same at any width (a large model on a
 GPU) the pass count is the cost and J = all is the setting to use. It is not the default (``fuse=false``):
 unfused prove-lossless is the published method whose numbers users compare with, and the fused pass has
 not yet been timed on a GPU; the README's bench table has the measured rows side by side.
@@ -81,15 +81,17 @@ not yet been timed on a GPU; the README's bench table has the measured rows side
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from prove.decode.config import parse_fuse_groups
 from prove.decode.proposers.base import Proposal
-from prove.decode.sampling import logits_to_probs, pick, restrict
+from prove.decode.proposers.block import BlockProposer
+from prove.decode.sampling import restrict
 
 if TYPE_CHECKING:
     from prove.decode.engine import ModelRunner
@@ -260,22 +262,19 @@ def choose_groups(conf: torch.Tensor, budget: int, width: int, limit: int | None
 class _Carry:
     base: list[int]
     """The committed sequence the tree pass ran on."""
-    tokens: list[int]
-    """Its proposal y_1..y_k."""
-    groups: dict[int, torch.Tensor]
-    """j → G_j's logits (m_j, V)."""
-    branch_path: list[int] | None = None
-    """y_1..y_b, z, y_{b+2}..y_k when the pass carried a branch group."""
-    branch_group: torch.Tensor | None = None
-    """The branch group's logits (m, V): the proposal after the whole branch."""
+    groups: list[tuple[list[int], torch.Tensor]]
+    """Each group's context after ``base`` (y_1..y_j for G_j, the whole branch for the branch's group) and
+    its logits (m, V): row r predicts the token r + 1 places after that context."""
 
 
-class FusedBlockProposer:
+class FusedBlockProposer(BlockProposer):
     """Block proposals that come out of the previous cycle's verification pass (see the module docstring).
 
-    ``propose`` returns the carried proposal of G_n when the committed sequence is the one the last tree
-    pass ran on + its y_1..y_n + one token, else an empty proposal; either way it plans J for the pass the
-    paired ``FusedVerifier`` runs next. ``groups`` = None for all acceptance lengths, or m.
+    ``propose`` returns the carried proposal of the group whose context is the longest committed prefix
+    (G_n when y_1..y_n and one token were committed), else an empty proposal; either way it plans the pass
+    the paired ``FusedVerifier`` runs next: J (``plan``), the second candidate (``planned_branch``) and its
+    group's size (``branch_plan``). ``groups`` = None for all acceptance lengths, or m; ``branches``: propose
+    second candidates (for a rule that reads them: ``Method.branches``).
     """
 
     def __init__(
@@ -285,73 +284,56 @@ class FusedBlockProposer:
         block_size: int,
         *,
         groups: int | None = None,
-        allowed: torch.Tensor | None = None,
-        branch: bool = False,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        generator: torch.Generator | None = None,
+        branches: bool = False,
+        **sampling: Any,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size={block_size} must be ≥ 1")
-        self.runner = runner
-        self.mask_token_id = mask_token_id
-        self.block_size = block_size
+        super().__init__(runner, mask_token_id, block_size, **sampling)
         self.groups = groups
-        self.allowed = allowed
-        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
-        self.generator = generator
-        self.branch = branch and temperature == 0
+        self.branches = branches
         self.carry: _Carry | None = None
         self.plan: list[tuple[int, int]] = []
+        self.planned_branch: tuple[int, int] | None = None
         self.branch_plan = 0
         """Placeholders in the group after the branch's end (0: none)."""
-        self.carried = 0
-        """Cycles whose proposal came from the previous pass (over the proposer's life)."""
 
     def _carried(self, seq: Sequence[int]) -> torch.Tensor | None:
         c = self.carry
         if c is None or len(seq) <= len(c.base) or list(seq[: len(c.base)]) != c.base:
             return None
-        new = seq[len(c.base) :]  # committed since the tree pass: y_1..y_n (or a branch) + the correction
-        p = 0  # how many of them are the pass's y_1, y_2, ...
-        while p < min(len(new), len(c.tokens)) and new[p] == c.tokens[p]:
-            p += 1
-        # G_j for the largest j ≤ p in J (its context y_1..y_j is committed): its rows from len(new) − 1 − j
-        # on predict the tokens after seq (the rows before them sit at committed positions)
+        new = list(seq[len(c.base) :])  # committed since the tree pass: y_1..y_n (or a branch) + a correction
         last = len(new) - 1
-        path, bg = c.branch_path, c.branch_group
-        if path is not None and bg is not None and last >= len(path) and list(new[: len(path)]) == path:
-            # the branch was accepted to its end: its own group has the longest context
-            return bg[last - len(path) :] if bg.shape[0] > last - len(path) else None
-        usable = [j for j, g in c.groups.items() if j <= min(p, last) and g.shape[0] > last - j]
+        # a group whose context is committed; its rows from last − len(context) on predict the tokens after
+        # seq (the rows before them sit at committed positions); the longest context wins
+        usable = [
+            (path, g)
+            for path, g in c.groups
+            if len(path) <= last and new[: len(path)] == path and g.shape[0] > last - len(path)
+        ]
         if not usable:
             return None
-        j = max(usable)
-        return c.groups[j][last - j :]
+        path, g = max(usable, key=lambda pg: len(pg[0]))
+        return g[last - len(path) :]
 
     def propose(self, seq: Sequence[int], budget: int) -> Proposal:
         logits = self._carried(seq)
         self.carry = None
-        device = self.runner.device
         if logits is None or budget < 1:
-            proposal = Proposal.empty(device)
+            proposal = Proposal.empty(self.runner.device)
         else:
-            logits = restrict(logits[:budget], self.allowed)  # never <|mask|> (``Models.allowed``)
-            probs = logits_to_probs(logits, self.temperature, self.top_k, self.top_p)  # (m, V)
-            tokens = pick(probs, self.temperature, self.generator)  # (m,)
-            conf = probs.gather(-1, tokens[:, None])[:, 0]
-            proposal = Proposal(tokens=tokens, conf=conf, probs=probs, branch=self._branch(conf, probs))
-            self.carried += 1
+            proposal = self.draw(logits[:budget])
+            proposal = dataclasses.replace(proposal, branch=self._branch(proposal.conf, proposal.probs))
         self.plan = choose_groups(proposal.conf, budget, self.block_size - 1, self.groups)
+        self.planned_branch = proposal.branch
         # after the whole branch and its bonus the next cycle may propose budget − k − 1 tokens
         self.branch_plan = max(0, min(self.block_size - 1, budget - proposal.k - 1)) if proposal.branch else 0
         return proposal
 
-    def _branch(self, conf: torch.Tensor, probs: torch.Tensor) -> tuple[int, int] | None:
+    def _branch(self, conf: torch.Tensor, probs: torch.Tensor | None) -> tuple[int, int] | None:
         """(b, z): the first position whose p̃ is under ``BRANCH_BELOW`` and the proposer's second choice
-        there (greedy only, and only where the rule reads branches); None if every p̃ clears it."""
-        if not self.branch:
+        there (only where the rule reads branches); None if every p̃ clears it."""
+        if not self.branches or probs is None:
             return None
         low = (conf < BRANCH_BELOW).nonzero()
         if low.numel() == 0:
@@ -362,58 +344,43 @@ class FusedBlockProposer:
             return None
         return b, int(second.indices[1])
 
-    def receive(
-        self,
-        seq: Sequence[int],
-        tokens: Sequence[int],
-        groups: dict[int, torch.Tensor],
-        branch_path: Sequence[int] | None = None,
-        branch_group: torch.Tensor | None = None,
-    ) -> None:
-        """The tree pass's group logits (j → (m_j, V)) for the committed ``seq`` and proposal ``tokens``, and
-        the branch group's (m, V) after ``branch_path`` (y_1..y_b, z, y_{b+2}..y_k) when there was one."""
-        if not groups and branch_group is None:
-            self.carry = None
-            return
-        path = list(branch_path) if branch_path is not None and branch_group is not None else None
-        self.carry = _Carry(list(seq), list(tokens), groups, path, branch_group if path is not None else None)
+    def receive(self, seq: Sequence[int], groups: list[tuple[list[int], torch.Tensor]]) -> None:
+        """The tree pass's groups for the committed ``seq``: (context after ``seq``, logits (m, V)) each."""
+        self.carry = _Carry(list(seq), groups) if groups else None
 
 
 class FusedVerifier:
     """The model scores the proposal and drafts the next one in one tree pass (``is_target``: its rows over
-    y_1..y_k are the target logits the rule reads, exactly as ``ModelVerifier``'s)."""
+    y_1..y_k are the target logits the rule reads, exactly as ``ModelVerifier``'s). The tree is the one its
+    proposer planned with the proposal: groups, and the second candidate if any."""
 
     is_target = True
 
-    def __init__(
-        self, runner: ModelRunner, proposer: FusedBlockProposer, allowed: torch.Tensor | None = None
-    ) -> None:
+    def __init__(self, runner: ModelRunner, proposer: FusedBlockProposer) -> None:
         self.runner = runner
         self.proposer = proposer
-        self.allowed = allowed
 
-    def score(
-        self, seq: Sequence[int], tokens: torch.Tensor, branch: tuple[int, int] | None = None
-    ) -> torch.Tensor:
-        """Logits (k+1, V) over [pending, y_1..y_k]; with a ``branch`` (b, z), followed by the k − b rows of
-        [z, y_{b+2}..y_k] (the rows ``rules.block.greedy_match_branch`` reads)."""
+    def score(self, seq: Sequence[int], tokens: torch.Tensor) -> torch.Tensor:
+        """Logits (k+1, V) over [pending, y_1..y_k]; with a second candidate (b, z), followed by the k − b rows
+        of [z, y_{b+2}..y_k] (the rows ``rules.block.greedy_match_branch`` reads)."""
         k = int(tokens.shape[0])
         ys = tokens.tolist()
-        b, z = branch if branch is not None else (None, None)
-        layout = tree_layout(k, self.proposer.plan, b, self.proposer.branch_plan)
+        prop = self.proposer
+        b, z = prop.planned_branch if prop.planned_branch is not None else (None, None)
+        layout = tree_layout(k, prop.plan, b, prop.branch_plan)
         path = None if b is None else [*ys[:b], z, *ys[b + 1 :]]
         chain = ys + ([] if path is None else path[b:])
-        extra = chain + [self.proposer.mask_token_id] * (layout.width - len(chain))
+        extra = chain + [prop.mask_token_id] * (layout.width - len(chain))
         logits = self.runner.forward_tree(seq, extra, offsets=layout.offsets, attend=layout.attend, chain=k)
         # row 0 is the last pending token; row 1 + e is tree entry e
-        groups = {j: logits[1 + start : 1 + start + m] for j, start, m in layout.groups}
-        bg = None
+        groups = [(ys[:j], logits[1 + start : 1 + start + m]) for j, start, m in layout.groups]
         if layout.branch_group is not None:
+            assert path is not None
             start, m = layout.branch_group
-            bg = logits[1 + start : 1 + start + m]
-        self.proposer.receive(seq, ys, groups, path, bg)
+            groups.append((path, logits[1 + start : 1 + start + m]))
+        prop.receive(seq, groups)
         # the rows the rule reads: as ``ModelVerifier``'s, never an id outside ``Models.allowed``
-        return restrict(logits[: len(chain) + 1], self.allowed)  # (k+1 [+ k−b], V)
+        return restrict(logits[: len(chain) + 1], prop.allowed)  # (k+1 [+ k−b], V)
 
 
 def build_fused(
@@ -430,10 +397,10 @@ def build_fused(
         params.block_size,
         groups=parse_fuse_groups(params.fuse_groups),
         allowed=models.allowed,
-        branch=branch,
+        branches=branch,
         temperature=params.temperature,
         top_k=params.top_k,
         top_p=params.top_p,
         generator=generator,
     )
-    return proposer, FusedVerifier(models.target, proposer, models.allowed)
+    return proposer, FusedVerifier(models.target, proposer)

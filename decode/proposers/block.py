@@ -41,13 +41,14 @@ class BlockProposer:
             return Proposal.empty(self.runner.device)
         # Row 0 of the pass over [pending, M_1..M_{k-1}] (at the last committed token) predicts y_1, row i (at M_i)
         # predicts y_{i+1}.
-        logits = self.runner.forward(seq, [self.mask_token_id] * (k - 1))  # (k, V)
-        # never <|mask|> itself, nor an id the verifier / tokenizer lacks (``Models.allowed``)
-        logits = restrict(logits, self.allowed)
-        probs = logits_to_probs(logits, self.temperature, self.top_k, self.top_p)  # (k, V)
+        return self.draw(self.runner.forward(seq, [self.mask_token_id] * (k - 1)))  # (k, V) logits
+
+    def draw(self, logits: torch.Tensor) -> Proposal:
+        """The proposal for block logits (k, V): never <|mask|> itself, nor an id the verifier / tokenizer lacks
+        (``Models.allowed``); y_i = the argmax (greedy) or a draw from the tempered, filtered distribution."""
+        probs = logits_to_probs(restrict(logits, self.allowed), self.temperature, self.top_k, self.top_p)
         tokens = pick(probs, self.temperature, self.generator)  # (k,)
-        conf = probs.gather(-1, tokens[:, None])[:, 0]  # (k,)
-        return Proposal(tokens=tokens, conf=conf, probs=probs)
+        return Proposal(tokens=tokens, conf=probs.gather(-1, tokens[:, None])[:, 0], probs=probs)
 
 
 class NoProposer:

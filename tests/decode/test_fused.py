@@ -221,11 +221,8 @@ class ScriptedFused(FusedBlockProposer):
         super().__init__(*a, **kw)
         self.prompt_len, self.ref, self.wrong, self.second = prompt_len, ref, wrong, second
 
-    def receive(self, seq, tokens, groups, branch_path=None, branch_group=None):
-        scripted = {j: self._script(len(seq) + j, logits.shape[0]) for j, logits in groups.items()}
-        if branch_group is not None:  # after the whole branch: the same place as G_k
-            branch_group = self._script(len(seq) + len(tokens), branch_group.shape[0])
-        super().receive(seq, tokens, scripted, branch_path, branch_group)
+    def receive(self, seq, groups):
+        super().receive(seq, [(path, self._script(len(seq) + len(path), g.shape[0])) for path, g in groups])
 
     def _script(self, end: int, m: int) -> torch.Tensor:
         """Logits (m, V) for a group whose context ends at sequence length ``end`` (its rows predict the new
@@ -254,7 +251,8 @@ def scripted_decoder(
         old.mask_token_id,
         k,
         groups=old.groups,
-        branch=branch,
+        allowed=old.allowed,
+        branches=branch,
         prompt_len=len(prompt),
         ref=ref,
         wrong=wrong,
@@ -388,7 +386,7 @@ def test_a_miss_carries_the_rest_of_the_nearest_earlier_group():
     prop = FusedBlockProposer(cpu, mask_token_id=10, block_size=6, groups=2)  # type: ignore[arg-type]
 
     def carried(committed, budget=20, g=groups):
-        prop.receive(base, ys, g)
+        prop.receive(base, [(ys[:j], logits) for j, logits in g.items()])
         return prop.propose(base + committed, budget=budget).tokens.tolist()
 
     expected = {0: [1, 2, 3, 4, 5], 1: [2, 3, 4, 5], 2: [6, 7, 8], 3: [7, 8], 4: [8]}
@@ -399,7 +397,7 @@ def test_a_miss_carries_the_rest_of_the_nearest_earlier_group():
     assert carried([5, 9], g={2: groups[2]}) == []
     assert carried([4, 5, 8, 7, 9]) == [8]  # y_1, y_2, a branch token, y_4, a correction: G_2 from row 2
     assert carried(ys[:1] + [9], budget=2) == [2, 3]  # the budget cuts it
-    prop.receive(base, ys, groups)
+    prop.receive(base, [(ys[:j], logits) for j, logits in groups.items()])
     assert prop.propose([1, 2, 0, 4, 9], budget=20).tokens.numel() == 0  # not the pass's committed prefix
 
 
