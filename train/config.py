@@ -209,12 +209,6 @@ class DistillConfig:
                 "distill.dtype=auto: use null (bf16 on GPU, fp32 on CPU), float32, bfloat16 or float16"
             )
         check_dtype(self.dtype, "distill.dtype", allow_none=True)
-        exact = greedy_exact_methods()
-        if self.method not in exact:
-            raise ValueError(
-                f"distill.method={self.method!r}: the responses must be the proposer's own greedy output; use one of "
-                f"{exact} (prove-lossless is the fast one)"
-            )
 
 
 @dataclass
@@ -343,6 +337,15 @@ class TrainConfig:
                 f"max_len={max_len} is not a multiple of block_size={k}: rows truncated at max_len would be "
                 f"padded with EOS labels inside the answer; use max_len={lower or upper} or max_len={upper}"
             )
+        if (
+            self.stage.name == Stage.distill
+        ):  # here, not in DistillConfig: the registry is read only when used
+            exact = greedy_exact_methods()
+            if self.distill.method not in exact:
+                raise ValueError(
+                    f"distill.method={self.distill.method!r}: the responses must be the proposer's own greedy "
+                    f"output; use one of {exact} (prove-lossless is the fast one)"
+                )
         if self.stage.name == Stage.mars and self.stage.role == Role.verifier:
             raise ValueError(
                 "stage=mars trains the block proposer: drop stage.role=verifier (the verifier is a plain AR "

@@ -19,6 +19,14 @@ def _cli(*args: str, cwd) -> subprocess.CompletedProcess:
     )
 
 
+def test_cli_module_imports_no_torch():
+    """Composing and checking a config (``--help``, ``--cfg job``, a config error) needs neither torch nor
+    the decode stack: the distill stage's method check reads the decode registry only for stage=distill."""
+    code = "import sys, prove.train.cli; print('torch' in sys.modules, 'prove.decode.methods' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
 def test_cli_composes_a_recipe_from_any_directory(tmp_path):
     proc = _cli("--cfg", "job", "--resolve", "recipe=tiny", "stage=mars", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
