@@ -15,7 +15,6 @@ from typing import Any
 
 # The contract's placeholder token and the checks both sides share live in prove.data.loading; re-exported here.
 from prove.data.loading import MASK_TOKEN as MASK_TOKEN
-from prove.data.loading import missing_local_path as missing_local_path
 from prove.data.loading import vocab_difference as vocab_difference
 
 PROVE_JSON = "prove.json"

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import inspect
 import json
 import math
 import statistics
@@ -422,40 +421,18 @@ class DecodeSpec:
     block: bool = False
 
 
-def decoder_supports_fuse() -> bool:
-    """Whether ``Decoder`` takes ``fuse`` (the fused prove-lossless cycle). The fused row of the decode check
-    appears once that fusion exists; until then the check runs without it."""
-    from prove.decode.config import DecodeParams
-    from prove.decode.decoder import Decoder
-
-    return "fuse" in inspect.signature(Decoder).parameters or "fuse" in DecodeParams.field_names()
-
-
-def decode_specs(block_size: int, k: int = 5, *, fused: bool | None = None) -> list[DecodeSpec]:
-    """The decode check's rows; ``fused=None`` includes the fused prove-lossless row iff the Decoder has it."""
-    if fused is None:
-        fused = decoder_supports_fuse()
+def decode_specs(block_size: int, k: int = 5) -> list[DecodeSpec]:
+    """The decode check's rows."""
     sample = {"temperature": 1.0, "top_p": 0.95}
-    specs = [
+    fused = {"block_size": block_size, "fuse": True}
+    return [
         DecodeSpec("ar", "ar", lossless=True),
         DecodeSpec("prove-lossless", "prove-lossless", {"block_size": block_size}, lossless=True, block=True),
-    ]
-    if fused:
-        specs.append(
-            DecodeSpec(
-                "prove-lossless fused",
-                "prove-lossless",
-                {"block_size": block_size, "fuse": True},
-                lossless=True,
-                block=True,
-            )
-        )
-    specs += [
+        DecodeSpec("prove-lossless fused", "prove-lossless", fused, lossless=True, block=True),
         DecodeSpec("sd", "sd", {"k": k}, lossless=True, draft=True),
         DecodeSpec("sd sampling", "sd", {"k": k, **sample}, draft=True),
         DecodeSpec("nsd sampling", "nsd", {"k": k, **sample}, draft=True),
     ]
-    return specs
 
 
 def random_prompts(n: int, vocab: int, lo: int, hi: int, seed: int) -> list[list[int]]:
@@ -590,7 +567,6 @@ def run_decode(cfg: CheckConfig, checks: list[dict[str, Any]]) -> dict[str, Any]
         "weight_std": cfg.decode_std,
         "block_size": cfg.block_size,
         "k": cfg.sd_k,
-        "fused_available": decoder_supports_fuse(),
         "dtypes": {},
     }
     dtypes = ("float32",) if cfg.tiny else ("float32", "bfloat16")
@@ -873,8 +849,6 @@ def render_md(report: Mapping[str, Any]) -> str:
     if dec:
         lines += ["", f"## 2. Decoding on {env['device']}: random {dec['shape']} (weight std {dec['weight_std']}), "
                       f"draft = its first {dec['draft_layers']} layers, K = {dec['block_size']}, k = {dec['k']}"]  # fmt: skip
-        if not dec["fused_available"]:
-            lines += ["", "The Decoder has no fused prove-lossless yet: no fused row."]
         for dt, d in dec["dtypes"].items():
             lines += ["", f"### {dt}: {d['prompts']} prompts × {d['new_tokens']} tokens "
                           f"({d['distinct_reference_tokens']} distinct tokens in the reference)", "",

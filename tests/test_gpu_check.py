@@ -173,13 +173,12 @@ def test_acceptance_from_a_bench_json_and_the_shipped_default(tmp_path):
     ) >= 5
 
 
-def test_the_fused_row_appears_only_where_the_decoder_fuses():
-    names = [s.name for s in gc.decode_specs(4, fused=False)]
-    assert names == ["ar", "prove-lossless", "sd", "sd sampling", "nsd sampling"]
-    fused = [s for s in gc.decode_specs(4, fused=True) if s.name == "prove-lossless fused"]
-    assert fused and fused[0].params == {"block_size": 4, "fuse": True} and fused[0].lossless
-    auto = [s.name for s in gc.decode_specs(4)]
-    assert ("prove-lossless fused" in auto) == gc.decoder_supports_fuse()
+def test_the_decode_check_has_a_fused_row():
+    specs = gc.decode_specs(4)
+    names = [s.name for s in specs]
+    assert names == ["ar", "prove-lossless", "prove-lossless fused", "sd", "sd sampling", "nsd sampling"]
+    fused = specs[2]
+    assert fused.params == {"block_size": 4, "fuse": True} and fused.lossless and fused.block
 
 
 def test_a_shape_that_does_not_fit_is_skipped_and_reported(tmp_path, monkeypatch):

@@ -81,7 +81,7 @@ def _merge_dtype(cfg: TrainConfig) -> str:
     """The merged checkpoint's dtype: the training precision (bf16/fp16 runs save 16-bit weights), else float32."""
     if cfg.trainer.bf16:
         return "bfloat16"
-    return "float16" if getattr(cfg.trainer, "fp16", False) or cfg.trainer.extra.get("fp16") else "float32"
+    return "float16" if cfg.trainer.extra.get("fp16") else "float32"
 
 
 def merge_adapter(

@@ -20,7 +20,7 @@ from prove.train.config import LoggerKind, TrainConfig, config_dict, run_label
 
 log = logging.getLogger(__name__)
 
-LOCAL_MODES = ("offline", "disabled", "dryrun")
+LOCAL_MODES = ("offline", "disabled")
 """``WANDB_MODE`` values that never contact the server (no login needed)."""
 WandbMode = Literal["online", "offline", "disabled", "shared"]
 WANDB_MODES = ("online", "offline", "disabled", "shared")

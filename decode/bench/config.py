@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    pass
 from prove.decode.bench.rows import as_values
 
 SWEEP_KEYS = ("theta", "tau", "block_size", "k", "fuse", "fuse_groups")

@@ -8,13 +8,10 @@ import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
-
-if TYPE_CHECKING:
-    pass
 
 
 def first_divergence(output: Sequence[int], reference: Sequence[int]) -> int | None:

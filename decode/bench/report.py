@@ -6,10 +6,8 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    pass
 from prove.decode.bench.rows import param_label
 
 SCHEMA = "prove-bench/1"

@@ -7,10 +7,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    pass
 from prove.decode.bench.metrics import PromptRun
 
 REFERENCE = "ar"
