@@ -57,16 +57,23 @@ def text_of(path: Path) -> str | None:
         return None
 
 
+@cache
+def tracked_lines() -> tuple[tuple[Path, int, str], ...]:
+    """(path, line number, line) of every tracked text file, read once for all the tests here."""
+    return tuple(
+        (path, lineno, line)
+        for path in tracked_files()
+        if (text := text_of(path)) is not None
+        for lineno, line in enumerate(text.splitlines(), 1)
+    )
+
+
 def lines_matching(pattern: re.Pattern[str]) -> list[str]:
-    hits = []
-    for path in tracked_files():
-        text = text_of(path)
-        if text is None:
-            continue
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if pattern.search(line):
-                hits.append(f"{path.relative_to(ROOT)}:{lineno}: {line.strip()}")
-    return hits
+    return [
+        f"{path.relative_to(ROOT)}:{lineno}: {line.strip()}"
+        for path, lineno, line in tracked_lines()
+        if pattern.search(line)
+    ]
 
 
 def design_sections() -> set[str]:
@@ -88,15 +95,12 @@ def test_no_citation_of_documents_outside_the_repo(what):
 
 
 def test_every_cited_docs_file_exists():
-    missing = []
-    for path in tracked_files():
-        text = text_of(path)
-        if text is None:
-            continue
-        for lineno, line in enumerate(text.splitlines(), 1):
-            for doc in DOC_PATH.findall(line):
-                if not (ROOT / doc).is_file():
-                    missing.append(f"{path.relative_to(ROOT)}:{lineno}: {doc}")
+    missing = [
+        f"{path.relative_to(ROOT)}:{lineno}: {doc}"
+        for path, lineno, line in tracked_lines()
+        for doc in DOC_PATH.findall(line)
+        if not (ROOT / doc).is_file()
+    ]
     assert missing == [], "these files cite a document that does not exist:\n" + "\n".join(missing)
 
 
@@ -108,17 +112,13 @@ def test_design_doc_has_the_numbered_sections():
 def test_every_design_citation_names_an_existing_section():
     sections = design_sections()
     bad = []
-    for path in tracked_files():
-        text = text_of(path)
-        if text is None:
-            continue
+    for path, lineno, line in tracked_lines():
         own = path.relative_to(ROOT).as_posix() == DESIGN_DOC
-        for lineno, line in enumerate(text.splitlines(), 1):
-            marks = SECTION_MARK.findall(line) if own else []
-            cited = [n for m in marks for n in section_numbers("§" + m)]
-            for chunk in DESIGN_CITATION.findall(line):
-                cited += section_numbers(chunk)
-            bad += [f"{path.relative_to(ROOT)}:{lineno}: §{n}" for n in cited if n not in sections]
+        marks = SECTION_MARK.findall(line) if own else []
+        cited = [n for m in marks for n in section_numbers("§" + m)]
+        for chunk in DESIGN_CITATION.findall(line):
+            cited += section_numbers(chunk)
+        bad += [f"{path.relative_to(ROOT)}:{lineno}: §{n}" for n in cited if n not in sections]
     assert bad == [], f"citations of sections that {DESIGN_DOC} does not have:\n" + "\n".join(bad)
 
 
