@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prove.data.loading import DTYPES as DTYPES  # one home of the dtype names (decode, bench, eval, train)
+from prove.data.loading import check_dtype
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "seed")
 """The ``DecodeParams`` every method reads; the others are method parameters (``prove.decode.methods``)."""
@@ -151,8 +152,7 @@ class DecodeConfig(DecodeParams):
         super().__post_init__()
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens} must be ≥ 1")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype={self.dtype!r} is not one of {DTYPES}")
+        check_dtype(self.dtype, "dtype")
 
 
 def parse_fuse_groups(value: Any) -> int | None:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from prove.data.loading import check_dtype
 from prove.decode.bench.rows import as_values
 
 SWEEP_KEYS = ("theta", "tau", "block_size", "k", "fuse", "fuse_groups")
@@ -106,6 +107,7 @@ class BenchConfig:
     with the target more often, like a trained layer-skip draft; ``random_models.random_target_and_draft``)."""
 
     def __post_init__(self) -> None:
+        check_dtype(self.dtype, "dtype")
         if self.hf_compare is not None:
             from prove.decode.random_models import SHAPES
 

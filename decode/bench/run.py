@@ -52,11 +52,8 @@ def _sync(device: Any) -> None:
 def load_models(cfg: BenchConfig) -> dict[str, Any]:
     """The tokenizer and every model, loaded once and shared by all rows."""
     from prove.decode.checkpoint import vocab_difference
-    from prove.decode.config import DTYPES
     from prove.decode.decoder import check_source, load_model, load_tokenizer
 
-    if cfg.dtype not in DTYPES:
-        raise ValueError(f"dtype={cfg.dtype!r} is not one of {DTYPES}")
     for role in ("model", "verifier", "draft"):
         if getattr(cfg, role) is not None:
             check_source(getattr(cfg, role), role)

@@ -17,7 +17,8 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from prove.decode.config import DTYPES, DecodeParams
+from prove.data.loading import check_dtype
+from prove.decode.config import DecodeParams
 
 
 @dataclass
@@ -72,8 +73,7 @@ class EvalConfig(DecodeParams):
         super().__post_init__()
         if not self.tasks:
             raise ValueError("tasks is empty; name at least one lm-eval task, e.g. tasks=[prove_arith]")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype={self.dtype!r} is not one of {DTYPES}")
+        check_dtype(self.dtype, "dtype")
         if self.batch_size < 1:
             raise ValueError(f"batch_size={self.batch_size} must be ≥ 1")
         if self.max_gen_toks is not None and self.max_gen_toks < 1:

@@ -372,3 +372,20 @@ def test_sampling_runs_on_cuda(lm, tokenizer, prompts, method):
     assert dec.generator.device.type == "cuda"
     out = dec.generate(prompts[0], max_new_tokens=8, eos_token_id=[], seed=1)
     assert len(out.token_ids) == 8
+
+
+@pytest.mark.parametrize("which", ["decode", "bench", "eval"])
+def test_a_bad_dtype_is_refused_when_the_config_is_built(which):
+    """Every decode-side config checks ``dtype`` with ``prove.data.loading.check_dtype`` (one message, naming
+    the choices), before any model is loaded."""
+    from prove.decode.bench.config import BenchConfig
+    from prove.decode.config import DecodeConfig
+    from prove.decode.eval.cli import EvalConfig
+
+    build = {
+        "decode": lambda: DecodeConfig(model="M", prompts="P", output="O", dtype="fp8"),
+        "bench": lambda: BenchConfig(model="M", prompts="P", dtype="fp8"),
+        "eval": lambda: EvalConfig(model="M", tasks=["prove_arith"], output="O", dtype="fp8"),
+    }[which]
+    with pytest.raises(ValueError, match=r"dtype='fp8': use one of auto, float32, bfloat16, float16"):
+        build()
