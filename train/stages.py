@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import torch
 from prove.train import distill
 from prove.train.collate import Collator, DistillCollator
 from prove.train.config import Stage, TrainConfig
@@ -108,9 +107,8 @@ class DistillStage(StageUnit):
         distill.wait_for_all_ranks()  # ranks finish their shards hours apart at scale
 
     def dataset(self, cfg: TrainConfig, tokenizer: Any, args: Any) -> Any:
-        """The generated set, assembled by one process of the whole job (it is on shared storage)."""
-        if torch.distributed.is_initialized():
-            torch.distributed.barrier()  # every rank has written its shard
+        """The generated set, assembled by one process of the whole job (it is on shared storage); every shard
+        is written (``prepare`` waited for all ranks)."""
         with args.main_process_first(local=False, desc="tokenizing"):
             generated = distill.build_generated_set(cfg.distill.generated_dir)
             return distill.training_rows(generated, cfg.data.max_len)
