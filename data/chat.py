@@ -300,10 +300,11 @@ def render(tokenizer: Any, conversation: TemplateConversation, *, add_generation
     )
 
 
-def drops_tools(tokenizer: Any, conversation: TemplateConversation) -> bool:
+def drops_tools(tokenizer: Any, conversation: TemplateConversation, full: str | None = None) -> bool:
     """Whether the tokenizer's template ignores this conversation's tool schemas or tool calls (renders the
-    same text without them), as a template without tool support does."""
-    full = render(tokenizer, conversation)
+    same text without them), as a template without tool support does. ``full``: the conversation's render,
+    when the caller has it already."""
+    full = render(tokenizer, conversation) if full is None else full
     if conversation.tools and full == render(tokenizer, TemplateConversation(conversation.messages)):
         return True
     if conversation.has_tool_calls:
@@ -346,11 +347,13 @@ def encode_conversation(
     if reason is not None:
         return None, reason, False
     assert conversation is not None
-    if (conversation.tools or conversation.has_tool_calls) and drops_tools(tokenizer, conversation):
-        return None, TEMPLATE_DROPS_TOOLS, False
     # Render to text, then encode without the tokenizer's own specials: the template already holds
     # any BOS it wants, and encoding through `tokenize=True` may add a second one.
     full_text = render(tokenizer, conversation)
+    if (conversation.tools or conversation.has_tool_calls) and drops_tools(
+        tokenizer, conversation, full_text
+    ):
+        return None, TEMPLATE_DROPS_TOOLS, False
     prompt = TemplateConversation(conversation.messages[:-1], conversation.tools)
     prompt_text = render(tokenizer, prompt, add_generation_prompt=True)
     ids = tokenizer(full_text, add_special_tokens=False)["input_ids"]
