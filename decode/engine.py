@@ -100,21 +100,11 @@ class ModelRunner:
 
         Returns logits (len(extra) + 1, V): row i predicts the token after ``seq + extra[:i]``.
         """
-        keep = min(self._valid_prefix(seq), len(seq) - 1)
-        self._crop(keep)
+        keep = self._start(seq)
         new = list(seq[keep:]) + list(extra)
-        ids = torch.tensor([new], dtype=torch.long, device=self.device)  # (1, L)
         positions = torch.arange(keep, keep + len(new), device=self.device)[None]  # (1, L)
-        kwargs: dict[str, Any] = {self._cache_kw: self.cache, "position_ids": positions, "use_cache": True}
-        rows = len(extra) + 1
-        if self._logits_to_keep:
-            kwargs["logits_to_keep"] = rows
-        out = self.model(input_ids=ids, **kwargs)
-        self.passes += 1
-        self.fed.extend(new)
-        self.valid = len(seq) if committed is None else min(committed, len(seq))
-        assert self.cached == len(self.fed), "cache length and fed tokens disagree"
-        return out.logits[0, -rows:]  # (len(extra)+1, V)
+        valid = len(seq) if committed is None else min(committed, len(seq))
+        return self._pass(new, positions, rows=len(extra) + 1, fed=new, valid=valid)
 
     @torch.no_grad()
     def forward_tree(
@@ -131,31 +121,86 @@ class ModelRunner:
         and attends the cache, the pending tokens and the entries ``attend[e]`` (E, E) allows.
 
         Only the first ``chain`` entries continue ``seq`` causally (their KV is what AR would hold if they
-        get committed); the others are recorded as ``-1`` in ``fed``, so ``sync`` never keeps them.
+        get committed); the others are recorded as ``SKIPPED`` in ``fed``, so ``sync`` never keeps them.
         Returns logits (len(extra) + 1, V): row 0 predicts the token after ``seq``, row 1 + e is entry e's.
         """
-        from prove.decode.fused import SKIPPED, tree_attention_bias
-
         assert 0 <= chain <= len(extra) == offsets.shape[0] == attend.shape[0]
-        keep = min(self._valid_prefix(seq), len(seq) - 1)
-        self._crop(keep)
+        keep = self._start(seq)
         pending = list(seq[keep:])
-        ids = torch.tensor([pending + list(extra)], dtype=torch.long, device=self.device)  # (1, P+E)
         device = self.device
         positions = torch.cat([torch.arange(keep, len(seq)), len(seq) + offsets.cpu()]).to(device)[None]
         bias = tree_attention_bias(keep, len(pending), attend, dtype=self.dtype, device=device)
-        kwargs: dict[str, Any] = {
-            self._cache_kw: self.cache, "position_ids": positions, "attention_mask": bias, "use_cache": True,
-        }  # fmt: skip
-        rows = len(extra) + 1
+        fed = pending + list(extra[:chain]) + [SKIPPED] * (len(extra) - chain)
+        return self._pass(
+            pending + list(extra),
+            positions,
+            rows=len(extra) + 1,
+            fed=fed,
+            valid=len(seq),
+            attention_mask=bias,
+        )
+
+    def _start(self, seq: Sequence[int]) -> int:
+        """Crop the cache to its valid prefix of ``seq``, less the last token (always fed, so that the pass's
+        first row predicts the token after ``seq``); returns the number of entries kept."""
+        keep = min(self._valid_prefix(seq), len(seq) - 1)
+        self._crop(keep)
+        return keep
+
+    def _pass(
+        self,
+        tokens: list[int],
+        positions: torch.Tensor,
+        *,
+        rows: int,
+        fed: list[int],
+        valid: int,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The model over ``tokens`` at ``positions`` on top of the cache; records ``fed`` and ``valid``, returns
+        the logits of the last ``rows`` tokens (rows, V)."""
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)  # (1, L)
+        kwargs: dict[str, Any] = {self._cache_kw: self.cache, "position_ids": positions, "use_cache": True}
+        if attention_mask is not None:
+            kwargs["attention_mask"] = attention_mask
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = rows
         out = self.model(input_ids=ids, **kwargs)
         self.passes += 1
-        self.fed.extend(pending + list(extra[:chain]) + [SKIPPED] * (len(extra) - chain))
-        self.valid = len(seq)
+        self.fed.extend(fed)
+        self.valid = valid
         assert self.cached == len(self.fed), "cache length and fed tokens disagree"
-        return out.logits[0, -rows:]  # (len(extra)+1, V)
+        return out.logits[0, -rows:]
+
+
+SKIPPED = -1
+"""What ``ModelRunner.fed`` records for a tree entry off the causal line: it never equals a committed token."""
+
+
+def tree_attention_bias(
+    cached: int,
+    pending: int,
+    attend: torch.Tensor,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Float additive mask (1, 1, P+E, cached+P+E) of a pass over ``[pending (P), tree entries (E)]`` on top
+    of ``cached`` cache entries: 0 where a query (row) may attend a key (column), ``finfo(dtype).min``
+    elsewhere (eager attention adds the mask to the scores: a boolean 4D mask would be wrong there).
+
+    Every row sees the cache; pending rows are causal and see no tree entry; tree rows see every pending
+    token and the tree entries ``attend`` (E, E) allows.
+    """
+    if pending < 1:
+        raise ValueError("a pass feeds at least one pending token (the last committed one)")
+    q = pending + int(attend.shape[0])
+    # among the new entries: lower-triangular covers pending rows (causal, no tree entry: their columns
+    # past the pending block are above the diagonal) and tree rows seeing every pending token
+    local = torch.ones(q, q, dtype=torch.bool, device=device).tril_()
+    local[pending:, pending:] = attend.to(device)
+    bias = torch.zeros(q, cached + q, dtype=dtype, device=device)  # the cache: seen by every row
+    bias[:, cached:].masked_fill_(~local, torch.finfo(dtype).min)
+    return bias[None, None]
 
 
 @dataclass

@@ -26,7 +26,7 @@ again a single pass. ``tests/decode/test_fused.py`` checks this equivalence agai
 
 Layout and the KV cache. The y's come first and all groups after them, so the entries of the accepted
 y_1..y_n are contiguous right after the context and cropping stays contiguous; ``ModelRunner.forward_tree``
-records group entries as ``-1`` in its ``fed`` list (never a committed token), so the engine's per-cycle
+records group entries as ``SKIPPED`` in its ``fed`` list (never a committed token), so the engine's per-cycle
 sync keeps exactly context + accepted y's, as AR would hold (the invariant of ``prove.decode.engine``).
 
 Choosing J (``fuse_groups``). ``all``: every j with room left in the token budget, so every cycle after
@@ -99,10 +99,6 @@ if TYPE_CHECKING:
 BRANCH_BELOW = 0.9
 """A carried proposal's first position with p̃ under this gets a second candidate (``Proposal.branch``): on
 the demo, half of the rejected positions had the greedy token as the proposer's second choice."""
-
-SKIPPED = -1
-"""What ``ModelRunner.fed`` records for a tree entry off the causal line: it never equals a committed token."""
-
 
 # -- pure parts: the tree's positions and mask, and the choice of J -------------------------------------------
 
@@ -194,32 +190,6 @@ def _tree_layout(
     return TreeLayout(
         k=k, offsets=offsets, attend=attend, groups=tuple(placed), branch=branch, branch_group=bg
     )
-
-
-def tree_attention_bias(
-    cached: int,
-    pending: int,
-    attend: torch.Tensor,
-    dtype: torch.dtype = torch.float32,
-    device: torch.device | str | None = None,
-) -> torch.Tensor:
-    """Float additive mask (1, 1, P+E, cached+P+E) of a pass over ``[pending (P), tree entries (E)]`` on top
-    of ``cached`` cache entries: 0 where a query (row) may attend a key (column), ``finfo(dtype).min``
-    elsewhere (eager attention adds the mask to the scores: a boolean 4D mask would be wrong there).
-
-    Every row sees the cache; pending rows are causal and see no tree entry; tree rows see every pending
-    token and the tree entries ``attend`` (E, E) allows.
-    """
-    if pending < 1:
-        raise ValueError("a pass feeds at least one pending token (the last committed one)")
-    q = pending + int(attend.shape[0])
-    # among the new entries: lower-triangular covers pending rows (causal, no tree entry: their columns
-    # past the pending block are above the diagonal) and tree rows seeing every pending token
-    local = torch.ones(q, q, dtype=torch.bool, device=device).tril_()
-    local[pending:, pending:] = attend.to(device)
-    bias = torch.zeros(q, cached + q, dtype=dtype, device=device)  # the cache: seen by every row
-    bias[:, cached:].masked_fill_(~local, torch.finfo(dtype).min)
-    return bias[None, None]
 
 
 def acceptance_probs(conf: torch.Tensor | Sequence[float]) -> list[float]:

@@ -56,7 +56,7 @@ MUTANTS = [
     ("fused-proposer-unrestricted", "decode/proposers/block.py", "probs = logits_to_probs(restrict(logits, self.allowed),", "probs = logits_to_probs(logits,", FUSED + ENGINE),
     ("fused-group-sees-one-y-less", "decode/fused.py", "attend[rows, :j] = True", "attend[rows, : max(j - 1, 0)] = True", FUSED),
     ("fused-group-offset-shifted", "decode/fused.py", "offsets[rows] = torch.arange(j, j + m)", "offsets[rows] = torch.arange(j + 1, j + m + 1)", FUSED),
-    ("fused-tree-rows-blind-to-pending", "decode/fused.py", "local[pending:, pending:] = attend.to(device)", "local[pending:, :] = torch.cat([torch.zeros(q - pending, pending, dtype=torch.bool), attend], 1)", FUSED),
+    ("fused-tree-rows-blind-to-pending", "decode/engine.py", "local[pending:, pending:] = attend.to(device)", "local[pending:, :] = torch.cat([torch.zeros(q - pending, pending, dtype=torch.bool), attend], 1)", FUSED),
     ("fused-likeliest-ties-longer", "decode/fused.py", "key=lambda jm: (-p[jm[0]], jm[0])", "key=lambda jm: (-p[jm[0]], -jm[0])", FUSED),
     ("branch-compares-shifted", "decode/rules/block.py", "m = _leading_run(rest == greedy[: k - b - 1])", "m = _leading_run(rest == greedy[1 : k - b])", RULES + FUSED),
     ("branch-bonus-last-row", "decode/rules/block.py", "return Accept(b + 1 + m, int(greedy[m]), path=path)", "return Accept(b + 1 + m, int(greedy[-1]), path=path)", RULES + FUSED),

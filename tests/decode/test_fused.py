@@ -12,14 +12,8 @@ import torch
 from decode_helpers import hf_generate, mask_ids
 from prove.decode import Decoder
 from prove.decode.config import DecodeParams
-from prove.decode.engine import ModelRunner
-from prove.decode.fused import (
-    FusedBlockProposer,
-    acceptance_probs,
-    choose_groups,
-    tree_attention_bias,
-    tree_layout,
-)
+from prove.decode.engine import ModelRunner, tree_attention_bias
+from prove.decode.fused import FusedBlockProposer, acceptance_probs, choose_groups, tree_layout
 from prove.decode.methods import get_method
 from test_engine import _check_cache
 
