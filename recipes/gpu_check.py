@@ -202,10 +202,10 @@ def random_model(config: Any, device: str, dtype: Any, *, std: float = 0.02, see
     return model.eval()
 
 
-def free(*objs: Any) -> None:
+def free() -> None:
+    """Collect garbage and return the CUDA cache (callers ``del`` their own references first)."""
     import torch
 
-    del objs
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -343,7 +343,8 @@ def train_one(cfg: CheckConfig, impl: str, batches: list[tuple[Any, Any]], mask_
         "tokens_per_s": tokens / (statistics.median(timed) / 1e3),
         "peak_gib": _peak_gib(cfg.device),
     }
-    free(model, opt, mask)
+    del model, opt, mask
+    free()
     return result
 
 
@@ -443,12 +444,6 @@ def random_prompts(n: int, vocab: int, lo: int, hi: int, seed: int) -> list[list
     return [torch.randint(1, vocab - 1, (n_,), generator=gen).tolist() for n_ in lengths]
 
 
-def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
-    from prove.decode.bench.metrics import first_divergence as fd
-
-    return fd(a, b)
-
-
 def hf_greedy(model: Any, prompt: list[int], n: int) -> list[int]:
     import torch
 
@@ -468,7 +463,7 @@ def decode_dtype(
     cfg: CheckConfig, dtype_name: str, specs: list[DecodeSpec], checks: list[dict[str, Any]]
 ) -> dict:
     import torch
-    from prove.decode.bench.metrics import rate_by_depth
+    from prove.decode.bench.metrics import first_divergence, rate_by_depth
     from prove.decode.decoder import Decoder
 
     dtype = getattr(torch, dtype_name)
@@ -549,7 +544,8 @@ def decode_dtype(
     for row in rows.values():
         if ar_ms and row.get("ms") and row.get("tokens"):
             row["speedup_vs_ar"] = ar_ms / row["ms"] * row["tokens"] / rows["ar"]["tokens"]
-    free(target, draft)
+    del target, draft
+    free()
     return {"prompts": len(prompts), "new_tokens": n, "distinct_reference_tokens": distinct, "rows": rows}
 
 
