@@ -263,20 +263,6 @@ def _peak_gib(device: str) -> float | None:
 # --------------------------------------------------------------------------------------------------
 
 
-def mars_attention_mask(impl: str, length: int, block_size: int, dtype: Any, device: str) -> Any:
-    """The mask ``MarsTrainer`` gives the model: a FlexAttention ``BlockMask`` under ``flex_attention``, else
-    the float additive 4D mask (``prove.train.masks``)."""
-    from prove.train.masks import block_attention_bias, block_mask_mod
-
-    if impl == "flex_attention":
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        return create_block_mask(
-            block_mask_mod(length, block_size), None, None, 2 * length, 2 * length, device=device
-        )
-    return block_attention_bias(length, block_size, dtype=dtype, device=device)
-
-
 def train_batches(cfg: CheckConfig, vocab: int, mask_id: int, device: str) -> list[tuple[Any, Any]]:
     """Random examples: a prompt (label -100) then a response (labelled), one fixed batch per step."""
     import torch
@@ -297,7 +283,7 @@ def train_one(cfg: CheckConfig, impl: str, batches: list[tuple[Any, Any]], mask_
     """``train_steps`` AdamW steps of the MARS loss with attention ``impl``; losses, grad norms, speed, memory."""
     import torch
     from prove.train.losses import mars_loss
-    from prove.train.masks import block_inputs
+    from prove.train.masks import block_inputs, mars_attention_mask
 
     dtype = getattr(torch, cfg.train_dtype)
     # FlexAttention has no backward on CPU (torch raises): there the --tiny run checks its forward only.

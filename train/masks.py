@@ -30,6 +30,7 @@ float additive 4D mask that transformers' eager and sdpa attention take
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from prove.data.chat import IGNORE_INDEX
@@ -107,6 +108,20 @@ def block_mask_mod(length: int, block_size: int) -> Callable[..., torch.Tensor]:
         return nn | nc | cc
 
     return mask_mod
+
+
+def mars_attention_mask(
+    impl: str | None, length: int, block_size: int, dtype: torch.dtype, device: Any
+) -> Any:
+    """The mask a MARS step gives a model whose attention is ``impl``: a FlexAttention ``BlockMask`` under
+    ``flex_attention``, else the float additive 4D mask (:func:`block_attention_bias`)."""
+    if impl == "flex_attention":
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        return create_block_mask(
+            block_mask_mod(length, block_size), None, None, 2 * length, 2 * length, device=device
+        )
+    return block_attention_bias(length, block_size, dtype=dtype, device=device)
 
 
 def block_inputs(

@@ -9,8 +9,7 @@ from typing import Any
 
 import torch
 from prove.train.losses import distill_loss, mars_loss
-from prove.train.masks import block_attention_bias, block_inputs, block_mask_mod
-from torch.nn.attention.flex_attention import create_block_mask
+from prove.train.masks import block_inputs, mars_attention_mask
 from transformers import Trainer, TrainerCallback
 
 
@@ -83,12 +82,7 @@ class MarsTrainer(TermLogTrainer):
         if key not in self._masks:
             if len(self._masks) > 64:
                 self._masks.clear()
-            if impl == "flex_attention":
-                self._masks[key] = create_block_mask(
-                    block_mask_mod(length, self.block_size), None, None, 2 * length, 2 * length, device=device
-                )
-            else:
-                self._masks[key] = block_attention_bias(length, self.block_size, dtype=dtype, device=device)
+            self._masks[key] = mars_attention_mask(impl, length, self.block_size, dtype, device)
         return self._masks[key]
 
 
