@@ -13,12 +13,9 @@ from tests.train.helpers import tiny_overrides, torchrun, write_checkpoint
 pytestmark = pytest.mark.slow
 
 
-def test_zero3_two_process_mars_checkpoint_matches_in_memory_model(
-    tmp_path, tokenizer, qwen2_factory, arithmetic_jsonl
-):
-    pytest.importorskip("deepspeed")
-    from transformers import AutoModelForCausalLM
-
+def _zero3_mars(tmp_path, tokenizer, qwen2_factory, data, *, max_steps: int, lr: float, **extra) -> dict:
+    """An sft checkpoint written to ``tmp_path/sft``, then a 2-process ZeRO-3 mars run from it (torchrun,
+    ``zero3_driver.py``) into ``tmp_path/mars``; returns the driver's in-memory reference (``torch.load``)."""
     sft = tmp_path / "sft"
     write_checkpoint(
         sft,
@@ -29,23 +26,33 @@ def test_zero3_two_process_mars_checkpoint_matches_in_memory_model(
     )
     overrides = tiny_overrides(
         tmp_path,
-        arithmetic_jsonl,
+        data,
         model="hf",
         stage="mars",
         deepspeed="zero3",
-        max_steps=4,
-        lr=1e-3,
+        max_steps=max_steps,
+        lr=lr,
         **{
             "model.name_or_path": str(sft),
             "stage.init_from": str(sft),
             "trainer.per_device_train_batch_size": 4,
+            **extra,
         },
     )
     out = tmp_path / "inmemory.pt"
     proc = torchrun("zero3_driver.py", [str(out), *overrides])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return torch.load(out)
 
-    ref = torch.load(out)
+
+def test_zero3_two_process_mars_checkpoint_matches_in_memory_model(
+    tmp_path, tokenizer, qwen2_factory, arithmetic_jsonl
+):
+    pytest.importorskip("deepspeed")
+    from transformers import AutoModelForCausalLM
+
+    ref = _zero3_mars(tmp_path, tokenizer, qwen2_factory, arithmetic_jsonl, max_steps=4, lr=1e-3)
+    sft = tmp_path / "sft"
     assert ref["world_size"] == 2 and ref["global_step"] == 4
     assert ref["logs"] and all(math.isfinite(h["loss"]) for h in ref["logs"])
     # The logged loss is noisy + ar_weight × clean (ar_weight 1), not that times the number of processes
@@ -73,27 +80,15 @@ def test_zero3_two_process_lora_leaves_a_merged_checkpoint_that_decodes(tmp_path
     from prove.decode import Decoder
     from transformers import AutoModelForCausalLM
 
-    sft = tmp_path / "sft"
-    write_checkpoint(
-        sft,
-        qwen2_factory(
-            len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
-        ),
-        tokenizer,
-    )
-    overrides = tiny_overrides(
+    ref = _zero3_mars(
         tmp_path,
+        tokenizer,
+        qwen2_factory,
         arithmetic_jsonl,
-        model="hf",
-        stage="mars",
-        deepspeed="zero3",
-        peft="lora",
         max_steps=3,
         lr=1e-2,
+        peft="lora",
         **{
-            "model.name_or_path": str(sft),
-            "stage.init_from": str(sft),
-            "trainer.per_device_train_batch_size": 4,
             "peft.r": 4,
             "peft.alpha": 8,
             "peft.dropout": 0.0,
@@ -102,16 +97,12 @@ def test_zero3_two_process_lora_leaves_a_merged_checkpoint_that_decodes(tmp_path
             "peft.train_mask_token": "false",
         },
     )
-    out = tmp_path / "inmemory.pt"
-    proc = torchrun("zero3_driver.py", [str(out), *overrides])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-
     mars = tmp_path / "mars"
     assert (mars / "adapter" / "adapter_config.json").is_file()
     assert (mars / "config.json").is_file() and (mars / "tokenizer_config.json").is_file()
     meta = json.loads((mars / "prove.json").read_text())
     assert meta["stage"] == "mars" and meta["block_size"] == 4 and meta["peft"] == "lora"
-    ref = torch.load(out)
+    sft = tmp_path / "sft"
     merged = AutoModelForCausalLM.from_pretrained(mars).eval()
     with torch.no_grad():
         torch.testing.assert_close(
