@@ -44,9 +44,11 @@ def decode_prompts(
     output.parent.mkdir(parents=True, exist_ok=True)
     done = finished_ids(output)
     todo = [(i, r) for i, r in enumerate(records) if repr(r.id) not in done]
-    for _, rec in todo:  # a prompt too long for the models fails here, before anything is decoded
+    encoded: dict[int, list[int]] = {}  # each prompt's ids, encoded once
+    for i, rec in todo:  # a prompt too long for the models fails here, before anything is decoded
+        encoded[i] = decoder.encode(render(rec, chat))
         try:
-            decoder.check_length(len(decoder.encode(render(rec, chat))), max_new_tokens)
+            decoder.check_length(len(encoded[i]), max_new_tokens)
         except ValueError as e:
             raise ValueError(f"prompt {rec.id!r}: {e}") from None
     bar = tqdm(
@@ -58,9 +60,7 @@ def decode_prompts(
     )
     with output.open("a") as f:
         for i, rec in todo:
-            result = decoder.generate(
-                render(rec, chat), max_new_tokens=max_new_tokens, stop=stop, seed=seed + i
-            )
+            result = decoder.generate(encoded.pop(i), max_new_tokens=max_new_tokens, stop=stop, seed=seed + i)
             row: dict[str, Any] = {
                 "id": rec.id,
                 "prompt": rec.prompt,
