@@ -39,7 +39,15 @@ from prove.decode.bench.metrics import (
     trace_points,
 )
 from prove.decode.bench.report import SCHEMA, environment, write_report
-from prove.decode.bench.rows import REFERENCE, HFRow, RowSpec, as_values, expand_rows, is_lossless
+from prove.decode.bench.rows import (
+    ONLY_WITH,
+    REFERENCE,
+    HFRow,
+    RowSpec,
+    as_values,
+    expand_rows,
+    is_lossless,
+)
 
 
 def _sync(device: Any) -> None:
@@ -68,12 +76,12 @@ def load_models(cfg: BenchConfig) -> dict[str, Any]:
         path = getattr(cfg, role)
         if path is None:
             continue
-        if vocab_difference(tokenizer, load_tokenizer(path)):
-            raise ValueError(
-                f"{role}={path} has a different tokenizer from model={cfg.model}: the {role} must share the "
-                "model's vocabulary (apart from <|mask|>)"
-            )
-        if path not in loaded:
+        if path not in loaded:  # a path shared by roles: its tokenizer is checked and its model loaded once
+            if vocab_difference(tokenizer, load_tokenizer(path)):
+                raise ValueError(
+                    f"{role}={path} has a different tokenizer from model={cfg.model}: the {role} must share "
+                    "the model's vocabulary (apart from <|mask|>)"
+                )
             loaded[path] = load(path)
         models[role] = loaded[path]
     return models
@@ -103,8 +111,10 @@ def build_decoders(
 
 def _resolved_params(decoder: Decoder) -> dict[str, Any]:
     params = {k: getattr(decoder.params, k) for k in decoder.method.uses}
-    if not params.get("fuse"):  # unfused: the fuse knobs say nothing
-        params = {k: v for k, v in params.items() if k not in ("fuse", "fuse_groups")}
+    for k, parent in ONLY_WITH.items():  # e.g. unfused: neither fuse nor fuse_groups says anything
+        if not params.get(parent):
+            params.pop(k, None)
+            params.pop(parent, None)
     return params
 
 
