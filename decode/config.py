@@ -49,7 +49,9 @@ class DecodeParams:
     nsd / asd with proposer=block); greedy only; the output is unchanged."""
     fuse_groups: Any = None
     """With ``fuse``: draft after ``all`` acceptance lengths, or after the m likeliest ones (an integer m ≥ 1,
-    by the proposer's confidences): a narrower pass, and a one-token cycle when the guess misses."""
+    by the proposer's confidences): a narrower pass, and a one-token cycle when the guess misses; or ``auto``:
+    per cycle, the likeliest lengths whose expected yield pays for the wider pass, by this device's pass-cost
+    curve (measured when the Decoder is built)."""
     temperature: float = 0.0
     """0 = greedy. > 0 samples (proposers draw from, and rules read, the tempered distributions)."""
     top_p: float = 1.0
@@ -155,15 +157,20 @@ class DecodeConfig(DecodeParams):
         check_dtype(self.dtype, "dtype")
 
 
-def parse_fuse_groups(value: Any) -> int | None:
-    """``fuse_groups``: ``all`` → None, or a count m ≥ 1 (an int, or its decimal string from the CLI)."""
+def parse_fuse_groups(value: Any) -> int | str | None:
+    """``fuse_groups``: ``all`` → None, ``auto`` → "auto", or a count m ≥ 1 (an int, or its decimal string from
+    the CLI)."""
     if value is None or value == "all":
         return None
+    if value == "auto":
+        return "auto"
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
         return value
-    raise ValueError(f"fuse_groups={value!r}: give all or a number of groups m ≥ 1 (e.g. fuse_groups=3)")
+    raise ValueError(
+        f"fuse_groups={value!r}: give all, auto, or a number of groups m ≥ 1 (e.g. fuse_groups=3)"
+    )
 
 
 def register_configs() -> None:

@@ -84,7 +84,7 @@ class Decoder:
     proposer="block"`` is NSD's nucleus gate on the MARS block proposer, verified by the model itself.
 
     ``fuse=True`` (block proposals the model verifies itself) makes each cycle one model pass: the
-    verification pass also drafts the next block (``prove.decode.fused``; ``fuse_groups="all"`` or m).
+    verification pass also drafts the next block (``prove.decode.fused``; ``fuse_groups="auto"``, "all" or m).
     """
 
     def __init__(

@@ -34,7 +34,10 @@ the first carries a proposal (one pass per cycle; width ≈ k + (k+1)(K−1), 63
 the m likeliest acceptance lengths under the proposer's own confidences p̃_i, read as independent
 acceptances: P(n = j) = p̃_1 ⋯ p̃_j (1 − p̃_{j+1}) for j < k and p̃_1 ⋯ p̃_k for j = k. A narrower pass
 costs less where the cost of a pass grows with its width (``prove-bench pass_cost_widths=80`` measures
-t(w)/t(1)); a miss (n ∉ J) costs one cycle: see below.
+t(w)/t(1)); a miss (n ∉ J) costs one cycle: see below. ``auto`` (the default): the device decides —
+``choose_groups_by_cost`` keeps the likeliest length, then each other group whose expected gain pays for the
+wider pass on a pass-cost curve measured when the Decoder is built (``measure_pass_cost``): every group where
+width is free, one to three on the demo's CPU.
 
 Carrying a proposal without breaking the one-loop engine. ``FusedBlockProposer`` and ``FusedVerifier``
 share one state: the verifier's ``score`` runs the tree pass and hands the groups' logits to the proposer
@@ -81,8 +84,10 @@ not yet been timed on a GPU; the README's bench table has the measured rows side
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -95,6 +100,9 @@ from prove.decode.sampling import restrict
 
 if TYPE_CHECKING:
     from prove.decode.engine import ModelRunner
+
+YIELD_WEIGHT = 0.1
+"""``fuse_groups=auto``'s running tokens per pass: the newest cycle's weight (about the last ten cycles count)."""
 
 BRANCH_BELOW = 0.9
 """A carried proposal's first position with p̃ under this gets a second candidate (``Proposal.branch``): on
@@ -225,6 +233,101 @@ def choose_groups(conf: torch.Tensor, budget: int, width: int, limit: int | None
     return sorted(best)
 
 
+# -- fuse_groups=auto: J by the device's pass-cost curve -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """Seconds of one pass by the number of tokens it feeds, measured at a few widths (``measure_pass_cost``):
+    piecewise linear between them, the last segment's slope beyond, never decreasing (a wider pass never
+    costs less; the running maximum irons out timing noise)."""
+
+    widths: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.widths) < 2 or list(self.widths) != sorted(set(self.widths)) or self.widths[0] < 1:
+            raise ValueError(f"a cost curve needs ≥ 2 increasing widths ≥ 1, got {self.widths}")
+        if len(self.seconds) != len(self.widths) or min(self.seconds) <= 0:
+            raise ValueError("a cost curve needs one positive time per width")
+        flat = [max(self.seconds[: i + 1]) for i in range(len(self.seconds))]
+        object.__setattr__(self, "seconds", tuple(flat))
+
+    def __call__(self, w: float) -> float:
+        ws, ts = self.widths, self.seconds
+        i = max(1, min(len(ws) - 1, bisect.bisect_left(ws, w)))
+        slope = (ts[i] - ts[i - 1]) / (ws[i] - ws[i - 1])
+        return max(ts[0], ts[i - 1] + slope * (w - ws[i - 1]))
+
+
+COST_CONTEXT = 128
+"""Cached tokens under ``fuse_groups=auto``'s timed passes (attention over the context is a small part of a pass)."""
+
+
+def cost_widths(block_size: int) -> list[int]:
+    """Where ``fuse_groups=auto`` measures the pass cost: 1, 2, 4, then steps of a quarter of the width so far,
+    up to the widest fused tree for this K (y's, branch and its group, a group for every acceptance length)."""
+    top = (block_size + 3) * max(block_size - 1, 1) + 2
+    ws = [1, 2, 4]
+    while ws[-1] < top:
+        ws.append(min(top, ws[-1] + max(4, ws[-1] // 4)))
+    return ws
+
+
+@torch.no_grad()
+def measure_pass_cost(
+    model: Any, widths: Sequence[int], *, context: Sequence[int], repeats: int = 3
+) -> list[float]:
+    """Wall seconds of one pass feeding w tokens (w in ``widths``) after ``context`` cached tokens: the last
+    context token plus a causal chain of w − 1, through ``ModelRunner.forward_tree`` (the fused pass's masked
+    path). Round-robin over the widths ``repeats`` times, the fastest counts; the model's own cache is not
+    touched (a runner of its own)."""
+    from prove.decode.engine import ModelRunner
+
+    runner = ModelRunner(model)
+    seq = list(context)
+    runner.forward(seq)  # cache the context; every timed pass re-feeds only its last token
+    cuda = runner.device.type == "cuda"
+    best = [float("inf")] * len(widths)
+    for _ in range(repeats):
+        for i, w in enumerate(widths):
+            e = w - 1
+            offsets, attend = torch.arange(e), torch.ones(e, e, dtype=torch.bool).tril()
+            if cuda:
+                torch.cuda.synchronize(runner.device)
+            t0 = time.perf_counter()
+            runner.forward_tree(seq, seq[:e], offsets=offsets, attend=attend, chain=e)
+            if cuda:
+                torch.cuda.synchronize(runner.device)
+            best[i] = min(best[i], time.perf_counter() - t0)
+    return best
+
+
+def choose_groups_by_cost(
+    conf: torch.Tensor, budget: int, width: int, *, base: int, cost: CostCurve, tokens_per_pass: float
+) -> list[tuple[int, int]]:
+    """J for ``fuse_groups=auto``, as [(j, m_j)] in increasing j: the likeliest acceptance length always (a
+    cycle without a carried proposal commits one token), then the others in order of ``acceptance_probs``,
+    each kept while it pays for itself. Keeping G_j turns a miss at n = j (about T − 1 tokens lost in the next
+    cycle, T = ``tokens_per_pass``) into a carried proposal: it raises the expected yield by P(n = j)·(T − 1)/T
+    of a pass's and the pass's time by cost(w + m_j)/cost(w) − 1, w the width so far (``base`` = the pass's
+    entries besides the groups). On a device where width is free that keeps every group (``all``); where
+    width costs it keeps the one or two likeliest."""
+    cand = choose_groups(conf, budget, width, None)
+    if not cand:
+        return cand
+    p = acceptance_probs(conf)
+    order = sorted(cand, key=lambda jm: (-p[jm[0]], jm[0]))
+    gain = max(tokens_per_pass - 1.0, 0.0) / max(tokens_per_pass, 1.0)
+    kept = [order[0]]
+    w = base + order[0][1]
+    for j, m in order[1:]:
+        if p[j] * gain > cost(w + m) / cost(w) - 1.0:
+            kept.append((j, m))
+            w += m
+    return sorted(kept)
+
+
 # -- the proposer / verifier pair ---------------------------------------------------------------------------
 
 
@@ -243,8 +346,9 @@ class FusedBlockProposer(BlockProposer):
     ``propose`` returns the carried proposal of the group whose context is the longest committed prefix
     (G_n when y_1..y_n and one token were committed), else an empty proposal; either way it plans the pass
     the paired ``FusedVerifier`` runs next: J (``plan``), the second candidate (``planned_branch``) and its
-    group's size (``branch_plan``). ``groups`` = None for all acceptance lengths, or m; ``branches``: propose
-    second candidates (for a rule that reads them: ``Method.branches``).
+    group's size (``branch_plan``). ``groups`` = None for all acceptance lengths, m, or ``"auto"`` (by
+    ``choose_groups_by_cost`` with the device's ``cost`` curve); ``branches``: propose second candidates (for a
+    rule that reads them: ``Method.branches``).
     """
 
     def __init__(
@@ -253,15 +357,23 @@ class FusedBlockProposer(BlockProposer):
         mask_token_id: int,
         block_size: int,
         *,
-        groups: int | None = None,
+        groups: int | str | None = None,
         branches: bool = False,
+        cost: CostCurve | None = None,
         **sampling: Any,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size={block_size} must be ≥ 1")
+        if (groups == "auto") != (cost is not None):
+            raise ValueError(
+                "fuse_groups=auto needs the device's pass-cost curve (cost=), and only it reads one"
+            )
         super().__init__(runner, mask_token_id, block_size, **sampling)
         self.groups = groups
         self.branches = branches
+        self.cost = cost
+        self.tokens_per_pass = max(1.0, block_size / 2)
+        """``auto``: a running mean (weight ``YIELD_WEIGHT`` on the newest cycle) of the tokens a cycle commits."""
         self.carry: _Carry | None = None
         self.plan: list[tuple[int, int]] = []
         self.planned_branch: tuple[int, int] | None = None
@@ -273,6 +385,8 @@ class FusedBlockProposer(BlockProposer):
         if c is None or len(seq) <= len(c.base) or list(seq[: len(c.base)]) != c.base:
             return None
         new = list(seq[len(c.base) :])  # committed since the tree pass: y_1..y_n (or a branch) + a correction
+        w = YIELD_WEIGHT
+        self.tokens_per_pass = (1 - w) * self.tokens_per_pass + w * len(new)
         last = len(new) - 1
         # a group whose context is committed; its rows from last − len(context) on predict the tokens after
         # seq (the rows before them sit at committed positions); the longest context wins
@@ -294,10 +408,26 @@ class FusedBlockProposer(BlockProposer):
         else:
             proposal = self.draw(logits[:budget])
             proposal = dataclasses.replace(proposal, branch=self._branch(proposal.conf, proposal.probs))
-        self.plan = choose_groups(proposal.conf, budget, self.block_size - 1, self.groups)
         self.planned_branch = proposal.branch
         # after the whole branch and its bonus the next cycle may propose budget − k − 1 tokens
         self.branch_plan = max(0, min(self.block_size - 1, budget - proposal.k - 1)) if proposal.branch else 0
+        if self.groups == "auto":
+            assert self.cost is not None
+            b = proposal.branch[0] if proposal.branch is not None else proposal.k
+            base = (
+                1 + proposal.k + (proposal.k - b) + self.branch_plan
+            )  # pending (≈ 1), y's, branch, its group
+            self.plan = choose_groups_by_cost(
+                proposal.conf,
+                budget,
+                self.block_size - 1,
+                base=base,
+                cost=self.cost,
+                tokens_per_pass=self.tokens_per_pass,
+            )
+        else:
+            limit = self.groups if isinstance(self.groups, int) else None
+            self.plan = choose_groups(proposal.conf, budget, self.block_size - 1, limit)
         return proposal
 
     def _branch(self, conf: torch.Tensor, probs: torch.Tensor | None) -> tuple[int, int] | None:
@@ -361,11 +491,20 @@ def build_fused(
     assert models.mask_token_id is not None, (
         "the Decoder checks the mask token before building a block proposer"
     )
+    groups = parse_fuse_groups(params.fuse_groups)
+    cost = None
+    if groups == "auto":  # this device's pass-cost curve, once per Decoder (a few dozen passes)
+        widths = cost_widths(params.block_size)
+        context = [i % models.target.vocab_size for i in range(COST_CONTEXT)]
+        cost = CostCurve(
+            tuple(widths), tuple(measure_pass_cost(models.target.model, widths, context=context))
+        )
     proposer = FusedBlockProposer(
         models.target,
         models.mask_token_id,
         params.block_size,
-        groups=parse_fuse_groups(params.fuse_groups),
+        groups=groups,
+        cost=cost,
         allowed=models.allowed,
         branches=branch,
         temperature=params.temperature,

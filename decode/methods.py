@@ -124,10 +124,11 @@ class Method:
 _SIZE_PARAM = {"block": "block_size", "draft": "k"}
 FUSE_PARAMS = ("fuse", "fuse_groups")
 """The parameters of fused verify-and-draft, read by every method that ``can_fuse``."""
-FUSE_DEFAULTS = {"fuse": False, "fuse_groups": "all"}
+FUSE_DEFAULTS = {"fuse": False, "fuse_groups": "auto"}
 """Unfused by default (unfused is the published method; fused is not yet timed on a GPU). Fused needs a
 third fewer passes but widens each: J = all (64 tokens for K = 8) pays where width is cheap (a GPU), 1–2
-groups also on the demo's CPU (``prove.decode.fused``)."""
+groups on the demo's CPU; ``auto`` (the default J) picks per cycle by the device's measured pass-cost curve
+(``prove.decode.fused.choose_groups_by_cost``)."""
 DRAFT_K = 5
 """Tokens a draft model proposes per cycle unless ``k`` says otherwise (the SD family's usual k = 5)."""
 """The parameter that sets how many tokens each proposer proposes per cycle (block_size: None = trained)."""

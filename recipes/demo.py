@@ -32,7 +32,7 @@ from prove.decode.checkpoint import PROVE_JSON
 RECIPE = "tiny"
 METHODS = ("ar", "mars", "prove", "prove-lossless", "sd", "nsd", "asd")
 THETAS = (0.02, 0.05, 0.1, 0.2, 0.4)
-FUSE_GROUPS = ("all", 1, 2)
+FUSE_GROUPS = ("all", 1, 2, "auto")
 """prove-lossless runs unfused and fused (``prove.decode.fused``) with these J settings, side by side."""
 PASS_COST_WIDTHS = 80
 

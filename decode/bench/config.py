@@ -52,7 +52,8 @@ class BenchConfig:
     """Fused verify-and-draft for the methods that can (prove-lossless; nsd / asd on the block proposer):
     a value or a list, e.g. ``fuse=[false,true]`` for unfused and fused rows side by side."""
     fuse_groups: Any = None
-    """J of the fused rows: ``all`` or m, or a list, e.g. ``fuse_groups=[all,2,3]`` (unfused rows ignore it)."""
+    """J of the fused rows: ``all``, m or ``auto``, or a list, e.g. ``fuse_groups=[all,2,auto]`` (unfused rows ignore
+    it)."""
     method_params: Any = None
     """Per-method values or sweeps of any ``DecodeParams`` the method reads, overriding the shared ones:
     ``method_params={prove:{theta:[0.05,0.1,0.3]},asd:{budget:[0,8]}}``."""

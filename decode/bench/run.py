@@ -401,27 +401,19 @@ def trace_pass(
 def pass_cost(
     model: Any, prompt: Sequence[int], widths: int, context: int, repeats: int, device: Any
 ) -> dict[str, Any]:
-    """Wall time of one pass feeding w tokens (w = 1..``widths``) after ``context`` cached tokens: the last
-    committed token plus a causal chain of w − 1 through ``ModelRunner.forward_tree`` (the fused pass's
-    masked path; w = 1 is an AR step). Round-robin over the widths, ``repeats`` times; the fastest counts.
-    Also times the plain ``forward`` for w = 1 (AR's unmasked step), to show the mask's own overhead."""
-    import torch
+    """Wall time of one pass feeding w tokens (w = 1..``widths``) after ``context`` cached tokens
+    (``prove.decode.fused.measure_pass_cost``: the fused pass's masked path, w = 1 being an AR step); also the
+    plain ``forward`` for w = 1 (AR's unmasked step), to show the mask's own overhead."""
     from prove.decode.engine import ModelRunner
+    from prove.decode.fused import measure_pass_cost
 
     seq = (list(prompt) * (context // max(len(prompt), 1) + 1))[:context]
+    best = measure_pass_cost(model, range(1, widths + 1), context=seq, repeats=repeats)
     runner = ModelRunner(model)
-    runner.forward(seq)  # cache the context; every timed pass re-feeds only its last token
-    best = [math.inf] * widths
+    runner.forward(seq)
     plain = math.inf
     for _ in range(repeats):
-        for w in range(1, widths + 1):
-            e = w - 1
-            offsets, attend = torch.arange(e), torch.ones(e, e, dtype=torch.bool).tril()
-            _sync(device)
-            t0 = _now()
-            runner.forward_tree(seq, seq[:e], offsets=offsets, attend=attend, chain=e)
-            _sync(device)
-            best[w - 1] = min(best[w - 1], _now() - t0)
+        _sync(device)
         t0 = _now()
         runner.forward(seq)
         _sync(device)

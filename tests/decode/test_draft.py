@@ -304,7 +304,7 @@ def test_with_proposer_swaps_the_size_parameter_and_refuses_what_cannot_propose(
     nsd = get_method("nsd").with_proposer("block")
     assert nsd.name == "nsd[block]" and nsd.proposer == "block" and nsd.needs_mask
     assert nsd.uses == ("block_size", "theta", "fuse", "fuse_groups")  # self-verified blocks: fusable
-    assert dict(nsd.defaults) == {"theta": 0.9, "fuse": False, "fuse_groups": "all"}
+    assert dict(nsd.defaults) == {"theta": 0.9, "fuse": False, "fuse_groups": "auto"}
     assert get_method("nsd").with_proposer("draft") is get_method("nsd")
     back = get_method("prove-lossless").with_proposer("draft")
     assert back.uses == ("k",) and dict(back.defaults) == {"k": 5} and not back.needs_mask

@@ -13,7 +13,16 @@ from decode_helpers import hf_generate, mask_ids
 from prove.decode import Decoder
 from prove.decode.config import DecodeParams
 from prove.decode.engine import ModelRunner, tree_attention_bias
-from prove.decode.fused import FusedBlockProposer, acceptance_probs, choose_groups, tree_layout
+from prove.decode.fused import (
+    CostCurve,
+    FusedBlockProposer,
+    acceptance_probs,
+    choose_groups,
+    choose_groups_by_cost,
+    cost_widths,
+    measure_pass_cost,
+    tree_layout,
+)
 from prove.decode.methods import get_method
 from test_engine import _check_cache
 
@@ -116,6 +125,71 @@ def test_choose_groups_all_pruned_and_budget():
     assert choose_groups(torch.zeros(0), budget=0, width=7, limit=None) == []
 
 
+def test_cost_curve_interpolates_extrapolates_and_never_falls():
+    c = CostCurve((1, 3, 5), (1.0, 2.0, 1.5))  # a noisy dip at 5 is ironed out to the running maximum
+    assert c.seconds == (1.0, 2.0, 2.0)
+    assert c(1) == 1.0 and c(2) == pytest.approx(1.5) and c(3) == 2.0 and c(4) == 2.0
+    assert CostCurve((1, 3), (1.0, 2.0))(7) == pytest.approx(4.0)  # the last slope beyond the last width
+    assert CostCurve((1, 3), (1.0, 2.0))(0) == 1.0  # never below a one-token pass
+    for widths, seconds in (((1,), (1.0,)), ((2, 1), (1.0, 2.0)), ((1, 2), (1.0,)), ((1, 2), (0.0, 1.0))):
+        with pytest.raises(ValueError, match="cost curve"):
+            CostCurve(widths, seconds)
+    ws = cost_widths(8)
+    assert ws[:3] == [1, 2, 4] and ws == sorted(set(ws))
+    assert ws[-1] == 11 * 7 + 2  # y's, branch, its group and a group per acceptance length, with pending
+
+
+def test_choose_groups_by_cost_flat_steep_and_in_between():
+    conf = torch.tensor([0.9, 0.5, 0.2])  # P(n = j) = 0.1, 0.45, 0.36, 0.09
+    everything = choose_groups(conf, budget=20, width=7, limit=None)
+    flat = CostCurve((1, 100), (1.0, 1.0))
+    steep = CostCurve((1, 100), (1.0, 100.0))
+    kw = {"budget": 20, "width": 7, "base": 4, "tokens_per_pass": 5.0}
+    assert choose_groups_by_cost(conf, cost=flat, **kw) == everything  # width is free: every group
+    assert choose_groups_by_cost(conf, cost=steep, **kw) == [(1, 7)]  # the likeliest only, always
+    # a pass of w costs 1 + (w − 1)/50: after G_1 (w = 11) adding G_2 costs 11.7% of the pass and brings
+    # P(n=2)·(T−1)/T = 0.36·0.8 = 0.29; then G_0 would cost 10.4% for 0.1·0.8 = 0.08, G_3 the same for 0.072
+    mild = CostCurve((1, 101), (1.0, 3.0))
+    assert choose_groups_by_cost(conf, cost=mild, **kw) == [(1, 7), (2, 7)]
+    # a model that commits one token a pass gains nothing from a carried proposal
+    assert choose_groups_by_cost(conf, cost=mild, **{**kw, "tokens_per_pass": 1.0}) == [(1, 7)]
+    assert choose_groups_by_cost(conf, cost=flat, **{**kw, "budget": 3}) == [(0, 2), (1, 1)]
+    assert choose_groups_by_cost(torch.zeros(0), cost=steep, **{**kw, "budget": 0}) == []
+
+
+def test_measure_pass_cost_times_each_width_on_its_own_cache(lm):
+    runner = ModelRunner(lm)
+    runner.forward([5, 6, 7])
+    before = (list(runner.fed), runner.cached)
+    t = measure_pass_cost(lm, [1, 4, 9], context=list(range(3, 23)), repeats=2)
+    assert len(t) == 3 and all(x > 0 for x in t)
+    assert (list(runner.fed), runner.cached) == before
+
+
+def test_auto_groups_follow_the_cost_curve(lm, tokenizer, prompts, refs):
+    """``fuse_groups=auto`` with a flat curve plans a group for every acceptance length (as ``all``), with a
+    steep one only the likeliest; the output is greedy either way, and the running tokens per pass moves."""
+    dec = Decoder(lm, tokenizer, method="prove-lossless", block_size=4, fuse=True, fuse_groups="auto")
+    prop = dec.proposer
+    assert isinstance(prop, FusedBlockProposer) and isinstance(prop.cost, CostCurve)
+    prior = prop.tokens_per_pass
+    for curve, want in ((CostCurve((1, 100), (1.0, 1.0)), None), (CostCurve((1, 100), (1.0, 1e4)), 1)):
+        prop.cost = curve
+        plans = []
+
+        def record(ev, plans=plans):
+            budget = N - (len(ev.seq) - len(ev.committed) - ev.prompt_len) - 1  # the cycle's, as the engine's
+            plans.append((list(prop.plan), ev.proposal.conf, budget))
+
+        out = no_eos(dec, prompts[1], N, on_cycle=record)
+        assert out.token_ids == refs[1][:N]
+        for plan, conf, budget in plans:
+            assert plan == choose_groups(conf, budget, 3, want)
+    assert prop.tokens_per_pass != prior
+    with pytest.raises(ValueError, match="pass-cost curve"):
+        FusedBlockProposer(prop.runner, prop.mask_token_id, 4, groups="auto")
+
+
 # -- G_j is a separate block pass from the context ending at y_j --------------------------------------------------
 
 
@@ -181,7 +255,7 @@ def test_the_branch_is_a_plain_pass_and_its_group_a_block_pass_after_it(make_lm,
 # -- decoding: identical to greedy, one pass per cycle ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("groups", ["all", 1, 2])
+@pytest.mark.parametrize("groups", ["all", 1, 2, "auto"])
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
 def test_fused_prove_lossless_equals_hf_generate(lm, tokenizer, prompts, refs, k, groups):
     dec = Decoder(lm, tokenizer, method="prove-lossless", block_size=k, fuse=True, fuse_groups=groups)
@@ -197,7 +271,7 @@ def test_fused_prove_lossless_equals_hf_generate(lm, tokenizer, prompts, refs, k
 def test_fused_carries_a_proposal_into_every_cycle_but_the_first(lm, tokenizer, prompts, refs):
     """With a group for every acceptance length, every cycle after the first proposes (the last one only
     if budget is left); a random model's placeholders rarely guess right, so here that is all we check."""
-    dec = Decoder(lm, tokenizer, method="prove-lossless", block_size=4, fuse=True)
+    dec = Decoder(lm, tokenizer, method="prove-lossless", block_size=4, fuse=True, fuse_groups="all")
     s = no_eos(dec, prompts[0], N).stats
     assert (
         s.proposed_by_depth[0] == s.cycles - 2
@@ -440,6 +514,7 @@ def test_fuse_is_refused_where_it_does_not_apply(lm, small, tokenizer):
         with pytest.raises(ValueError, match="fuse_groups"):
             Decoder(lm, tokenizer, method="prove-lossless", block_size=4, fuse=True, fuse_groups=bad)
     assert DecodeParams(fuse_groups="3").fuse_groups == 3
+    assert DecodeParams(fuse_groups="auto").fuse_groups == "auto"
     assert get_method("prove-lossless").can_fuse and not get_method("sd").can_fuse
     assert {"fuse", "fuse_groups"} <= set(get_method("nsd").with_proposer("block").uses)
     assert "fuse" not in get_method("prove-lossless").with_proposer("draft").uses
