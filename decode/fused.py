@@ -310,8 +310,9 @@ def choose_groups_by_cost(
     cycle without a carried proposal commits one token), then the others in order of ``acceptance_probs``,
     each kept while it pays for itself. Keeping G_j turns a miss at n = j (about T − 1 tokens lost in the next
     cycle, T = ``tokens_per_pass``) into a carried proposal: it raises the expected yield by P(n = j)·(T − 1)/T
-    of a pass's and the pass's time by cost(w + m_j)/cost(w) − 1, w the width so far (``base`` = the pass's
-    entries besides the groups). On a device where width is free that keeps every group (``all``); where
+    of a pass's (times (j − i)/``width`` where a kept G_i, i < j, would carry its rest: only the proposals it
+    lacks are lost) and the pass's time by cost(w + m_j)/cost(w) − 1, w the width so far (``base`` = the
+    pass's entries besides the groups). On a device where width is free that keeps every group (``all``); where
     width costs it keeps the one or two likeliest."""
     cand = choose_groups(conf, budget, width, None)
     if not cand:
@@ -322,7 +323,11 @@ def choose_groups_by_cost(
     kept = [order[0]]
     w = base + order[0][1]
     for j, m in order[1:]:
-        if p[j] * gain > cost(w + m) / cost(w) - 1.0:
+        # with a kept group G_i, i < j, a miss at n = j still carries G_i's rows from j − i on: only the
+        # j − i proposals it lacks are lost (of width ones)
+        below = [i for i, _ in kept if i < j]
+        lost = 1.0 if not below else min(1.0, (j - max(below)) / width)
+        if p[j] * gain * lost > cost(w + m) / cost(w) - 1.0:
             kept.append((j, m))
             w += m
     return sorted(kept)

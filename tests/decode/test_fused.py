@@ -147,10 +147,11 @@ def test_choose_groups_by_cost_flat_steep_and_in_between():
     kw = {"budget": 20, "width": 7, "base": 4, "tokens_per_pass": 5.0}
     assert choose_groups_by_cost(conf, cost=flat, **kw) == everything  # width is free: every group
     assert choose_groups_by_cost(conf, cost=steep, **kw) == [(1, 7)]  # the likeliest only, always
-    # a pass of w costs 1 + (w − 1)/50: after G_1 (w = 11) adding G_2 costs 11.7% of the pass and brings
-    # P(n=2)·(T−1)/T = 0.36·0.8 = 0.29; then G_0 would cost 10.4% for 0.1·0.8 = 0.08, G_3 the same for 0.072
-    mild = CostCurve((1, 101), (1.0, 3.0))
-    assert choose_groups_by_cost(conf, cost=mild, **kw) == [(1, 7), (2, 7)]
+    # a pass of w costs 1 + 0.008·(w − 1): after G_1 (w = 11) another group costs 5.2% of the pass. G_2 would
+    # bring P(n=2)·(T−1)/T = 0.36·0.8 = 0.29, but G_1 already carries all but 1 of its 7 proposals: 0.29/7 =
+    # 0.041, dropped; G_0 has no group below it: 0.1·0.8 = 0.08, kept; G_3 (G_1 below: 2/7) 0.021, dropped
+    mild = CostCurve((1, 101), (1.0, 1.8))
+    assert choose_groups_by_cost(conf, cost=mild, **kw) == [(0, 7), (1, 7)]
     # a model that commits one token a pass gains nothing from a carried proposal
     assert choose_groups_by_cost(conf, cost=mild, **{**kw, "tokens_per_pass": 1.0}) == [(1, 7)]
     assert choose_groups_by_cost(conf, cost=flat, **{**kw, "budget": 3}) == [(0, 2), (1, 1)]
