@@ -77,7 +77,8 @@ T = 3.5, 1.7× at T = 6). Whether that is wall-clock depends on how a pass's cos
 all groups a K = 8 pass is 64 tokens wide, with J = 1 or 2 it is 15 or 22. On the 2-core CPU of the tiny
 demo a pass costs ~1.0 / 1.1 / 1.5× an 8-wide one at widths 15 / 22 / 64, so J = 1–2 is faster than
 unfused there (about 1.3×) and J = all barely (1.07×); where a pass costs the same at any width (a large model on a
-GPU) the pass count is the cost and J = all is the setting to use. It is not the default (``fuse=false``):
+GPU) the pass count is the cost and J = all is the setting to use; ``auto`` finds which holds on the device
+(on the demo's CPU it matched the best fixed J). Fusing is not the default (``fuse=false``):
 unfused prove-lossless is the published method whose numbers users compare with, and the fused pass has
 not yet been timed on a GPU; the README's bench table has the measured rows side by side.
 """
