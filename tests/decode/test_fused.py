@@ -125,12 +125,15 @@ def test_choose_groups_all_pruned_and_budget():
     assert choose_groups(torch.zeros(0), budget=0, width=7, limit=None) == []
 
 
-def test_cost_curve_interpolates_extrapolates_and_never_falls():
-    c = CostCurve((1, 3, 5), (1.0, 2.0, 1.5))  # a noisy dip at 5 is ironed out to the running maximum
-    assert c.seconds == (1.0, 2.0, 2.0)
-    assert c(1) == 1.0 and c(2) == pytest.approx(1.5) and c(3) == 2.0 and c(4) == 2.0
-    assert CostCurve((1, 3), (1.0, 2.0))(7) == pytest.approx(4.0)  # the last slope beyond the last width
-    assert CostCurve((1, 3), (1.0, 2.0))(0) == 1.0  # never below a one-token pass
+def test_cost_curve_is_a_line_through_the_multi_token_passes():
+    # w = 1 (an AR step) is left out of the fit: 1 + 0.1·w through the others, noise and all
+    c = CostCurve((1, 2, 4, 6, 8), (0.5, 1.2, 1.4, 1.6, 1.8))
+    assert c.line == pytest.approx((1.0, 0.1))
+    assert c(10) == pytest.approx(2.0) and c(40) == pytest.approx(5.0)
+    noisy = CostCurve((1, 10, 20, 30, 40), (1.0, 2.0, 2.3, 2.2, 2.6))  # a dip at 30: 20 → 30 is not free
+    assert noisy(30) - noisy(20) == pytest.approx(noisy(20) - noisy(10)) == pytest.approx(0.17)
+    assert CostCurve((1, 2, 3), (1.0, 2.0, 1.0))(50) == pytest.approx(1.5)  # never sloping down
+    assert CostCurve((1, 2), (1.0, 0.5))(9) == 1.0  # never under a one-token pass
     for widths, seconds in (((1,), (1.0,)), ((2, 1), (1.0, 2.0)), ((1, 2), (1.0,)), ((1, 2), (0.0, 1.0))):
         with pytest.raises(ValueError, match="cost curve"):
             CostCurve(widths, seconds)
