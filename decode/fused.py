@@ -228,9 +228,12 @@ def choose_groups(conf: torch.Tensor, budget: int, width: int, limit: int | None
     cand = [(j, m) for j, m in cand if m >= 1]
     if limit is None or limit >= len(cand):
         return cand
-    p = acceptance_probs(conf)
-    best = sorted(cand, key=lambda jm: (-p[jm[0]], jm[0]))[:limit]
-    return sorted(best)
+    return sorted(_likeliest_first(cand, acceptance_probs(conf))[:limit])
+
+
+def _likeliest_first(cand: list[tuple[int, int]], p: list[float]) -> list[tuple[int, int]]:
+    """Groups by decreasing P(n = j); ties go to the shorter acceptance, whose group also serves the longer."""
+    return sorted(cand, key=lambda jm: (-p[jm[0]], jm[0]))
 
 
 # -- fuse_groups=auto: J by the device's pass-cost curve -------------------------------------------------------
@@ -328,7 +331,7 @@ def choose_groups_by_cost(
     if not cand:
         return cand
     p = acceptance_probs(conf)
-    order = sorted(cand, key=lambda jm: (-p[jm[0]], jm[0]))
+    order = _likeliest_first(cand, p)
     gain = max(tokens_per_pass - 1.0, 0.0) / max(tokens_per_pass, 1.0)
     kept = [order[0]]
     w = base + order[0][1]
@@ -429,9 +432,8 @@ class FusedBlockProposer(BlockProposer):
         if self.groups == "auto":
             assert self.cost is not None
             b = proposal.branch[0] if proposal.branch is not None else proposal.k
-            base = (
-                1 + proposal.k + (proposal.k - b) + self.branch_plan
-            )  # pending (≈ 1), y's, branch, its group
+            # the pass's entries besides the groups: pending (≈ 1), the y's, the branch and its group
+            base = 1 + proposal.k + (proposal.k - b) + self.branch_plan
             self.plan = choose_groups_by_cost(
                 proposal.conf,
                 budget,

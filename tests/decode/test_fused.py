@@ -190,6 +190,28 @@ def test_auto_groups_follow_the_cost_curve(lm, tokenizer, prompts, refs):
         for plan, conf, budget in plans:
             assert plan == choose_groups(conf, budget, 3, want)
     assert prop.tokens_per_pass != prior
+    # in between, the plan prices each group against the width of the pass it would join: pending, the y's,
+    # the second candidate's entries and its group
+    prop.cost = CostCurve((1, 101), (1.0, 1.8))
+    plans, orig = [], prop.propose
+
+    def propose(seq, budget):
+        proposal = orig(seq, budget)
+        plans.append((proposal, budget, list(prop.plan), prop.tokens_per_pass, prop.branch_plan))
+        return proposal
+
+    prop.propose = propose
+    assert no_eos(dec, prompts[1], N).token_ids == refs[1][:N]
+    sizes = set()
+    for proposal, budget, plan, tpp, branch_plan in plans:
+        k = proposal.k
+        b = proposal.branch[0] if proposal.branch is not None else k
+        base = 1 + k + (k - b) + branch_plan
+        assert plan == choose_groups_by_cost(
+            proposal.conf, budget, 3, base=base, cost=prop.cost, tokens_per_pass=tpp
+        )
+        sizes.add(len(plan))
+    assert len(sizes) > 1  # the curve is mild enough that the choice varies
     with pytest.raises(ValueError, match="pass-cost curve"):
         FusedBlockProposer(prop.runner, prop.mask_token_id, 4, groups="auto")
 
