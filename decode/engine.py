@@ -173,6 +173,12 @@ class ModelRunner:
         return out.logits[0, -rows:]
 
 
+def device_sync(device: torch.device | str) -> None:
+    """Wait for the device's queued work (CUDA kernels run asynchronously): what brackets every timing."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 SKIPPED = -1
 """What ``ModelRunner.fed`` records for a tree entry off the causal line: it never equals a committed token."""
 

@@ -244,8 +244,8 @@ class CostCurve:
     """Seconds of one pass by the number of tokens it feeds, from passes timed at a few widths
     (``measure_pass_cost``): the least-squares line through the widths ≥ 2 (never sloping down, never under a
     one-token pass). A line, not the points joined up: a decision about 7 more entries reads the curve's slope,
-    and between neighbouring points timing noise is as large as the slope itself (on the demo's CPU the chord
-    from 31 to 38 tokens read 1.5% in one calibration and 7% in another)."""
+    and between neighbouring points timing noise is as large as the slope itself (four calibrations in a row on the
+    demo's CPU read the step from 20 to 25 tokens as 0% to 6% of a pass)."""
 
     widths: tuple[int, ...]
     seconds: tuple[float, ...]
@@ -295,23 +295,20 @@ def measure_pass_cost(
     context token plus a causal chain of w − 1, through ``ModelRunner.forward_tree`` (the fused pass's masked
     path). Round-robin over the widths ``repeats`` times, the fastest counts; the model's own cache is not
     touched (a runner of its own)."""
-    from prove.decode.engine import ModelRunner
+    from prove.decode.engine import ModelRunner, device_sync
 
     runner = ModelRunner(model)
     seq = list(context)
     runner.forward(seq)  # cache the context; every timed pass re-feeds only its last token
-    cuda = runner.device.type == "cuda"
     best = [float("inf")] * len(widths)
     for _ in range(repeats):
         for i, w in enumerate(widths):
             e = w - 1
             offsets, attend = torch.arange(e), torch.ones(e, e, dtype=torch.bool).tril()
-            if cuda:
-                torch.cuda.synchronize(runner.device)
+            device_sync(runner.device)
             t0 = time.perf_counter()
             runner.forward_tree(seq, seq[:e], offsets=offsets, attend=attend, chain=e)
-            if cuda:
-                torch.cuda.synchronize(runner.device)
+            device_sync(runner.device)
             best[i] = min(best[i], time.perf_counter() - t0)
     return best
 
@@ -398,13 +395,17 @@ class FusedBlockProposer(BlockProposer):
         self.branch_plan = 0
         """Placeholders in the group after the branch's end (0: none)."""
 
-    def _carried(self, seq: Sequence[int]) -> torch.Tensor | None:
+    def _committed_since_carry(self, seq: Sequence[int]) -> list[int] | None:
+        """What was committed since the tree pass (y_1..y_n or a branch, and a correction); None when ``seq``
+        does not extend that pass's sequence (nothing carried, or another request)."""
         c = self.carry
         if c is None or len(seq) <= len(c.base) or list(seq[: len(c.base)]) != c.base:
             return None
-        new = list(seq[len(c.base) :])  # committed since the tree pass: y_1..y_n (or a branch) + a correction
-        w = YIELD_WEIGHT
-        self.tokens_per_pass = (1 - w) * self.tokens_per_pass + w * len(new)
+        return list(seq[len(c.base) :])
+
+    def _carried(self, new: list[int]) -> torch.Tensor | None:
+        assert self.carry is not None
+        c = self.carry
         last = len(new) - 1
         # a group whose context is committed; its rows from last − len(context) on predict the tokens after
         # seq (the rows before them sit at committed positions); the longest context wins
@@ -419,7 +420,10 @@ class FusedBlockProposer(BlockProposer):
         return g[last - len(path) :]
 
     def propose(self, seq: Sequence[int], budget: int) -> Proposal:
-        logits = self._carried(seq)
+        new = self._committed_since_carry(seq)
+        if new is not None and self.groups == "auto":
+            self.tokens_per_pass += YIELD_WEIGHT * (len(new) - self.tokens_per_pass)
+        logits = self._carried(new) if new is not None else None
         self.carry = None
         if logits is None or budget < 1:
             proposal = Proposal.empty(self.runner.device)

@@ -66,7 +66,7 @@ MUTANTS = [
     ("branch-everywhere", "decode/fused.py", "low = (conf < BRANCH_BELOW).nonzero()", "low = (conf < 2.0).nonzero()", FUSED),
     ("auto-ignores-cost", "decode/fused.py", "if p[j] * gain * lost > cost(w + m) / cost(w) - 1.0:", "if p[j] * gain * lost > 0:", FUSED),
     ("auto-no-discount", "decode/fused.py", "lost = 1.0 if not below else min(1.0, (j - max(below)) / width)", "lost = 1.0", FUSED),
-    ("auto-yield-frozen", "decode/fused.py", "self.tokens_per_pass = (1 - w) * self.tokens_per_pass + w * len(new)", "self.tokens_per_pass = self.tokens_per_pass", FUSED),
+    ("auto-yield-frozen", "decode/fused.py", "self.tokens_per_pass += YIELD_WEIGHT * (len(new) - self.tokens_per_pass)", "self.tokens_per_pass += 0.0", FUSED),
     ("auto-line-fits-ar-step", "decode/fused.py", "zip(self.widths, self.seconds, strict=True) if w >= 2]", "zip(self.widths, self.seconds, strict=True) if w >= 1]", FUSED),
 ]
 # fmt: on

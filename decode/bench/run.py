@@ -50,13 +50,6 @@ from prove.decode.bench.rows import (
 )
 
 
-def _sync(device: Any) -> None:
-    import torch
-
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def load_models(cfg: BenchConfig) -> dict[str, Any]:
     """The tokenizer and every model, loaded once and shared by all rows."""
     from prove.decode.checkpoint import vocab_difference
@@ -228,18 +221,20 @@ def row_decoder(
     cfg: BenchConfig, decoders: Mapping[str, Decoder], hf_rows: Mapping[str, HFRow]
 ) -> Callable[[str, list[int], Any], PromptRun]:
     """``decode_one(row name, prompt ids, key)``: one timed decode of one prompt by one row."""
+    from prove.decode.engine import device_sync
+
     eos, stop = decoders[REFERENCE].eos_ids(), list(cfg.stop)
 
     def decode_one(name: str, ids: list[int], rid: Any) -> PromptRun:
-        _sync(cfg.device)
+        device_sync(cfg.device)
         if name in hf_rows:
             t0 = _now()
             run = hf_rows[name].generate(ids, cfg.max_new_tokens, eos, stop)
-            _sync(cfg.device)
+            device_sync(cfg.device)
             return dataclasses.replace(run, id=rid, wall_s=_now() - t0)
         t0 = _now()
         out = decoders[name].generate(ids, max_new_tokens=cfg.max_new_tokens, stop=stop or None)
-        _sync(cfg.device)
+        device_sync(cfg.device)
         wall = _now() - t0
         s = out.stats
         return PromptRun(
@@ -404,7 +399,7 @@ def pass_cost(
     """Wall time of one pass feeding w tokens (w = 1..``widths``) after ``context`` cached tokens
     (``prove.decode.fused.measure_pass_cost``: the fused pass's masked path, w = 1 being an AR step); also the
     plain ``forward`` for w = 1 (AR's unmasked step), to show the mask's own overhead."""
-    from prove.decode.engine import ModelRunner
+    from prove.decode.engine import ModelRunner, device_sync
     from prove.decode.fused import measure_pass_cost
 
     seq = (list(prompt) * (context // max(len(prompt), 1) + 1))[:context]
@@ -413,10 +408,10 @@ def pass_cost(
     runner.forward(seq)
     plain = math.inf
     for _ in range(repeats):
-        _sync(device)
+        device_sync(device)
         t0 = _now()
         runner.forward(seq)
-        _sync(device)
+        device_sync(device)
         plain = min(plain, _now() - t0)
     return {
         "context": context,

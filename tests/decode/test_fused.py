@@ -161,13 +161,22 @@ def test_choose_groups_by_cost_flat_steep_and_in_between():
     assert choose_groups_by_cost(torch.zeros(0), cost=steep, **{**kw, "budget": 0}) == []
 
 
-def test_measure_pass_cost_times_each_width_on_its_own_cache(lm):
-    runner = ModelRunner(lm)
-    runner.forward([5, 6, 7])
-    before = (list(runner.fed), runner.cached)
-    t = measure_pass_cost(lm, [1, 4, 9], context=list(range(3, 23)), repeats=2)
+def test_measure_pass_cost_feeds_each_width_repeats_times(lm):
+    """After one pass over the context, ``repeats`` rounds over the widths, each pass feeding exactly w tokens
+    (the last context token and a chain of w − 1) on top of the cached context."""
+    fed: list[tuple[int, int]] = []
+
+    def hook(module, args, kwargs):
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        fed.append((kwargs["input_ids"].shape[1], cache.get_seq_length()))
+
+    handle = lm.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        t = measure_pass_cost(lm, [1, 4, 9], context=list(range(3, 23)), repeats=2)
+    finally:
+        handle.remove()
     assert len(t) == 3 and all(x > 0 for x in t)
-    assert (list(runner.fed), runner.cached) == before
+    assert fed == [(20, 0)] + [(1, 19), (4, 19), (9, 19)] * 2
 
 
 def test_auto_groups_follow_the_cost_curve(lm, tokenizer, prompts, refs):
