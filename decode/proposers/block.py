@@ -47,6 +47,11 @@ class BlockProposer:
         """The proposal for block logits (k, V): never <|mask|> itself, nor an id the verifier / tokenizer lacks
         (``Models.allowed``); y_i = the argmax (greedy) or a draw from the tempered, filtered distribution."""
         probs = logits_to_probs(restrict(logits, self.allowed), self.temperature, self.top_k, self.top_p)
+        if (
+            self.temperature == 0
+        ):  # the argmax and its probability in one reduction (first index on ties, as argmax)
+            conf, tokens = probs.max(-1)
+            return Proposal(tokens=tokens, conf=conf, probs=probs)
         tokens = pick(probs, self.temperature, self.generator)  # (k,)
         return Proposal(tokens=tokens, conf=probs.gather(-1, tokens[:, None])[:, 0], probs=probs)
 

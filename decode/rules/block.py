@@ -23,6 +23,14 @@ def _leading_run(ok: torch.Tensor) -> int:
     return int(leading_true(ok))
 
 
+def _matching_prefix(tokens: list[int], greedy: list[int]) -> int:
+    """How many leading ``tokens`` equal ``greedy`` at the same index (``greedy`` has at least as many)."""
+    n = 0
+    while n < len(tokens) and tokens[n] == greedy[n]:
+        n += 1
+    return n
+
+
 def mars_rule(proposer_conf: torch.Tensor, tau: float) -> Accept:
     """MARS confidence rule (Jin et al., arXiv 2604.07023): commit y_1, then y_i while p̃_i ≥ τ.
 
@@ -56,9 +64,9 @@ def greedy_match(tokens: torch.Tensor, target_logits: torch.Tensor) -> Accept:
     """
     k = tokens.shape[0]
     assert target_logits.shape[0] == k + 1, "target_logits needs a row per proposed token plus the bonus row"
-    greedy = target_logits.argmax(-1)  # (k+1,)
-    n = _leading_run(tokens == greedy[:k])
-    return Accept(n, int(greedy[n]))
+    greedy = target_logits.argmax(-1).tolist()  # k+1 ids (lists: a handful of ids, every cycle)
+    n = _matching_prefix(tokens.tolist(), greedy)
+    return Accept(n, greedy[n])
 
 
 def greedy_match_branch(
@@ -79,8 +87,9 @@ def greedy_match_branch(
     main = greedy_match(tokens, target_logits)
     if main.n != b or main.extra != z:
         return main
-    rest = tokens[b + 1 :]  # B[1:]
-    greedy = branch_logits.argmax(-1)  # (k−b,)
-    m = _leading_run(rest == greedy[: k - b - 1])
-    path = (*tokens[:b].tolist(), z, *rest[:m].tolist())
-    return Accept(b + 1 + m, int(greedy[m]), path=path)
+    ys = tokens.tolist()
+    rest = ys[b + 1 :]  # B[1:]
+    greedy = branch_logits.argmax(-1).tolist()  # k−b ids
+    m = _matching_prefix(rest, greedy)
+    path = (*ys[:b], z, *rest[:m])
+    return Accept(b + 1 + m, greedy[m], path=path)

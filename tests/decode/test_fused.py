@@ -259,6 +259,29 @@ def test_group_j_equals_a_block_pass_from_the_context_ending_at_y_j(
             torch.testing.assert_close(out[1 + start : 1 + start + m], block[L + j :], atol=1e-4, rtol=1e-4)
 
 
+def test_one_runner_reuses_a_tree_at_other_cache_lengths_and_pending_counts(lm, tokenizer, prompts):
+    """The runner builds a tree's positions and mask once and reuses them: the same tree fed again after the
+    cache grew, with one and with several pending tokens, still gives the plain and block passes' logits."""
+    mask_id = tokenizer.convert_tokens_to_ids("<|mask|>")
+    ctx, ys, m = prompts[3], [7, 11], 3
+    lay = tree_layout(len(ys), [(0, m), (2, m)])
+    extra = ys + [mask_id] * (lay.width - len(ys))
+    runner = ModelRunner(lm)
+    for end, pending in [(6, 6), (9, 3), (10, 1), (12, 2), (13, 1)]:
+        seq = ctx[:end]
+        runner.sync(seq)
+        assert end - runner.cached == pending
+        out = runner.forward_tree(seq, extra, offsets=lay.offsets, attend=lay.attend, chain=len(ys))
+        with torch.no_grad():
+            plain = lm(torch.tensor([seq + ys])).logits[0]
+            torch.testing.assert_close(out[: len(ys) + 1], plain[end - 1 :], atol=1e-4, rtol=1e-4)
+            for j, start, size in lay.groups:
+                block = lm(torch.tensor([seq + ys[:j] + [mask_id] * size])).logits[0]
+                torch.testing.assert_close(
+                    out[1 + start : 1 + start + size], block[end + j :], atol=1e-4, rtol=1e-4
+                )
+
+
 @pytest.mark.parametrize("b", [0, 2])
 def test_the_branch_is_a_plain_pass_and_its_group_a_block_pass_after_it(make_lm, tokenizer, prompts, b):
     """The branch rows are a causal pass over [context, y_1..y_b, z, y_{b+2}..y_k] and the branch group's rows

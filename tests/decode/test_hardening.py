@@ -9,7 +9,7 @@ import pytest
 import torch
 from prove.decode import Decoder
 from prove.decode.rules.speculative import nsd_sample, sd_sample
-from prove.decode.sampling import pick
+from prove.decode.sampling import pick, restrict
 
 pytestmark = pytest.mark.filterwarnings("ignore:checkpoint .* records no trained block size")
 
@@ -52,6 +52,22 @@ def test_sampling_through_the_decoder_draws_on_the_generator_device(lm, tokenize
 
 
 # -- <|mask|> and ids outside a model's vocabulary are never proposed, sampled or committed ---------------------
+
+
+def test_restrict_blocks_exactly_each_masks_ids_and_keeps_the_dtype():
+    """Two masks in turn, twice each, in two dtypes: each call blocks its own mask's ids and leaves every other
+    logit as it was (the penalty is built once per mask and dtype and must never serve another)."""
+    logits = torch.randn(3, 6, generator=torch.Generator().manual_seed(0))
+    a = torch.tensor([True, False, True, True, True, True])
+    b = torch.tensor([True, True, True, False, False, True])
+    for allowed in (a, b, a, b):
+        for dtype in (torch.float32, torch.bfloat16):
+            x = logits.to(dtype)
+            out = restrict(x, allowed)
+            assert out.dtype == dtype
+            assert torch.equal(out[:, allowed], x[:, allowed])
+            assert bool((out[:, ~allowed] == float("-inf")).all())
+    assert restrict(logits, None) is logits
 
 
 def _boost(model, token: int, by: float = 100.0):
