@@ -38,6 +38,9 @@ class ModelRunner:
         self.model: Any = model  # a transformers PreTrainedModel (its stubs type attributes loosely)
         self.name = name
         self.passes = 0
+        self.model_s = 0.0
+        """Seconds spent inside the model's forward, all passes together (host time: on a GPU, whose kernels run
+        asynchronously, it counts launches, not the kernels)."""
         params = inspect.signature(model.forward).parameters
         # transformers ≥ 5.x renames past_key_values → cache (the old name still works, with a warning).
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -184,7 +187,9 @@ class ModelRunner:
             kwargs["attention_mask"] = attention_mask
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = rows
+        t0 = time.perf_counter()
         out = self.model(input_ids=ids, **kwargs)
+        self.model_s += time.perf_counter() - t0
         self.passes += 1
         self.fed.extend(fed)
         self.valid = valid
@@ -310,6 +315,9 @@ class Stats:
     proposed_by_depth: list[int]
     committed_per_cycle: list[int]
     wall_s: float
+    model_s: float = 0.0
+    """Of ``wall_s``, the seconds inside the models' forward passes (``ModelRunner.model_s``); the rest is the
+    engine's own work: proposing from logits, the rule, commits, cache crops."""
     trace: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -409,6 +417,7 @@ def run(
     for runner in models.runners():
         runner.reset()
     start_passes = {id(r): r.passes for r in models.runners()}
+    start_model_s = sum(r.model_s for r in models.runners())
     if hasattr(proposer, "stop_tokens"):  # a proposer that drafts token by token stops at the request's EOS
         proposer.stop_tokens = frozenset(stopper.eos)
     seq = [int(t) for t in prompt_ids]
@@ -479,6 +488,7 @@ def run(
         proposed_by_depth=tally.proposed_by_depth,
         committed_per_cycle=tally.committed_per_cycle,
         wall_s=wall,
+        model_s=sum(r.model_s for r in models.runners()) - start_model_s,
         trace=tally.trace if trace else None,
     )
     return new, stats

@@ -101,6 +101,15 @@ def _per_token(n: int, tokens: int) -> float:
     return n / tokens if tokens else math.nan
 
 
+def _engine_ms_per_cycle(runs: Sequence[PromptRun]) -> float | None:
+    """Milliseconds a cycle spends outside model passes (Σ (wall − model time) / Σ cycles); None when a run
+    did not time its passes (transformers' rows)."""
+    if any(r.model_s is None for r in runs):
+        return None
+    cycles = sum(r.cycles for r in runs)
+    return 1000 * sum(r.wall_s - (r.model_s or 0.0) for r in runs) / cycles if cycles else math.nan
+
+
 @dataclass(frozen=True)
 class PromptRun:
     """One row's result on one prompt (the per-prompt record of bench.json)."""
@@ -113,6 +122,8 @@ class PromptRun:
     model_passes: int
     verifier_passes: int = 0
     draft_passes: int = 0
+    model_s: float | None = None
+    """Of ``wall_s``, the seconds inside model passes (``Stats.model_s``); None for transformers' rows."""
     accepted_by_depth: list[int] = field(default_factory=list)
     proposed_by_depth: list[int] = field(default_factory=list)
     committed_per_cycle: list[int] = field(default_factory=list)
@@ -138,6 +149,8 @@ def summarize(
     - ``speedup_median`` = median over prompts of (tokens/s of the row) / (tokens/s of AR) on that
       prompt; ``speedup_total`` = (Σ tokens / Σ time of the row) / (the same for AR). For a lossless
       method both are plain time ratios (same tokens).
+    - ``engine_ms_per_cycle``: wall time outside the models' forward passes per cycle (host time: on a GPU
+      it also holds waits for kernels the passes queued); None for transformers' rows.
     - ``agreement`` = share of prompts whose output equals AR's token for token; ``first_divergence``
       the position where it first differs (``None`` = identical), per prompt.
     - ``accuracy`` = share of prompts with an answer that ``scorer(text, answer)`` accepts (``None``
@@ -180,6 +193,7 @@ def summarize(
         "verifier_passes_per_token": _per_token(sum(r.verifier_passes for r in runs), tokens),
         "draft_passes_per_token": _per_token(sum(r.draft_passes for r in runs), tokens),
         "wall_s": wall,
+        "engine_ms_per_cycle": _engine_ms_per_cycle(runs),
         "tokens_per_s": tps,
         "speedup_median": statistics.median(ratios) if ratios else math.nan,
         "speedup_total": tps / ref_tps if ref_tps and ref_tps > 0 else math.nan,

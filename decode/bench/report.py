@@ -22,7 +22,7 @@ def _num(v: Any, spec: str = ".2f", dash: str = "–") -> str:
 def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The Markdown table of bench.json's rows, with its footnotes."""
     head = [
-        "method", "params", "tok/cycle¹", "model/tok", "verifier/tok", "draft/tok", "tok/s",
+        "method", "params", "tok/cycle¹", "model/tok", "verifier/tok", "draft/tok", "tok/s", "engine ms/cycle³",
         "speedup (median)", "speedup (total)", "= AR²", "first div. (mean)", "accuracy",
     ]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
@@ -40,6 +40,7 @@ def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
             _num(r["verifier_passes_per_token"] or None),
             _num(r["draft_passes_per_token"] or None),
             _num(r["tokens_per_s"], ".1f"),
+            _num(r.get("engine_ms_per_cycle"), ".3f"),
             _num(r["speedup_median"]) + "×",
             _num(r["speedup_total"]) + "×",
             agree,
@@ -54,6 +55,8 @@ def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
         "Passes per token count forward passes of each model. Speedups are tokens/s over AR's in the same run.",
         "² share of prompts whose output equals AR's token for token; first div. = mean position of the first "
         "differing token where they differ.",
+        "³ wall time a cycle spends outside the models' forward passes: proposing from logits, the rule, commits, "
+        "cache crops (host time; – for transformers' rows).",
     ]
     if flagged:
         lines.append("⚠ a lossless method disagreed with AR (expected only from low-precision numerics).")

@@ -242,6 +242,7 @@ def row_decoder(
             token_ids=list(out.token_ids),
             text=out.text,
             wall_s=wall,
+            model_s=s.model_s,
             cycles=s.cycles,
             model_passes=s.model_passes,
             verifier_passes=s.verifier_passes,

@@ -259,3 +259,19 @@ def test_stats_is_a_dataclass_with_to_dict(lm, tokenizer, prompts):
     assert "trace" not in stats.to_dict()
     with pytest.raises(TypeError):
         stats["new_tokens"]  # type: ignore[index]
+
+
+def test_model_time_is_the_requests_passes_and_no_more(lm, small, tokenizer, prompts):
+    """``Stats.model_s`` holds this request's time inside model passes (every model's): a pass made 20 ms
+    slower adds 20 ms per pass to it, the same decode run again counts only its own passes, and the rest of
+    ``wall_s`` is the engine's."""
+    import time
+
+    slow, slow_small = copy.deepcopy(lm), copy.deepcopy(small)
+    for m in (slow, slow_small):
+        m.register_forward_pre_hook(lambda *_: time.sleep(0.02))
+    dec = Decoder(slow, tokenizer, method="prove", verifier=slow_small, block_size=4)
+    for _ in range(2):
+        s = no_eos(dec, prompts[0], 6).stats
+        assert s.model_passes >= 2 and s.verifier_passes >= 1
+        assert 0.02 * (s.model_passes + s.verifier_passes) <= s.model_s < s.wall_s

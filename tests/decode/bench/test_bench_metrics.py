@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from prove.decode.bench.metrics import (
@@ -122,6 +124,10 @@ def test_summarize_hand_numbers():
     assert s["agreement"] == 0.5 and s["mean_first_divergence"] == 1
     assert s["accuracy"] == 1.0  # scored with prove.data.synthetic.score
     assert s["tokens_per_cycle_by_position"]["mean"] == [2.0]
+    assert s["engine_ms_per_cycle"] is None  # runs that did not time their passes (transformers' rows)
+    timed = [dataclasses.replace(fast[0], model_s=0.7), dataclasses.replace(fast[1], model_s=1.9)]
+    # (1.0 − 0.7) + (2.0 − 1.9) = 0.4 s outside passes over 3 cycles: per cycle, not per prompt or token
+    assert summarize(timed, ar)["engine_ms_per_cycle"] == pytest.approx(400 / 3)
     same = summarize(ar, ar, [None, None])
     assert same["agreement"] == 1.0 and same["speedup_total"] == 1.0 and same["accuracy"] is None
     custom = summarize(fast, ar, ["x", "y"], scorer=lambda text, answer: answer == "x")

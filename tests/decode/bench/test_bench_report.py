@@ -9,13 +9,20 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def test_render_table():
-    md = render_table([table_row("ar", 1.0, True), table_row("prove", 0.5, False, accuracy=None)])
+    md = render_table(
+        [
+            table_row("ar", 1.0, True, engine_ms_per_cycle=0.4123),
+            table_row("prove", 0.5, False, accuracy=None),
+        ]
+    )
     lines = md.splitlines()
     assert lines[0].startswith("| method | params | tok/cycle¹")
     assert lines[2].startswith(
-        "| ar | θ=0.1 | 3.25 | 0.31 | – | – | 120.0 | 2.00× | 1.90× | 100% | – | 90.0% |"
+        "| ar | θ=0.1 | 3.25 | 0.31 | – | – | 120.0 | 0.412 | 2.00× | 1.90× | 100% | – | 90.0% |"
     )
-    assert "| prove |" in lines[3] and "| 50% | 4.5 | n/a |" in lines[3]
+    assert (
+        "| prove |" in lines[3] and "| 120.0 | – | 2.00× |" in lines[3] and "| 50% | 4.5 | n/a |" in lines[3]
+    )
     assert "counting the correction / bonus token" in md
     assert "⚠" not in md
     flagged = render_table([table_row("prove-lossless", 0.75, True)])
