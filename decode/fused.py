@@ -296,20 +296,23 @@ def cost_widths(block_size: int) -> list[int]:
 
 @torch.no_grad()
 def measure_pass_cost(
-    model: Any, widths: Sequence[int], *, context: Sequence[int], repeats: int = 3
+    model: Any, widths: Sequence[int], *, context: Sequence[int], repeats: int = 4
 ) -> list[float]:
     """Wall seconds of one pass feeding w tokens (w in ``widths``) after ``context`` cached tokens: the last
     context token plus a causal chain of w − 1, through ``ModelRunner.forward_tree`` (the fused pass's masked
-    path). Round-robin over the widths ``repeats`` times, the fastest counts; the model's own cache is not
-    touched (a runner of its own)."""
+    path). ``repeats`` rounds over the widths, narrow to wide then wide to narrow in turn (a machine slowing down
+    or speeding up during the calibration then tilts no width's best time more than another's), the fastest
+    counts; the model's own cache is not touched (a runner of its own)."""
     from prove.decode.engine import ModelRunner, device_sync
 
     runner = ModelRunner(model)
     seq = list(context)
     runner.forward(seq)  # cache the context; every timed pass re-feeds only its last token
     best = [float("inf")] * len(widths)
-    for _ in range(repeats):
-        for i, w in enumerate(widths):
+    order = list(range(len(widths)))
+    for r in range(repeats):
+        for i in order if r % 2 == 0 else order[::-1]:
+            w = widths[i]
             e = w - 1
             offsets, attend = torch.arange(e), torch.ones(e, e, dtype=torch.bool).tril()
             device_sync(runner.device)

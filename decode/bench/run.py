@@ -102,6 +102,22 @@ def build_decoders(
     return decoders
 
 
+def _cost_record(decoder: Decoder) -> dict[str, Any] | None:
+    """``fuse_groups=auto``: the pass-cost curve its Decoder measured at start-up and planned every tree with
+    (milliseconds by width, and the fitted line), so a row's speed can be read against what auto saw; else None."""
+    from prove.decode.fused import CostCurve
+
+    curve = getattr(decoder.proposer, "cost", None)
+    if not isinstance(curve, CostCurve):
+        return None
+    a, b = curve.line
+    return {
+        "widths": list(curve.widths),
+        "ms": [1000 * t for t in curve.seconds],
+        "line_ms": {"intercept": 1000 * a, "per_entry": 1000 * b},
+    }
+
+
 def _resolved_params(decoder: Decoder) -> dict[str, Any]:
     params = {k: getattr(decoder.params, k) for k in decoder.method.uses}
     for k, parent in ONLY_WITH.items():  # e.g. unfused: neither fuse nor fuse_groups says anything
@@ -311,6 +327,11 @@ def build_report(
                 "swept": dict(spec.params) if spec else {},
                 "lossless": lossless,
                 **summary,
+                **(
+                    {"fuse_cost": _cost_record(decoders[name])}
+                    if spec and _cost_record(decoders[name])
+                    else {}
+                ),
                 "per_prompt": [
                     {
                         "id": r.id,

@@ -5,6 +5,7 @@ invariant after every cycle."""
 
 from __future__ import annotations
 
+import time
 import types
 
 import pytest
@@ -162,21 +163,37 @@ def test_choose_groups_by_cost_flat_steep_and_in_between():
 
 
 def test_measure_pass_cost_feeds_each_width_repeats_times(lm):
-    """After one pass over the context, ``repeats`` rounds over the widths, each pass feeding exactly w tokens
-    (the last context token and a chain of w − 1) on top of the cached context."""
+    """After one pass over the context, ``repeats`` rounds over the widths (narrow to wide, then back), each pass
+    feeding exactly w tokens (the last context token and a chain of w − 1) on top of the cached context; each
+    width gets its own passes' time (a pass made 3 ms × w slower shows in its width's entry, whichever way the
+    round ran)."""
     fed: list[tuple[int, int]] = []
 
     def hook(module, args, kwargs):
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         fed.append((kwargs["input_ids"].shape[1], cache.get_seq_length()))
+        if cache.get_seq_length():
+            time.sleep(0.003 * kwargs["input_ids"].shape[1])
 
     handle = lm.register_forward_pre_hook(hook, with_kwargs=True)
     try:
-        t = measure_pass_cost(lm, [1, 4, 9], context=list(range(3, 23)), repeats=2)
+        t = measure_pass_cost(lm, [1, 4, 9], context=list(range(3, 23)), repeats=3)
     finally:
         handle.remove()
-    assert len(t) == 3 and all(x > 0 for x in t)
-    assert fed == [(20, 0)] + [(1, 19), (4, 19), (9, 19)] * 2
+    assert fed == [(20, 0)] + [
+        (1, 19),
+        (4, 19),
+        (9, 19),
+        (9, 19),
+        (4, 19),
+        (1, 19),
+        (1, 19),
+        (4, 19),
+        (9, 19),
+    ]
+    # each entry at least its own width's delay and under the next width's: a time filed under another width fails
+    for w, nxt, x in zip((1, 4, 9), (4, 9, 20), t, strict=True):
+        assert 0.003 * w <= x < 0.003 * nxt
 
 
 def test_auto_groups_follow_the_cost_curve(lm, tokenizer, prompts, refs):

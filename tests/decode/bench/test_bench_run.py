@@ -6,6 +6,7 @@ import json
 
 import pytest
 from prove.decode.bench.config import BenchConfig
+from prove.decode.fused import cost_widths
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -39,6 +40,7 @@ def test_bench_end_to_end(bench_dir):
         prompts=str(bench_dir / "prompts.jsonl"),
         methods=["prove-lossless", "prove", "mars"],
         theta=[0.0, 0.5],
+        method_params={"prove-lossless": {"fuse": [False, True], "fuse_groups": ["auto"]}},
         max_new_tokens=10,
         repeats=2,
         output_dir=str(out),
@@ -52,7 +54,10 @@ def test_bench_end_to_end(bench_dir):
     assert {"device", "dtype", "torch", "transformers", "git_commit"} <= report["env"].keys()
     assert report["prompts"] == {"path": cfg.prompts, "n": 2, "with_answers": 2}
     names = [r["name"] for r in report["rows"]]
-    assert names == ["ar", "hf-greedy", "hf-assisted", "prove-lossless", "prove θ=0", "prove θ=0.5", "mars"]
+    fused = "prove-lossless fused"  # (fuse_groups=auto, the one J: no J in the name)
+    assert names == [
+        "ar", "hf-greedy", "hf-assisted", "prove-lossless unfused", fused, "prove θ=0", "prove θ=0.5", "mars"
+    ]  # fmt: skip
     rows = {r["name"]: r for r in report["rows"]}
     keys = {
         "tokens_per_cycle", "model_passes_per_token", "verifier_passes_per_token", "draft_passes_per_token",
@@ -64,15 +69,20 @@ def test_bench_end_to_end(bench_dir):
         assert keys <= row.keys()
         assert len(row["per_prompt"]) == 2 and row["accuracy"] is not None
     # lossless rows agree with AR on every prompt; prove with θ = 0 commits whole random blocks and diverges
-    for name in ("ar", "hf-greedy", "hf-assisted", "prove-lossless"):
+    for name in ("ar", "hf-greedy", "hf-assisted", "prove-lossless unfused", fused):
         assert rows[name]["agreement"] == 1.0, name
     assert report["lossless_violations"] == []
     assert rows["prove θ=0"]["agreement"] < 1
     assert any(d is not None for d in rows["prove θ=0"]["first_divergence"])
     assert rows["prove θ=0"]["tokens_per_cycle"] > 1 and rows["ar"]["tokens_per_cycle"] == 1
-    assert rows["prove-lossless"]["params"] == {"block_size": 4}
+    assert rows["prove-lossless unfused"]["params"] == {"block_size": 4}
+    # the engine's own time per cycle for our rows, none for transformers'; auto's start-up curve, only on its row
+    assert all(rows[n]["engine_ms_per_cycle"] > 0 for n in names if not n.startswith("hf-"))
+    assert rows["hf-greedy"]["engine_ms_per_cycle"] is None
+    assert [n for n in names if "fuse_cost" in rows[n]] == [fused]
+    assert rows[fused]["fuse_cost"]["widths"] == cost_widths(4) and min(rows[fused]["fuse_cost"]["ms"]) > 0
     assert rows["hf-assisted"]["draft_passes_per_token"] > 0
-    assert len(rows["prove-lossless"]["acceptance_by_depth"]) == 4
+    assert len(rows["prove-lossless unfused"]["acceptance_by_depth"]) == 4
     assert {"p_tilde", "q", "p_tilde_q"} <= report["trace"]["roc"].keys()
     md = (out / "bench.md").read_text()
     assert all(f"| {n} |" in md for n in names)
