@@ -27,7 +27,8 @@ def restrict(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor
     """``logits`` (..., V) with every id outside ``allowed`` (V,) bool set to -inf: never drawn, never the argmax.
 
     Adds a (V,) penalty of 0 / -inf (one kernel; a ``masked_fill`` with the negated mask is two and cost a
-    few times more on small rows, every cycle), built once per ``allowed`` tensor and dtype."""
+    few times more on small rows, every cycle), built once per ``allowed`` tensor and dtype: ``allowed`` is
+    never written once made (``Models.allowed``)."""
     if allowed is None:
         return logits
     return logits + _penalty(allowed, logits.dtype, logits.device)
@@ -42,7 +43,7 @@ def _penalty(allowed: torch.Tensor, dtype: torch.dtype, device: torch.device) ->
     # the entry holds ``allowed`` itself, so its id cannot be reused while the entry lives
     if hit is not None and hit[0] is allowed:
         return hit[1]
-    if len(_PENALTIES) >= 64:
+    if len(_PENALTIES) >= 16:  # a decode uses one or two masks; a (V,) penalty is 0.6 MB at V = 152k
         _PENALTIES.clear()
     pen = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(
         ~allowed.to(device), float("-inf")

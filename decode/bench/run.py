@@ -319,6 +319,7 @@ def build_report(
         else:  # a transformers row
             params = {"k": cfg.hf_assistant_tokens} if name == "hf-assisted" else {}
             lossless = True
+        cost = _cost_record(decoders[name]) if spec else None
         rows.append(
             {
                 "name": name,
@@ -327,11 +328,7 @@ def build_report(
                 "swept": dict(spec.params) if spec else {},
                 "lossless": lossless,
                 **summary,
-                **(
-                    {"fuse_cost": _cost_record(decoders[name])}
-                    if spec and _cost_record(decoders[name])
-                    else {}
-                ),
+                **({"fuse_cost": cost} if cost else {}),
                 "per_prompt": [
                     {
                         "id": r.id,

@@ -47,9 +47,8 @@ class BlockProposer:
         """The proposal for block logits (k, V): never <|mask|> itself, nor an id the verifier / tokenizer lacks
         (``Models.allowed``); y_i = the argmax (greedy) or a draw from the tempered, filtered distribution."""
         probs = logits_to_probs(restrict(logits, self.allowed), self.temperature, self.top_k, self.top_p)
-        if (
-            self.temperature == 0
-        ):  # the argmax and its probability in one reduction (first index on ties, as argmax)
+        if self.temperature == 0:
+            # the argmax and its probability in one reduction (ties: the first index, as argmax)
             conf, tokens = probs.max(-1)
             return Proposal(tokens=tokens, conf=conf, probs=probs)
         tokens = pick(probs, self.temperature, self.generator)  # (k,)

@@ -165,7 +165,7 @@ def test_choose_groups_by_cost_flat_steep_and_in_between():
 def test_measure_pass_cost_feeds_each_width_repeats_times(lm):
     """After one pass over the context, ``repeats`` rounds over the widths (narrow to wide, then back), each pass
     feeding exactly w tokens (the last context token and a chain of w − 1) on top of the cached context; each
-    width gets its own passes' time (a pass made 3 ms × w slower shows in its width's entry, whichever way the
+    width gets its own passes' time (a pass made 10 ms × w slower shows in its width's entry, whichever way the
     round ran)."""
     fed: list[tuple[int, int]] = []
 
@@ -173,7 +173,7 @@ def test_measure_pass_cost_feeds_each_width_repeats_times(lm):
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         fed.append((kwargs["input_ids"].shape[1], cache.get_seq_length()))
         if cache.get_seq_length():
-            time.sleep(0.003 * kwargs["input_ids"].shape[1])
+            time.sleep(0.01 * kwargs["input_ids"].shape[1])
 
     handle = lm.register_forward_pre_hook(hook, with_kwargs=True)
     try:
@@ -193,7 +193,7 @@ def test_measure_pass_cost_feeds_each_width_repeats_times(lm):
     ]
     # each entry at least its own width's delay and under the next width's: a time filed under another width fails
     for w, nxt, x in zip((1, 4, 9), (4, 9, 20), t, strict=True):
-        assert 0.003 * w <= x < 0.003 * nxt
+        assert 0.01 * w <= x < 0.01 * nxt  # a pass of this model takes a few ms: 30 ms of slack at w = 1
 
 
 def test_auto_groups_follow_the_cost_curve(lm, tokenizer, prompts, refs):
