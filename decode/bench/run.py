@@ -319,7 +319,7 @@ def build_report(
         else:  # a transformers row
             params = {"k": cfg.hf_assistant_tokens} if name == "hf-assisted" else {}
             lossless = True
-        cost = _cost_record(decoders[name]) if spec else None
+        fuse_cost = _cost_record(decoders[name]) if spec else None
         rows.append(
             {
                 "name": name,
@@ -328,7 +328,7 @@ def build_report(
                 "swept": dict(spec.params) if spec else {},
                 "lossless": lossless,
                 **summary,
-                **({"fuse_cost": cost} if cost else {}),
+                **({"fuse_cost": fuse_cost} if fuse_cost else {}),
                 "per_prompt": [
                     {
                         "id": r.id,
