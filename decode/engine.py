@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+from prove.decode.memo import IdentityMemo
 from prove.decode.sampling import token_prob
 from transformers import DynamicCache
 
@@ -45,7 +46,7 @@ class ModelRunner:
         # transformers ≥ 5.x renames past_key_values → cache (the old name still works, with a warning).
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._logits_to_keep = "logits_to_keep" in params
-        self._trees: dict[tuple[Any, ...], tuple[torch.Tensor, ...]] = {}
+        self._trees: IdentityMemo[tuple[torch.Tensor, torch.Tensor]] = IdentityMemo(TREE_MEMO)
         self.reset()
 
     @property
@@ -150,17 +151,13 @@ class ModelRunner:
         """A tree's positions relative to ``len(seq)`` (P+E,) and its mask over the new entries (P+E, P+E), on
         the runner's device and dtype: built once per (tree, pending count) and reused (a decode feeds a
         handful of trees; building the mask was a tenth of a fused cycle's non-model time on the demo)."""
-        key = (id(offsets), id(attend), pending, self.dtype, self.device)
-        hit = self._trees.get(key)
-        # the memo holds the tensors themselves, so an id cannot be reused while its entry lives
-        if hit is not None and hit[0] is offsets and hit[1] is attend:
-            return hit[2], hit[3]
-        if len(self._trees) >= TREE_MEMO:
-            self._trees.clear()
-        rel = torch.cat([torch.arange(-pending, 0), offsets.cpu()]).to(self.device)
-        local = tree_attention_bias(0, pending, attend, dtype=self.dtype, device=self.device)[0, 0]
-        self._trees[key] = (offsets, attend, rel, local)
-        return rel, local
+        device, dtype = self.device, self.dtype
+
+        def build() -> tuple[torch.Tensor, torch.Tensor]:
+            rel = torch.cat([torch.arange(-pending, 0), offsets.cpu()]).to(device)
+            return rel, tree_attention_bias(0, pending, attend, dtype=dtype, device=device)[0, 0]
+
+        return self._trees.get((offsets, attend), (pending, dtype, device), build)
 
     def _start(self, seq: Sequence[int]) -> int:
         """Crop the cache to its valid prefix of ``seq``, less the last token (always fed, so that the pass's

@@ -10,6 +10,7 @@ and target distributions stay exact.
 from __future__ import annotations
 
 import torch
+from prove.decode.memo import IdentityMemo
 from prove.decode.rules.speculative import warp_probs
 
 
@@ -34,22 +35,18 @@ def restrict(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor
     return logits + _penalty(allowed, logits.dtype, logits.device)
 
 
-_PENALTIES: dict[tuple[int, torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+_PENALTIES: IdentityMemo[torch.Tensor] = IdentityMemo(16)
+"""Per ``allowed`` mask, dtype and device (a decode uses one or two masks; a (V,) penalty is 0.6 MB at V = 152k)."""
 
 
 def _penalty(allowed: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    key = (id(allowed), dtype, device)
-    hit = _PENALTIES.get(key)
-    # the entry holds ``allowed`` itself, so its id cannot be reused while the entry lives
-    if hit is not None and hit[0] is allowed:
-        return hit[1]
-    if len(_PENALTIES) >= 16:  # a decode uses one or two masks; a (V,) penalty is 0.6 MB at V = 152k
-        _PENALTIES.clear()
-    pen = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(
-        ~allowed.to(device), float("-inf")
+    return _PENALTIES.get(
+        (allowed,),
+        (dtype, device),
+        lambda: torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(
+            ~allowed.to(device), float("-inf")
+        ),
     )
-    _PENALTIES[key] = (allowed, pen)
-    return pen
 
 
 def token_prob(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
