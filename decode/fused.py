@@ -296,29 +296,42 @@ def cost_widths(block_size: int) -> list[int]:
 
 @torch.no_grad()
 def measure_pass_cost(
-    model: Any, widths: Sequence[int], *, context: Sequence[int], repeats: int = 4
+    model: Any, widths: Sequence[int], *, context: Sequence[int], repeats: int = 4, plain_step: bool = False
 ) -> list[float]:
     """Wall seconds of one pass feeding w tokens (w in ``widths``) after ``context`` cached tokens: the last
     context token plus a causal chain of w − 1, through ``ModelRunner.forward_tree`` (the fused pass's masked
     path). ``repeats`` rounds over the widths, narrow to wide then wide to narrow in turn (a machine slowing down
     or speeding up during the calibration then tilts no width's best time more than another's), the fastest
-    counts; the model's own cache is not touched (a runner of its own)."""
+    counts; the model's own cache is not touched (a runner of its own).
+
+    ``plain_step``: also time AR's own step (``ModelRunner.forward``, one token, no mask) in every round, on the
+    same runner and right after the round's first pass, and append its fastest as one more entry: timed apart
+    from the masked passes (after them, or on another runner), the two read up to 1.5× apart on a noisy CPU."""
     from prove.decode.engine import ModelRunner, device_sync
 
     runner = ModelRunner(model)
     seq = list(context)
     runner.forward(seq)  # cache the context; every timed pass re-feeds only its last token
-    best = [float("inf")] * len(widths)
+
+    def timed(w: int | None) -> float:
+        """One pass: the masked chain of width w, or AR's plain step (None)."""
+        device_sync(runner.device)
+        t0 = time.perf_counter()
+        if w is None:
+            runner.forward(seq)
+        else:
+            chain = tree_layout(w - 1, [])  # a causal chain: the y's of a tree without groups
+            runner.forward_tree(seq, seq[: w - 1], offsets=chain.offsets, attend=chain.attend, chain=w - 1)
+        device_sync(runner.device)
+        return time.perf_counter() - t0
+
+    best = [float("inf")] * (len(widths) + plain_step)
     order = list(range(len(widths)))
     for r in range(repeats):
-        for i in order if r % 2 == 0 else order[::-1]:
-            w = widths[i]
-            chain = tree_layout(w - 1, [])  # a causal chain: the y's of a tree without groups
-            device_sync(runner.device)
-            t0 = time.perf_counter()
-            runner.forward_tree(seq, seq[: w - 1], offsets=chain.offsets, attend=chain.attend, chain=w - 1)
-            device_sync(runner.device)
-            best[i] = min(best[i], time.perf_counter() - t0)
+        for n, i in enumerate(order if r % 2 == 0 else order[::-1]):
+            best[i] = min(best[i], timed(widths[i]))
+            if plain_step and n == 0:
+                best[-1] = min(best[-1], timed(None))
     return best
 
 

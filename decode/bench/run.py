@@ -22,7 +22,6 @@ steps in order. This module imports neither torch nor transformers at import tim
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -171,7 +170,6 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             cfg.pass_cost_widths,
             cfg.pass_cost_context,
             cfg.pass_cost_repeats,
-            cfg.device,
         )
     report = build_report(cfg, specs, decoders, runs, inputs, trace, cost)
     write_report(report, cfg.output_dir, plots=cfg.plots)
@@ -412,26 +410,16 @@ def trace_pass(
     }
 
 
-def pass_cost(
-    model: Any, prompt: Sequence[int], widths: int, context: int, repeats: int, device: Any
-) -> dict[str, Any]:
+def pass_cost(model: Any, prompt: Sequence[int], widths: int, context: int, repeats: int) -> dict[str, Any]:
     """Wall time of one pass feeding w tokens (w = 1..``widths``) after ``context`` cached tokens
     (``prove.decode.fused.measure_pass_cost``: the fused pass's masked path, w = 1 being an AR step); also the
-    plain ``forward`` for w = 1 (AR's unmasked step), to show the mask's own overhead."""
-    from prove.decode.engine import ModelRunner, device_sync
+    plain ``forward`` for w = 1 (AR's unmasked step), timed in the same rounds, to show the mask's own overhead."""
     from prove.decode.fused import measure_pass_cost
 
     seq = (list(prompt) * (context // max(len(prompt), 1) + 1))[:context]
-    best = measure_pass_cost(model, range(1, widths + 1), context=seq, repeats=repeats)
-    runner = ModelRunner(model)
-    runner.forward(seq)
-    plain = math.inf
-    for _ in range(repeats):
-        device_sync(device)
-        t0 = _now()
-        runner.forward(seq)
-        device_sync(device)
-        plain = min(plain, _now() - t0)
+    *best, plain = measure_pass_cost(
+        model, range(1, widths + 1), context=seq, repeats=repeats, plain_step=True
+    )
     return {
         "context": context,
         "repeats": repeats,

@@ -196,6 +196,29 @@ def test_measure_pass_cost_feeds_each_width_repeats_times(lm):
         assert 0.01 * w <= x < 0.01 * nxt  # a pass of this model takes a few ms: 30 ms of slack at w = 1
 
 
+def test_measure_pass_cost_times_the_plain_step_in_the_same_rounds(lm):
+    """``plain_step``: each round's first pass is followed by AR's own unmasked one-token step on the same runner,
+    and its fastest time is the extra last entry (a plain step made 50 ms slower shows there, not under w = 1)."""
+    fed: list[tuple[int, bool]] = []
+
+    def hook(module, args, kwargs):
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        plain = kwargs.get("attention_mask") is None
+        if cache.get_seq_length():
+            fed.append((kwargs["input_ids"].shape[1], plain))
+            time.sleep(0.05 if plain else 0.01 * kwargs["input_ids"].shape[1])
+
+    handle = lm.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        t = measure_pass_cost(lm, [1, 4], context=list(range(3, 23)), repeats=3, plain_step=True)
+    finally:
+        handle.remove()
+    masked, plain = (1, False), (1, True)
+    assert fed == [masked, plain, (4, False), (4, False), plain, masked, masked, plain, (4, False)]
+    assert len(t) == 3
+    assert 0.01 <= t[0] < 0.04 and 0.04 <= t[1] < 0.05 <= t[2] < 0.08
+
+
 def test_auto_groups_follow_the_cost_curve(lm, tokenizer, prompts, refs):
     """``fuse_groups=auto`` with a flat curve plans a group for every acceptance length (as ``all``), with a
     steep one only the likeliest; the output is greedy either way, and the running tokens per pass moves."""
@@ -627,7 +650,7 @@ def test_pass_cost_curve_and_its_table(lm):
     from prove.decode.bench.report import render_pass_cost
     from prove.decode.bench.run import pass_cost
 
-    cost = pass_cost(lm, [5, 6, 7], widths=12, context=20, repeats=1, device="cpu")
+    cost = pass_cost(lm, [5, 6, 7], widths=12, context=20, repeats=1)
     assert cost["widths"] == list(range(1, 13)) and len(cost["ms"]) == 12
     assert all(t > 0 for t in cost["ms"]) and cost["plain_t1_ms"] > 0
     md = render_pass_cost(cost)
