@@ -90,17 +90,15 @@ import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from prove.decode.config import parse_fuse_groups
+from prove.decode.engine import ModelRunner, device_sync
 from prove.decode.proposers.base import Proposal
 from prove.decode.proposers.block import BlockProposer
 from prove.decode.sampling import restrict
-
-if TYPE_CHECKING:
-    from prove.decode.engine import ModelRunner
 
 YIELD_WEIGHT = 0.1
 """``fuse_groups=auto``'s running tokens per pass: the newest cycle's weight (about the last ten cycles count)."""
@@ -307,21 +305,27 @@ def measure_pass_cost(
     ``plain_step``: also time AR's own step (``ModelRunner.forward``, one token, no mask) in every round, on the
     same runner and right after the round's first pass, and append its fastest as one more entry: timed apart
     from the masked passes (after them, or on another runner), the two read up to 1.5× apart on a noisy CPU."""
-    from prove.decode.engine import ModelRunner, device_sync
-
     runner = ModelRunner(model)
     seq = list(context)
     runner.forward(seq)  # cache the context; every timed pass re-feeds only its last token
 
     def timed(w: int | None) -> float:
         """One pass: the masked chain of width w, or AR's plain step (None)."""
-        device_sync(runner.device)
-        t0 = time.perf_counter()
         if w is None:
-            runner.forward(seq)
+            step = functools.partial(runner.forward, seq)
         else:
             chain = tree_layout(w - 1, [])  # a causal chain: the y's of a tree without groups
-            runner.forward_tree(seq, seq[: w - 1], offsets=chain.offsets, attend=chain.attend, chain=w - 1)
+            step = functools.partial(
+                runner.forward_tree,
+                seq,
+                seq[: w - 1],
+                offsets=chain.offsets,
+                attend=chain.attend,
+                chain=w - 1,
+            )
+        device_sync(runner.device)
+        t0 = time.perf_counter()
+        step()
         device_sync(runner.device)
         return time.perf_counter() - t0
 

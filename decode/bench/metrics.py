@@ -104,10 +104,11 @@ def _per_token(n: int, tokens: int) -> float:
 def _engine_ms_per_cycle(runs: Sequence[PromptRun]) -> float | None:
     """Milliseconds a cycle spends outside model passes (Σ (wall − model time) / Σ cycles); None when a run
     did not time its passes (transformers' rows)."""
-    if any(r.model_s is None for r in runs):
+    outside = [r.wall_s - r.model_s for r in runs if r.model_s is not None]
+    if len(outside) < len(runs):
         return None
     cycles = sum(r.cycles for r in runs)
-    return 1000 * sum(r.wall_s - (r.model_s or 0.0) for r in runs) / cycles if cycles else math.nan
+    return 1000 * sum(outside) / cycles if cycles else math.nan
 
 
 @dataclass(frozen=True)

@@ -198,7 +198,9 @@ def test_measure_pass_cost_feeds_each_width_repeats_times(lm):
 
 def test_measure_pass_cost_times_the_plain_step_in_the_same_rounds(lm):
     """``plain_step``: each round's first pass is followed by AR's own unmasked one-token step on the same runner,
-    and its fastest time is the extra last entry (a plain step made 50 ms slower shows there, not under w = 1)."""
+    and its fastest time is the extra last entry. The masked passes are made 30 ms + 10 ms a token slower and the
+    plain step is not: a plain time filed under a width (the fastest counts) or a masked one under the plain
+    entry shows."""
     fed: list[tuple[int, bool]] = []
 
     def hook(module, args, kwargs):
@@ -206,7 +208,8 @@ def test_measure_pass_cost_times_the_plain_step_in_the_same_rounds(lm):
         plain = kwargs.get("attention_mask") is None
         if cache.get_seq_length():
             fed.append((kwargs["input_ids"].shape[1], plain))
-            time.sleep(0.05 if plain else 0.01 * kwargs["input_ids"].shape[1])
+            if not plain:
+                time.sleep(0.03 + 0.01 * kwargs["input_ids"].shape[1])
 
     handle = lm.register_forward_pre_hook(hook, with_kwargs=True)
     try:
@@ -216,7 +219,7 @@ def test_measure_pass_cost_times_the_plain_step_in_the_same_rounds(lm):
     masked, plain = (1, False), (1, True)
     assert fed == [masked, plain, (4, False), (4, False), plain, masked, masked, plain, (4, False)]
     assert len(t) == 3
-    assert 0.01 <= t[0] < 0.04 and 0.04 <= t[1] < 0.05 <= t[2] < 0.08
+    assert 0.04 <= t[0] < 0.07 <= t[1] and t[2] < 0.03  # a pass of this model takes a few ms
 
 
 def test_auto_groups_follow_the_cost_curve(lm, tokenizer, prompts, refs):
