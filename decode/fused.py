@@ -304,7 +304,8 @@ def measure_pass_cost(
 
     ``plain_step``: also time AR's own step (``ModelRunner.forward``, one token, no mask) in every round, on the
     same runner and right after the round's first pass, and append its fastest as one more entry: timed apart
-    from the masked passes (after them, or on another runner), the two read up to 1.5× apart on a noisy CPU."""
+    from the masked passes (after them, or on another runner), the two read 1.4× and 1.6× apart in two demo
+    benches on a noisy CPU."""
     runner = ModelRunner(model)
     seq = list(context)
     runner.forward(seq)  # cache the context; every timed pass re-feeds only its last token
