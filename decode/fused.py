@@ -282,10 +282,20 @@ COST_CONTEXT = 128
 """Cached tokens under ``fuse_groups=auto``'s timed passes (attention over the context is a small part of a pass)."""
 
 
+def widest_tree(block_size: int) -> int:
+    """The width of the widest fused pass for block size K: a carried proposal of k ≤ K − 1 tokens, a second
+    candidate's k − b ≤ K − 1 entries and its group of ≤ K − 1, a group of ≤ K − 1 placeholders for each of
+    the k + 1 acceptance lengths, and two pending tokens: (K + 3)(K − 1) + 2, 79 at K = 8 and 287 at K = 16.
+    (More tokens are pending only after an accepted second candidate; ``CostCurve`` extrapolates its line.)"""
+    if block_size < 1:
+        raise ValueError(f"block_size={block_size} must be ≥ 1")
+    return (block_size + 3) * max(block_size - 1, 1) + 2
+
+
 def cost_widths(block_size: int) -> list[int]:
     """Where ``fuse_groups=auto`` measures the pass cost: 1, 2, 4, then steps of a quarter of the width so far,
-    up to the widest fused tree for this K (y's, branch and its group, a group for every acceptance length)."""
-    top = (block_size + 3) * max(block_size - 1, 1) + 2
+    up to the widest fused tree for this K (``widest_tree``)."""
+    top = widest_tree(block_size)
     ws = [1, 2, 4]
     while ws[-1] < top:
         ws.append(min(top, ws[-1] + max(4, ws[-1] // 4)))
@@ -306,9 +316,14 @@ def measure_pass_cost(
     same runner and right after the round's first pass, and append its fastest as one more entry: timed apart
     from the masked passes (after them, or on another runner), the two read 1.4× and 1.6× apart in two demo
     benches on a noisy CPU."""
+    if not context:
+        raise ValueError("measure_pass_cost needs a context of at least one token")
     runner = ModelRunner(model)
     seq = list(context)
     runner.forward(seq)  # cache the context; every timed pass re-feeds only its last token
+    # the chain's tokens: the context's, repeated as far as the widest pass needs (a pass may be wider than the
+    # context: the fused tree at K = 16 is 287 entries)
+    tokens = [seq[i % len(seq)] for i in range(max(widths, default=1))]
 
     def timed(w: int | None) -> float:
         """One pass: the masked chain of width w, or AR's plain step (None)."""
@@ -319,7 +334,7 @@ def measure_pass_cost(
             step = functools.partial(
                 runner.forward_tree,
                 seq,
-                seq[: w - 1],
+                tokens[: w - 1],
                 offsets=chain.offsets,
                 attend=chain.attend,
                 chain=w - 1,

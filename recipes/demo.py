@@ -27,14 +27,21 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from prove.decode.checkpoint import PROVE_JSON
+from prove.decode.checkpoint import PROVE_JSON, read_prove_json
 
 RECIPE = "tiny"
 METHODS = ("ar", "mars", "prove", "prove-lossless", "sd", "nsd", "asd")
 THETAS = (0.02, 0.05, 0.1, 0.2, 0.4)
 FUSE_GROUPS = ("all", 1, 2, "auto")
 """prove-lossless runs unfused and fused (``prove.decode.fused``) with these J settings, side by side."""
-PASS_COST_WIDTHS = 80
+
+
+def pass_cost_widths(mars_dir: Path) -> int:
+    """The bench's pass-cost curve runs up to the widest fused pass of the trained block size (79 at K = 8)."""
+    from prove.decode.fused import widest_tree
+
+    meta = read_prove_json(mars_dir)
+    return widest_tree(meta.block_size if meta is not None and meta.block_size else 8)
 
 
 @dataclass(frozen=True)
@@ -143,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         n_prompts=2 if args.smoke else args.n_prompts,
         max_new_tokens=24 if args.smoke else args.max_new_tokens,
         repeats=1 if args.smoke else args.repeats,
-        pass_cost_widths=8 if args.smoke else PASS_COST_WIDTHS,
+        pass_cost_widths=8 if args.smoke else pass_cost_widths(run_dir / "mars"),
         output_dir=str(out),
         device=args.device,
     )

@@ -23,6 +23,7 @@ from prove.decode.fused import (
     cost_widths,
     measure_pass_cost,
     tree_layout,
+    widest_tree,
 )
 from prove.decode.methods import get_method
 from test_engine import _check_cache
@@ -196,6 +197,29 @@ def test_measure_pass_cost_feeds_each_width_repeats_times(lm):
         assert 0.01 * w <= x < 0.01 * nxt  # a pass of this model takes a few ms: 30 ms of slack at w = 1
 
 
+def test_measure_pass_cost_feeds_widths_wider_than_its_context(lm):
+    """A pass may be wider than the calibration's context (the fused tree at K = 16 is 287 entries after 128
+    cached tokens): it still feeds exactly w tokens, and the calibration of a K = 16 Decoder reaches that width."""
+    fed: list[int] = []
+
+    def hook(module, args, kwargs):
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if cache.get_seq_length():
+            fed.append(kwargs["input_ids"].shape[1])
+
+    handle = lm.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        t = measure_pass_cost(lm, [1, 30, 64], context=list(range(3, 23)), repeats=1)
+    finally:
+        handle.remove()
+    assert fed == [1, 30, 64] and len(t) == 3
+    assert (
+        widest_tree(16) == 287 and cost_widths(16)[-1] == 287 and cost_widths(8)[-1] == widest_tree(8) == 79
+    )
+    with pytest.raises(ValueError, match="context"):
+        measure_pass_cost(lm, [1, 2], context=[])
+
+
 def test_measure_pass_cost_times_the_plain_step_in_the_same_rounds(lm):
     """``plain_step``: each round's first pass is followed by AR's own unmasked one-token step on the same runner,
     and its fastest time is the extra last entry. The masked passes are made 30 ms + 10 ms a token slower and the
@@ -273,16 +297,19 @@ def test_auto_groups_follow_the_cost_curve(lm, tokenizer, prompts, refs):
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize("cached", [0, 2])
+@pytest.mark.parametrize("K", [5, 16])
 def test_group_j_equals_a_block_pass_from_the_context_ending_at_y_j(
-    make_lm, tokenizer, prompts, attn, cached
+    make_lm, tokenizer, prompts, attn, cached, K
 ):
     """Row j of the tree pass (at y_j) is the block pass's position 1 (g_{j+1}) and G_j's rows its positions
-    2..K, for every j; the y rows are a plain causal pass over [context, y_1..y_k]."""
+    2..K, for every j; the y rows are a plain causal pass over [context, y_1..y_k]. K = 16 (ProVe's block
+    size): a tree of 15 y's and 16 groups, 255 entries, wider than the context."""
     lm = make_lm(seed=0, attn=attn)
-    mask_id, K = tokenizer.convert_tokens_to_ids("<|mask|>"), 5
+    mask_id = tokenizer.convert_tokens_to_ids("<|mask|>")
     ctx = prompts[3]
     ys = [
-        int(t) for t in torch.randint(0, len(tokenizer) - 1, (4,), generator=torch.Generator().manual_seed(1))
+        int(t)
+        for t in torch.randint(0, len(tokenizer) - 1, (K - 1,), generator=torch.Generator().manual_seed(1))
     ]
     k = len(ys)
     runner = ModelRunner(lm)
@@ -357,7 +384,7 @@ def test_the_branch_is_a_plain_pass_and_its_group_a_block_pass_after_it(make_lm,
 
 
 @pytest.mark.parametrize("groups", ["all", 1, 2, "auto"])
-@pytest.mark.parametrize("k", [1, 2, 4, 8])
+@pytest.mark.parametrize("k", [1, 2, 4, 8, 16])
 def test_fused_prove_lossless_equals_hf_generate(lm, tokenizer, prompts, refs, k, groups):
     dec = Decoder(lm, tokenizer, method="prove-lossless", block_size=k, fuse=True, fuse_groups=groups)
     for p, ref in zip(prompts, refs, strict=True):
@@ -452,7 +479,7 @@ def test_a_second_candidate_rescues_a_wrong_token_in_the_same_pass(lm, tokenizer
     assert rescued.stats.model_passes < plain.stats.model_passes
 
 
-@pytest.mark.parametrize("k", [2, 4, 8])
+@pytest.mark.parametrize("k", [2, 4, 8, 16])
 def test_scripted_high_acceptance_stays_lossless_with_one_pass_per_cycle(lm, tokenizer, prompts, refs, k):
     for p, ref in zip(prompts, refs, strict=True):
         out = no_eos(scripted_decoder(lm, tokenizer, p, ref, {3, 4, 11, 25}, k), p, N)
@@ -506,8 +533,9 @@ def test_fused_stop_string_inside_a_block_ends_where_ar_does(lm, tokenizer, prom
 
 @pytest.mark.parametrize("scripted", [True, False])
 @pytest.mark.parametrize("groups", ["all", 2])
+@pytest.mark.parametrize("K", [4, 16])
 def test_fused_cache_holds_exactly_the_committed_prefix_after_every_cycle(
-    lm, tokenizer, prompts, refs, scripted, groups
+    lm, tokenizer, prompts, refs, scripted, groups, K
 ):
     pending: list[int] = []
 
@@ -518,12 +546,12 @@ def test_fused_cache_holds_exactly_the_committed_prefix_after_every_cycle(
 
     p, ref = prompts[3], refs[3]
     if scripted:
-        dec = scripted_decoder(lm, tokenizer, p, ref, {5, 6, 20}, 4, groups)
+        dec = scripted_decoder(lm, tokenizer, p, ref, {5, 6, 20}, K, groups)
     else:
-        dec = Decoder(lm, tokenizer, method="prove-lossless", block_size=4, fuse=True, fuse_groups=groups)
+        dec = Decoder(lm, tokenizer, method="prove-lossless", block_size=K, fuse=True, fuse_groups=groups)
     with torch.no_grad():
-        out = no_eos(dec, p, 24, on_cycle=check)
-    assert out.token_ids == ref[:24]
+        out = no_eos(dec, p, N, on_cycle=check)
+    assert out.token_ids == ref[:N]
     assert len(pending) == out.stats.cycles
     assert set(pending) == {1}  # context + accepted y's are cached; only the correction / bonus waits
 
