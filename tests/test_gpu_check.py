@@ -14,6 +14,7 @@ import textwrap
 import pytest
 import torch
 from prove.recipes import gpu_check as gc
+from prove.recipes.gpu_check import curve as gc_curve
 
 # What the GPU machine may lack: the check must never import these (matplotlib: it degrades to no plot).
 BLOCKED = (
@@ -64,6 +65,11 @@ def test_tiny_run_needs_only_torch_and_transformers(tmp_path):
     assert set(report["curve"]["ms"]) == {"tiny-s", "tiny-m", "tiny-l"}
     methods = {r["method"] for r in report["prediction"]["rows"]}
     assert {"prove-lossless", "prove-lossless fused", "prove", "sd"} <= methods
+    # the shipped acceptance is K = 8: the curve also timed the fused trees of K = 4 and 8 (23 and 79 entries),
+    # beyond the tiny ladder's 16
+    assert report["prediction"]["widths_added"] == [23, 79] and "79" in report["curve"]["ms"]["tiny-l"]
+    fused = {r["size"]: r for r in report["prediction"]["rows"] if r["method"] == "prove-lossless fused"}
+    assert fused["K=8"]["passes"] == "t(79)" and math.isfinite(fused["K=8"]["speedup"])
     md = (out / "gpu-check.md").read_text()
     assert "Predicted speedup" in md and "matplotlib is not installed" in md
     assert not (out / "cost_curve.png").exists()
@@ -113,9 +119,8 @@ def test_predict_from_a_flat_cost_curve():
     got = {(r["target"], r["method"], r["size"]): r for r in rows}
     assert got[("big", "prove-lossless", "K=4")]["speedup"] == pytest.approx(2.75 * 10 / 20)  # t(4) + t(5)
     assert got[("big", "prove-lossless", "K=2")]["tokens_per_cycle"] == pytest.approx(2.5)
-    assert got[("big", "prove-lossless fused", "K=4")]["speedup"] == pytest.approx(
-        1.75
-    )  # one pass of width 16
+    fused = got[("big", "prove-lossless fused", "K=4")]
+    assert fused["speedup"] == pytest.approx(1.75) and fused["passes"] == "t(23)"  # one pass: (4+3)(4−1)+2
     assert got[("big", "prove", "K=4")]["speedup"] == pytest.approx(3.0 * 10 / 11)  # t(4) + t_v(5)
     assert got[("big", "sd", "k=5")]["speedup"] == pytest.approx(3.1 * 10 / 15)  # 5·t_d(1) + t(6)
     # a verifier or draft is never predicted against a target no larger than itself
@@ -125,16 +130,65 @@ def test_predict_from_a_flat_cost_curve():
 
 
 def test_predict_uses_the_measured_widths_only():
-    """K² beyond the measured widths has no fused row (no extrapolation); an interpolated width is linear."""
+    """A fused tree beyond the measured widths has no row (no extrapolation); an interpolated width is linear."""
     curve = {1: 1.0, 2: 2.0, 4: 4.0, 8: 4.0}
     assert gc.interp(curve, 3) == pytest.approx(3.0)
     assert gc.interp(curve, 6) == pytest.approx(4.0)
     assert math.isnan(gc.interp(curve, 9)) and math.isnan(gc.interp(curve, 0.5))
     rows = gc.predict({"m": curve}, {"prove-lossless": [1.0] * 4}, draft=None, verifier=None)
     sizes = {(r["method"], r["size"]) for r in rows}
+    # K = 2's tree is 7 wide (within 8), K = 4's 23
     assert ("prove-lossless fused", "K=2") in sizes and ("prove-lossless fused", "K=4") not in sizes
     assert ("prove-lossless", "K=4") in sizes  # t(5) interpolated between t(4) and t(8)
     assert gc.block_sizes_for([1.0] * 8) == [2, 4, 8] and gc.block_sizes_for([1.0] * 5) == [2, 4, 5]
+
+
+def test_the_fused_width_is_the_real_fused_tree():
+    """The predictor's fused pass is the widest tree fuse=true builds (the top of the Decoder's own calibration
+    widths), not K² (the tree without the second candidate): 287 entries at K = 16."""
+    from prove.decode.fused import cost_widths
+
+    assert [gc.fused_width(k) for k in (2, 4, 8, 16)] == [7, 23, 79, 287]
+    assert all(gc.fused_width(k) == cost_widths(k)[-1] for k in range(2, 33))
+
+
+def test_a_k16_prediction_is_finite_on_the_default_widths():
+    """A K = 16 acceptance (the 32B recipe's K): the run's widths reach its fused tree (287, beyond the default
+    ladder's 256), so every method gets a finite row at K = 16; the default ladder alone would lose the fused row."""
+    acc = {
+        "prove-lossless": [1.0 - 0.04 * i for i in range(16)],
+        "prove": [1.0 - 0.05 * i for i in range(16)],
+        "sd": [0.8, 0.6, 0.4, 0.2, 0.1],
+    }
+    ladder = gc.CheckConfig().widths
+    assert max(ladder) == 256
+    widths = gc.curve_widths(ladder, gc.prediction_widths(acc, sd_k=5))
+    assert set(ladder) < set(widths) and max(widths) == 287
+    assert {16, 17, 287, 6} <= set(gc.prediction_widths(acc, sd_k=5))
+
+    def curve(ws, fixed, per_entry):  # a GPU-like curve: a fixed cost and a small slope
+        return {w: fixed + per_entry * w for w in ws}
+
+    curves = {
+        "big": curve(widths, 20.0, 0.01),
+        "verifier": curve(widths, 5.0, 0.01),
+        "draft": curve(widths, 2.0, 0.01),
+    }
+    rows = gc.predict(
+        curves, acc, draft="draft", verifier="verifier", sd_k=5, sizes={"big": 3, "verifier": 2, "draft": 1}
+    )
+    got = {(r["method"], r["size"]): r for r in rows if r["target"] == "big"}
+    for key in (
+        ("prove-lossless", "K=16"),
+        ("prove-lossless fused", "K=16"),
+        ("prove", "K=16"),
+        ("sd", "k=5"),
+    ):
+        assert key in got and math.isfinite(got[key]["speedup"]) and got[key]["speedup"] > 1, key
+    assert got[("prove-lossless fused", "K=16")]["passes"] == "t(287)"
+    assert got[("prove-lossless fused", "K=16")]["cycle_ms"] == pytest.approx(20.0 + 0.01 * 287)
+    short = gc.predict({"big": curve(ladder, 20.0, 0.01)}, acc, draft=None, verifier=None)
+    assert ("prove-lossless fused", "K=16") not in {(r["method"], r["size"]) for r in short}
 
 
 def test_acceptance_from_a_bench_json_and_the_shipped_default(tmp_path):
@@ -189,7 +243,7 @@ def test_a_shape_that_does_not_fit_is_skipped_and_reported(tmp_path, monkeypatch
             return False, "40.0 GiB of weights + 2.0 GiB headroom vs 24.0 GiB free"
         return real_fits(config, cfg, dtype)
 
-    monkeypatch.setattr(gc, "fits", fits)
+    monkeypatch.setattr(gc_curve, "fits", fits)
     cfg = gc.tiny_config(out=str(tmp_path), widths=(1, 2), repeats=1, warmup=0)
     checks: list = []
     curve = gc.run_curve(cfg, checks)

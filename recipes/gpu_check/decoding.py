@@ -1,0 +1,180 @@
+"""Part 2, decode: every method through :class:`prove.decode.Decoder` on the device, the lossless ones against
+transformers' greedy ``generate``.
+
+The target is a random-weight model of ``decode_shape`` and the draft of sd / nsd a layer-skip cut of it (its
+embeddings, first ``decode_draft_layers`` layers and head, shared: ``prove.decode.random_models``). In fp32 every
+lossless row must equal ``generate`` token for token; in bf16 their agreement is reported (batch-shape-dependent
+numerics can flip near-ties).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from prove.decode.random_models import random_target_and_draft
+from prove.recipes.gpu_check.config import SHAPES, CheckConfig
+from prove.recipes.gpu_check.runtime import Timer, check_entry, describe_error, free
+
+
+@dataclass(frozen=True)
+class DecodeSpec:
+    """One row of the decode check."""
+
+    name: str
+    method: str
+    params: dict[str, Any] = field(default_factory=dict)
+    lossless: bool = False
+    """Greedy and exact: must equal transformers' greedy ``generate`` (in fp32)."""
+    draft: bool = False
+    block: bool = False
+
+
+def decode_specs(block_size: int, k: int = 5) -> list[DecodeSpec]:
+    """The decode check's rows."""
+    sample = {"temperature": 1.0, "top_p": 0.95}
+    fused = {"block_size": block_size, "fuse": True}
+    return [
+        DecodeSpec("ar", "ar", lossless=True),
+        DecodeSpec("prove-lossless", "prove-lossless", {"block_size": block_size}, lossless=True, block=True),
+        DecodeSpec("prove-lossless fused", "prove-lossless", fused, lossless=True, block=True),
+        DecodeSpec("sd", "sd", {"k": k}, lossless=True, draft=True),
+        DecodeSpec("sd sampling", "sd", {"k": k, **sample}, draft=True),
+        DecodeSpec("nsd sampling", "nsd", {"k": k, **sample}, draft=True),
+    ]
+
+
+def prompt_ids(n: int, vocab: int, lo: int, hi: int, seed: int) -> list[list[int]]:
+    """``n`` prompts of lo..hi random ids, never 0 (the pad id) or vocab − 1 (the stand-in ``<|mask|>``)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(lo, hi + 1, (n,), generator=gen).tolist()
+    return [torch.randint(1, vocab - 1, (n_,), generator=gen).tolist() for n_ in lengths]
+
+
+def hf_greedy(model: Any, prompt: list[int], n: int) -> list[int]:
+    """transformers' greedy ``generate``: the reference every lossless row must equal."""
+    import torch
+
+    ids = torch.tensor([prompt], device=model.device)
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+def decode_dtype(
+    cfg: CheckConfig, dtype_name: str, specs: list[DecodeSpec], checks: list[dict[str, Any]]
+) -> dict:
+    """Every row of ``specs`` in one dtype, timed prompt by prompt after a warm-up; appends their checks."""
+    from prove.decode.bench.metrics import first_divergence, rate_by_depth
+    from prove.decode.decoder import Decoder
+
+    vocab = SHAPES[cfg.decode_shape]["vocab_size"]
+    target, draft = random_target_and_draft(
+        SHAPES[cfg.decode_shape],
+        cfg.decode_draft_layers,
+        seed=cfg.seed,
+        dtype=dtype_name,
+        device=cfg.device,
+        std=cfg.decode_std,
+    )
+    n = cfg.decode_new_tokens
+    lo, hi = (4, 8) if cfg.tiny else (16, 48)
+    prompts = prompt_ids(cfg.decode_prompts, vocab, lo, hi, cfg.seed + 1)
+    timer = Timer(cfg.device)
+    hf_greedy(target, prompts[0], min(n, 8))  # warm-up
+    ref: list[list[int]] = []
+    ref_ms = 0.0
+    for p in prompts:
+        ms, tokens = timer(hf_greedy, target, p, n)
+        ref_ms += ms
+        ref.append(tokens)
+    rows: dict[str, Any] = {"hf-greedy": {"ms": ref_ms, "tokens": sum(map(len, ref))}}
+    distinct = len({t for r in ref for t in r})
+    for spec in specs:
+        row: dict[str, Any] = {"method": spec.method, "params": spec.params, "lossless": spec.lossless}
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # no prove.json: "records no trained block size"
+                dec = Decoder(
+                    target,
+                    None,
+                    method=spec.method,
+                    draft=draft if spec.draft else None,
+                    mask_token_id=vocab - 1 if spec.block else None,
+                    device=cfg.device,
+                    **spec.params,
+                )
+            dec.generate(prompts[0], max_new_tokens=min(n, 8))  # warm-up
+            outs, stats, ms = [], [], 0.0
+            for i, p in enumerate(prompts):
+                t, res = timer(dec.generate, p, max_new_tokens=n, seed=cfg.seed + i)
+                ms += t
+                outs.append(res.token_ids)
+                stats.append(res.stats)
+            tokens = sum(map(len, outs))
+            div = [first_divergence(o, r) for o, r in zip(outs, ref, strict=True)]
+            row.update(
+                ms=ms,
+                tokens=tokens,
+                valid=all(len(o) == n and all(0 <= t < vocab for t in o) for o in outs),
+                tokens_per_cycle=tokens / max(1, sum(s.cycles for s in stats)),
+                model_passes_per_token=sum(s.model_passes for s in stats) / max(1, tokens),
+                draft_passes_per_token=sum(s.draft_passes for s in stats) / max(1, tokens),
+                acceptance_by_depth=rate_by_depth(
+                    (s.accepted_by_depth for s in stats), (s.proposed_by_depth for s in stats)
+                ),
+                agreement=sum(d is None for d in div) / len(div),
+                first_divergence=div,
+            )
+        except Exception as e:
+            row["error"] = describe_error(e)
+        rows[spec.name] = row
+        what = f"decode {dtype_name} {spec.name}: runs on {cfg.device}"
+        checks.append(check_entry(what, "error" not in row and row["valid"], row.get("error")))
+        if spec.lossless and dtype_name == "float32" and "error" not in row:
+            checks.append(
+                check_entry(
+                    f"decode float32 {spec.name} = transformers generate, token for token "
+                    f"({row['agreement']:.0%} of {len(prompts)} prompts)",
+                    row["agreement"] == 1.0,
+                )
+            )
+    ar_ms = rows.get("ar", {}).get("ms")
+    for row in rows.values():
+        if ar_ms and row.get("ms") and row.get("tokens"):
+            row["speedup_vs_ar"] = ar_ms / row["ms"] * row["tokens"] / rows["ar"]["tokens"]
+    del target, draft
+    free()
+    return {"prompts": len(prompts), "new_tokens": n, "distinct_reference_tokens": distinct, "rows": rows}
+
+
+def run_decode(cfg: CheckConfig, checks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rows of ``cfg.methods`` (all by default) in fp32, and in bf16 too on the real check."""
+    specs = decode_specs(cfg.block_size, cfg.sd_k)
+    if cfg.methods is not None:
+        known = [s.name for s in specs]
+        unknown = set(cfg.methods) - set(known)
+        if unknown:
+            raise ValueError(f"--methods {sorted(unknown)}: pick from {known}")
+        specs = [s for s in specs if s.name in cfg.methods]
+    result: dict[str, Any] = {
+        "shape": cfg.decode_shape,
+        "draft_layers": cfg.decode_draft_layers,
+        "weight_std": cfg.decode_std,
+        "block_size": cfg.block_size,
+        "k": cfg.sd_k,
+        "dtypes": {},
+    }
+    dtypes = ("float32",) if cfg.tiny else ("float32", "bfloat16")
+    for dt in dtypes:
+        result["dtypes"][dt] = decode_dtype(cfg, dt, specs, checks)
+    return result

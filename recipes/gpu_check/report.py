@@ -1,0 +1,139 @@
+"""The report a run leaves: ``gpu-check.md`` (:func:`render_md`, from the same dict as ``gpu-check.json``) and
+``cost_curve.png`` (:func:`write_plot`; skipped, with a note, without matplotlib)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+
+def _f(v: Any, spec: str = ".2f") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    return format(v, spec)
+
+
+def render_md(report: Mapping[str, Any]) -> str:
+    """gpu-check.md: the checks, then a section per part that ran, the prediction and the predictor check."""
+    env = report["env"]
+    lines = [
+        f"# gpu-check — {env['device_name']} ({env['device']})"
+        + (" — tiny CPU smoke run" if report["tiny"] else ""),
+        "",
+        f"torch {env['torch']}, transformers {env['transformers']}, CUDA {report.get('cuda') or '–'}, "
+        f"{env['time_utc']}, commit {(env.get('git_commit') or 'n/a')[:10]}; {report['wall_s']:.0f} s in all.",
+        "",
+        "## Checks",
+        "",
+    ]
+    lines += [f"- {'✅' if c['ok'] else '❌'} {c['check']}" + (f" — `{c['error']}`" if "error" in c else "")
+              for c in report["checks"]]  # fmt: skip
+    train = report.get("train")
+    if train:
+        lines += ["", f"## 1. Training path: MARS, {train['shape']}, {train['dtype']}, batch {train['batch']} × "
+                      f"{train['length']} tokens (the model reads 2 × {train['length']}), K = {train['block_size']}",
+                  "", "| attention | mask | loss step 1 | loss last | tokens/s | step ms | first step ms | peak GiB |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+        for r in train["runs"].values():
+            if "error" in r:
+                lines.append(f"| {r['attn_implementation']} | error: {r['error']} | | | | | | |")
+                continue
+            lines.append(
+                f"| {r['attn_implementation']} | {r['mask']} | {r['losses'][0]:.4f} | {r['losses'][-1]:.4f} | "
+                f"{r['tokens_per_s']:.0f} | {r['step_ms']:.1f} | {r['first_step_ms']:.0f} | {_f(r['peak_gib'])} |"
+            )
+        if train.get("note"):
+            lines += ["", train["note"]]
+    dec = report.get("decode")
+    if dec:
+        lines += ["", f"## 2. Decoding on {env['device']}: random {dec['shape']} (weight std {dec['weight_std']}), "
+                      f"draft = its first {dec['draft_layers']} layers, K = {dec['block_size']}, k = {dec['k']}"]  # fmt: skip
+        for dt, d in dec["dtypes"].items():
+            lines += ["", f"### {dt}: {d['prompts']} prompts × {d['new_tokens']} tokens "
+                          f"({d['distinct_reference_tokens']} distinct tokens in the reference)", "",
+                      "| method | = generate | first div. | tok/cycle | model passes/tok | accepted by depth | speedup vs ar |",
+                      "|---|---:|---|---:|---:|---|---:|"]  # fmt: skip
+            for name, r in d["rows"].items():
+                if name == "hf-greedy":
+                    continue
+                if "error" in r:
+                    lines.append(f"| {name} | error: {r['error']} | | | | | |")
+                    continue
+                agree = f"{r['agreement']:.0%}" if r["lossless"] else "(sampling)"
+                acc = " ".join(_f(v) for v in r["acceptance_by_depth"]) or "–"
+                divs = (
+                    ",".join("–" if v is None else str(v) for v in r["first_divergence"])
+                    if r["lossless"]
+                    else ""
+                )
+                lines.append(
+                    f"| {name} | {agree} | {divs} | {r['tokens_per_cycle']:.2f} | {r['model_passes_per_token']:.2f} | "
+                    f"{acc} | {_f(r.get('speedup_vs_ar'))}× |"
+                )
+    curve = report.get("curve")
+    if curve:
+        widths = sorted({int(w) for c in curve["ms"].values() for w in c})
+        lines += ["", f"## 3. Cost curve: ms per pass of w tokens on a warm cache of {curve['cache_len']} "
+                      f"({curve['dtype']}, median of {curve['repeats']} after {curve['warmup']} warm-up)", "",
+                  "| shape | " + " | ".join(f"w={w}" for w in widths) + " | t(64)/t(1) |",
+                  "|---|" + "---:|" * (len(widths) + 1)]  # fmt: skip
+        for shape, c in curve["ms"].items():
+            ratio = c.get("64", math.nan) / c["1"] if "1" in c else math.nan
+            lines.append(
+                f"| {shape} | " + " | ".join(_f(c.get(str(w))) for w in widths) + f" | {_f(ratio)} |"
+            )
+        for shape, why in curve["skipped"].items():
+            lines += ["", f"**{shape} skipped**: {why}."]
+        for shape, why in curve["errors"].items():
+            lines += ["", f"**{shape} failed**: `{why}`."]
+    pred = report.get("prediction")
+    if pred:
+        lines += ["", f"## Predicted speedup over AR (from t(w) and the per-depth acceptance of {pred['source']})", "",
+                  pred["note"], "", "| target | method | size | tokens/cycle | passes per cycle | cycle ms | speedup |",
+                  "|---|---|---|---:|---|---:|---:|"]  # fmt: skip
+        for r in pred["rows"]:
+            lines.append(
+                f"| {r['target']} | {r['method']} | {r['size']} | {r['tokens_per_cycle']:.2f} | {r['passes']} | "
+                f"{r['cycle_ms']:.2f} | **{r['speedup']:.2f}×** |"
+            )
+    pc = report.get("predictor_check")
+    if pc:
+        lines += ["", f"Predictor check — prove-lossless K = {pc['block_size']} on the decode model ({pc['shape']}, "
+                      f"{pc['dtype']}, {pc['tokens_per_cycle_measured']:.2f} tokens/cycle): predicted from t(w) "
+                      f"{pc['predicted']:.2f}×, measured {pc['measured']:.2f}× over ar (the gap is the engine's "
+                      "per-cycle host work, which t(w) leaves out)."]  # fmt: skip
+    if report.get("plot_note"):
+        lines += ["", report["plot_note"]]
+    return "\n".join(lines) + "\n"
+
+
+def write_plot(curve: Mapping[str, Any], out: Path) -> tuple[str | None, str | None]:
+    """cost_curve.png: t(w) and t(w)/t(1) per shape; (path, None), or (None, why) without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None, "matplotlib is not installed: no cost_curve.png (the numbers are in the table above)."
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for shape, c in curve["ms"].items():
+        ws = sorted(int(w) for w in c)
+        ts = [c[str(w)] for w in ws]
+        ax1.plot(ws, ts, marker="o", label=shape)
+        ax2.plot(ws, [t / c["1"] for t in ts], marker="o", label=shape)
+    for ax, ylabel in ((ax1, "ms per pass"), (ax2, "t(w) / t(1)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(f"w (tokens per pass, cache {curve['cache_len']})")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    ax1.set_yscale("log")
+    fig.suptitle(f"forward-pass cost vs width ({curve['dtype']})")
+    fig.tight_layout()
+    path = out / "cost_curve.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return str(path), None

@@ -1,0 +1,148 @@
+"""Part 1, train: MARS steps on a real shape, FlexAttention ``BlockMask`` against the dense float mask.
+
+The inputs, mask and loss are ``prove.train.masks`` / ``prove.train.losses``, as ``MarsTrainer`` uses them; the
+model is a random-weight one of ``train_shape`` (``prove.decode.random_models``). Both attention paths start from
+the same weights and read the same batches: the first step's losses must agree to the dtype's tolerance, and every
+gradient must be finite.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from prove.decode.random_models import random_model, shape_config
+from prove.recipes.gpu_check.config import SHAPES, CheckConfig
+from prove.recipes.gpu_check.runtime import check_entry, describe_error, free, peak_gib, peak_reset, sync
+
+
+def train_batches(cfg: CheckConfig, vocab: int, mask_id: int, device: str) -> list[tuple[Any, Any]]:
+    """Random examples: a prompt (label -100) then a response (labelled), one fixed batch per step."""
+    import torch
+    from prove.train.masks import IGNORE_INDEX
+
+    gen = torch.Generator().manual_seed(cfg.seed + 7)
+    out = []
+    for _ in range(cfg.train_steps):
+        ids = torch.randint(0, mask_id, (cfg.train_batch, cfg.train_len), generator=gen)  # (B, L)
+        labels = ids.clone()
+        prompt = torch.randint(1, cfg.train_len // 2, (cfg.train_batch,), generator=gen)  # (B,)
+        labels[torch.arange(cfg.train_len)[None] < prompt[:, None]] = IGNORE_INDEX
+        out.append((ids.to(device), labels.to(device)))
+    return out
+
+
+def train_one(cfg: CheckConfig, impl: str, batches: list[tuple[Any, Any]], mask_id: int) -> dict[str, Any]:
+    """``train_steps`` AdamW steps of the MARS loss with attention ``impl``; losses, grad norms, speed, memory."""
+    import torch
+    from prove.train.losses import mars_loss
+    from prove.train.masks import block_inputs, mars_attention_mask
+
+    dtype = getattr(torch, cfg.train_dtype)
+    # FlexAttention has no backward on CPU (torch raises): there the --tiny run checks its forward only.
+    backward = not (impl == "flex_attention" and torch.device(cfg.device).type == "cpu")
+    config = shape_config(SHAPES[cfg.train_shape], attn=impl, pad_token_id=0)
+    model = random_model(config, cfg.device, dtype, seed=cfg.seed).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
+    mask = mars_attention_mask(impl, cfg.train_len, cfg.block_size, dtype, cfg.device)
+    losses: list[float] = []
+    grad_norms: list[float] = []
+    finite = True
+    step_ms: list[float] = []
+    peak_reset(cfg.device)
+    for ids, labels in batches:
+        sync(cfg.device)
+        t0 = time.perf_counter()
+        x, pos = block_inputs(ids, labels, mask_id)  # (B, 2L) each
+        with torch.set_grad_enabled(backward):
+            out = model(input_ids=x, position_ids=pos, attention_mask=mask, use_cache=False)
+            loss = mars_loss(out.logits, labels).loss
+        losses.append(loss.item())
+        if backward:
+            loss.backward()
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+            finite = finite and bool(torch.isfinite(norm)) and len(grads) > 0
+            grad_norms.append(norm.item())
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        sync(cfg.device)
+        step_ms.append((time.perf_counter() - t0) * 1e3)
+        del out, loss
+    timed = step_ms[1:] or step_ms  # the first step compiles FlexAttention (and warms up kernels)
+    tokens = cfg.train_batch * cfg.train_len
+    result = {
+        "attn_implementation": impl,
+        "mask": type(mask).__name__,
+        "backward": backward,
+        "losses": losses,
+        "grad_norms": grad_norms,
+        "grads_finite": finite,
+        "first_step_ms": step_ms[0],
+        "step_ms": statistics.median(timed),
+        "tokens_per_s": tokens / (statistics.median(timed) / 1e3),
+        "peak_gib": peak_gib(cfg.device),
+    }
+    del model, opt, mask
+    free()
+    return result
+
+
+def run_train(cfg: CheckConfig, checks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Both attention paths (FlexAttention where torch has it, then the dense mask); appends their checks."""
+    import torch
+
+    vocab = SHAPES[cfg.train_shape]["vocab_size"]
+    mask_id = vocab - 1  # a spare embedding row stands in for <|mask|>
+    batches = train_batches(cfg, vocab, mask_id, cfg.device)
+    impls = [cfg.dense_attn]
+    flex_note = None
+    if cfg.flex:
+        try:
+            import torch.nn.attention.flex_attention  # noqa: F401
+
+            impls.insert(0, "flex_attention")
+        except ImportError as e:
+            flex_note = f"FlexAttention unavailable in torch {torch.__version__}: {e}"
+    runs: dict[str, Any] = {}
+    for impl in impls:
+        try:
+            runs[impl] = train_one(cfg, impl, batches, mask_id)
+        except Exception as e:  # one path failing must not hide the other
+            runs[impl] = {"attn_implementation": impl, "error": describe_error(e)}
+        free()
+        r = runs[impl]
+        ok = "error" not in r and r["grads_finite"]
+        what = f"train {impl}: steps run, gradients finite"
+        if "error" not in r and not r["backward"]:
+            what = f"train {impl}: forward runs (no backward on {cfg.device})"
+        checks.append(check_entry(what, ok, r.get("error")))
+    tol = 2e-2 if cfg.train_dtype in ("bfloat16", "float16") else 1e-4
+    result: dict[str, Any] = {
+        "shape": cfg.train_shape,
+        "dtype": cfg.train_dtype,
+        "batch": cfg.train_batch,
+        "length": cfg.train_len,
+        "block_size": cfg.block_size,
+        "steps": cfg.train_steps,
+        "runs": runs,
+        "note": flex_note,
+    }
+    if len(runs) == 2 and all("error" not in r for r in runs.values()):
+        flex, dense = runs["flex_attention"]["losses"], runs[cfg.dense_attn]["losses"]
+        # Same weights and batches: step 1 must agree; later steps drift apart with the rounding of updates.
+        rel = [abs(a - b) / max(abs(b), 1e-6) for a, b in zip(flex, dense, strict=True)]
+        result["loss_rel_diff"] = rel
+        result["loss_tolerance"] = tol
+        gf, gd = runs["flex_attention"]["grad_norms"], runs[cfg.dense_attn]["grad_norms"]
+        if gf and gd:
+            result["grad_norm_rel_diff_step1"] = abs(gf[0] - gd[0]) / max(gd[0], 1e-12)
+        kind = runs["flex_attention"]["mask"]
+        checks.append(
+            check_entry(
+                f"train: FlexAttention ({kind}) loss = dense-mask loss at step 1 (rel. diff {rel[0]:.2e} ≤ {tol:g})",
+                rel[0] <= tol and kind == "BlockMask",
+            )
+        )
+    return result
