@@ -12,12 +12,13 @@ import copy
 
 import pytest
 import torch
-from decode_helpers import hf_generate, mask_ids
 from prove.decode import Decoder
 from prove.decode.engine import ModelRunner
 from prove.decode.methods import get_method
 from prove.decode.proposers.draft import DraftProposer
 from prove.decode.rules.speculative import AsdState, asd_greedy
+
+from tests.decode.decode_helpers import hf_generate, mask_ids
 
 # In-memory models have no prove.json: block methods warn that they take block_size as given.
 pytestmark = pytest.mark.filterwarnings("ignore:checkpoint .* records no trained block size")

@@ -7,10 +7,11 @@ import copy
 
 import pytest
 import torch
-from decode_helpers import hf_generate, mask_ids
 from prove.decode import Decoder
 from prove.decode.methods import Method, get_method
 from prove.decode.proposers import Proposal
+
+from tests.decode.decode_helpers import hf_generate, mask_ids
 
 # In-memory models have no prove.json: the Decoder warns that it takes block_size as given.
 pytestmark = pytest.mark.filterwarnings("ignore:checkpoint .* records no trained block size")

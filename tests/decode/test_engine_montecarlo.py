@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from decode_helpers import BigramLM
 from prove.decode import Decoder
 from prove.decode.rules.speculative import nucleus_mask, warp_probs
+
+from tests.decode.decode_helpers import BigramLM
 
 pytestmark = pytest.mark.slow  # ~1 min on a busy 2-core CPU: thousands of short decodes
 

@@ -10,7 +10,6 @@ import types
 
 import pytest
 import torch
-from decode_helpers import hf_generate, mask_ids
 from prove.decode import Decoder
 from prove.decode.config import DecodeParams
 from prove.decode.engine import ModelRunner, tree_attention_bias
@@ -26,7 +25,9 @@ from prove.decode.fused import (
     widest_tree,
 )
 from prove.decode.methods import get_method
-from test_engine import _check_cache
+
+from tests.decode.decode_helpers import hf_generate, mask_ids
+from tests.decode.test_engine import _check_cache
 
 pytestmark = pytest.mark.filterwarnings("ignore:checkpoint .* records no trained block size")
 
@@ -650,7 +651,7 @@ def test_fuse_is_refused_where_it_does_not_apply(lm, small, tokenizer):
 
 
 def test_fuse_on_the_command_line():
-    from test_cli import config
+    from tests.decode.test_cli import config
 
     cfg = config("model=M", "prompts=P", "output=O", "method=prove-lossless", "fuse=true", "fuse_groups=3")
     assert cfg.fuse is True and cfg.fuse_groups == 3
@@ -691,8 +692,9 @@ def test_pass_cost_curve_and_its_table(lm):
 def test_plots_take_fused_and_unfused_rows(tmp_path):
     """The speed / accuracy plot takes a sweep mixing fuse (bool) and fuse_groups (all or m): its points are
     ordered numbers first, then ``all`` (sorting the raw values would raise on 2 < "all")."""
-    from decode_helpers import hand_report
     from prove.decode.bench.plots import PLOTS, _sort_key, write_plots
+
+    from tests.decode.decode_helpers import hand_report
 
     assert sorted([2, "all", True, 0.5], key=_sort_key) == [0.5, True, 2, "all"]
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from decode_helpers import hand_report, table_row
 from prove.decode.bench.report import render_table
+
+from tests.decode.decode_helpers import hand_report, table_row
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
