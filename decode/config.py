@@ -52,6 +52,12 @@ class DecodeParams:
     by the proposer's confidences): a narrower pass, and a one-token cycle when the guess misses; or ``auto``:
     per cycle, the likeliest lengths whose expected yield pays for the wider pass, by this device's pass-cost
     curve (measured when the Decoder is built)."""
+    draft_threshold: float | None = None
+    """Where a proposal stops: after the first token whose probability under its proposer is below this (that
+    token is still proposed, as transformers' assisted generation does with ``assistant_confidence_threshold``).
+    A draft model then stops drafting (fewer draft passes and a narrower verification when its draft is poor); a
+    block proposal is verified only up to there (unfused). 0 = always k (or K) tokens. The rule sees only a
+    shorter proposal: greedy output and the sampling distribution are unchanged (sd, nsd, prove-lossless)."""
     temperature: float = 0.0
     """0 = greedy. > 0 samples (proposers draw from, and rules read, the tempered distributions)."""
     top_p: float = 1.0
@@ -88,6 +94,10 @@ class DecodeParams:
             raise ValueError(f"k={self.k} must be ≥ 1")
         if self.tau is not None and self.tau < 0:
             raise ValueError(f"tau={self.tau} must be ≥ 0 (τ > 1 never accepts beyond y_1, i.e. AR)")
+        if self.draft_threshold is not None and not 0 <= self.draft_threshold <= 1:
+            raise ValueError(
+                f"draft_threshold={self.draft_threshold} is a probability: give a value in [0, 1] (0 = off)"
+            )
         if self.theta is not None and self.theta < 0:
             raise ValueError(f"theta={self.theta} must be ≥ 0 (θ = 0 commits whole blocks)")
         for name in ("budget", "gate", "max_mismatches"):

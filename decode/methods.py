@@ -167,6 +167,11 @@ def resolve_params(
         )
     if params.fuse and params.temperature > 0:
         raise ValueError("fuse=true is greedy only: set temperature=0, or fuse=false to sample")
+    if params.fuse and params.draft_threshold:
+        raise ValueError(
+            "draft_threshold cuts unfused proposals; the fused pass sizes its tree by fuse_groups: "
+            "set draft_threshold=0, or fuse=false"
+        )
     if m.check is not None:
         m.check(params)
     return m, params
@@ -249,8 +254,8 @@ register_method(
         "block",
         "self",
         _prove_lossless,
-        dict(FUSE_DEFAULTS),
-        ("block_size", *FUSE_PARAMS),
+        {**FUSE_DEFAULTS, "draft_threshold": 0.0},
+        ("block_size", "draft_threshold", *FUSE_PARAMS),
         greedy_only=True,
         summary="block proposals verified by the model itself: exactly its greedy output",
         lossless=True,
@@ -322,8 +327,8 @@ register_method(
         "draft",
         "self",
         _sd,
-        {"k": DRAFT_K},
-        ("k",),
+        {"k": DRAFT_K, "draft_threshold": 0.0},
+        ("k", "draft_threshold"),
         summary="speculative decoding with a small draft model: greedy match, or speculative sampling",
         lossless=True,
     )
@@ -334,8 +339,8 @@ register_method(
         "draft",
         "self",
         _nsd,
-        {"k": DRAFT_K, "theta": 0.9},
-        ("k", "theta"),
+        {"k": DRAFT_K, "theta": 0.9, "draft_threshold": 0.0},
+        ("k", "theta", "draft_threshold"),
         summary="nucleus SD: SD, or accept y_i inside the target's top-θ nucleus",
         check=_check_nsd,
     )

@@ -34,6 +34,8 @@ METHODS = ("ar", "mars", "prove", "prove-lossless", "sd", "nsd", "asd")
 THETAS = (0.02, 0.05, 0.1, 0.2, 0.4)
 FUSE_GROUPS = ("all", 1, 2, "auto")
 """prove-lossless runs unfused and fused (``prove.decode.fused``) with these J settings, side by side."""
+DRAFT_THRESHOLDS = (0.0, 0.4)
+"""sd runs with a draft of k tokens and with drafting stopped under p = 0.4 (transformers' default cut-off)."""
 
 
 def pass_cost_widths(mars_dir: Path) -> int:
@@ -140,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         method_params["prove"] = {"theta": list(THETAS)}
     if "prove-lossless" in methods:
         method_params["prove-lossless"] = {"fuse": [False, True], "fuse_groups": list(FUSE_GROUPS)}
+    if "sd" in methods:
+        method_params["sd"] = {"draft_threshold": list(DRAFT_THRESHOLDS)}
     cfg = BenchConfig(
         model=str(run_dir / "mars"),
         verifier=verifier,
@@ -156,10 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     sweep = ",".join(f"{t:g}" for t in THETAS)
     groups = ",".join(map(str, FUSE_GROUPS))
+    cuts = ",".join(f"{t:g}" for t in DRAFT_THRESHOLDS)
     _say(
         f"bench: {', '.join(methods)} on {cfg.n_prompts} held-out prompts\n$ prove-bench model={cfg.model} "
         f"verifier={verifier} draft={verifier} prompts={cfg.prompts} methods=[{','.join(methods)}] "
-        f"'method_params={{prove:{{theta:[{sweep}]}},prove-lossless:{{fuse:[false,true],fuse_groups:[{groups}]}}}}' "
+        f"'method_params={{prove:{{theta:[{sweep}]}},prove-lossless:{{fuse:[false,true],fuse_groups:[{groups}]}},"
+        f"sd:{{draft_threshold:[{cuts}]}}}}' "
         f"n_prompts={cfg.n_prompts} max_new_tokens={cfg.max_new_tokens} repeats={cfg.repeats} "
         f"pass_cost_widths={cfg.pass_cost_widths} output_dir={out}"
     )

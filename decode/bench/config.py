@@ -10,7 +10,7 @@ from typing import Any
 from prove.data.loading import check_dtype
 from prove.decode.bench.rows import as_values
 
-SWEEP_KEYS = ("theta", "tau", "block_size", "k", "fuse", "fuse_groups")
+SWEEP_KEYS = ("theta", "tau", "block_size", "k", "draft_threshold", "fuse", "fuse_groups")
 """Parameters that take a list (one row per value) from the command line: ``theta=[0.05,0.1]``."""
 
 
@@ -48,6 +48,10 @@ class BenchConfig:
     """K: a value or a list to sweep (null = the trained block size)."""
     k: Any = None
     """The draft lookahead of the SD family: a value or a list to sweep."""
+    draft_threshold: Any = None
+    """Where a proposal stops (``DecodeParams.draft_threshold``; sd, nsd, unfused prove-lossless): a value or a
+    list, e.g. ``draft_threshold=[0,0.4]`` for the two draft-length policies of transformers' rows. With
+    ``hf_compare`` and no value given: ``[0, hf_assistant_threshold]``."""
     fuse: Any = None
     """Fused verify-and-draft for the methods that can (prove-lossless; nsd / asd on the block proposer):
     a value or a list, e.g. ``fuse=[false,true]`` for unfused and fused rows side by side."""
@@ -72,7 +76,12 @@ class BenchConfig:
     hf: bool = True
     """Add transformers' rows: ``hf-greedy`` (``generate``), and ``hf-assisted`` when a draft is given."""
     hf_assistant_tokens: int = 5
-    """k of transformers' assisted generation (constant schedule, no confidence cut-off)."""
+    """k of transformers' assisted generation (at most k a cycle: its constant schedule)."""
+    hf_assistant_threshold: float = 0.4
+    """A second assisted-generation row, ``hf-assisted-confidence``, with transformers' default draft-length
+    policy: drafting stops after a token whose draft probability is under this (0.4 is transformers' default;
+    transformers adapts it during a call when scikit-learn is installed, and bench.json's row says whether it
+    did). 0: only the constant row, ``hf-assisted``, which never stops early."""
     trace: bool = True
     """An extra, untimed pass of prove-lossless with the verifier as a probe: per-position p̃, q and
     "matches greedy" for the ROC plot and the per-position match curve (block models only)."""
@@ -129,6 +138,10 @@ class BenchConfig:
                 )
             if self.prompt_len < 1:
                 raise ValueError(f"prompt_len={self.prompt_len} must be ≥ 1")
+            if self.draft_threshold is None:  # ours beside each of transformers' two draft-length policies
+                self.draft_threshold = (
+                    [0.0, self.hf_assistant_threshold] if self.hf_assistant_threshold else 0.0
+                )
         else:
             if self.model is None:
                 raise ValueError("pass model=PATH (the model being accelerated), or hf_compare=SHAPE")
@@ -142,6 +155,10 @@ class BenchConfig:
             raise ValueError(f"repeats={self.repeats} must be ≥ 1")
         if self.warmup < 0:
             raise ValueError(f"warmup={self.warmup} must be ≥ 0")
+        if not 0 <= self.hf_assistant_threshold <= 1:
+            raise ValueError(
+                f"hf_assistant_threshold={self.hf_assistant_threshold} is a probability: give a value in [0, 1]"
+            )
         if self.pass_cost_widths < 0 or self.pass_cost_context < 1 or self.pass_cost_repeats < 1:
             raise ValueError(
                 f"pass_cost_widths={self.pass_cost_widths} must be ≥ 0 (0 = off), pass_cost_context="

@@ -1,5 +1,6 @@
-"""``hf_compare``: ours vs transformers' ``generate`` (AR vs greedy, SD vs assisted generation) on a random
-model of a real shape (``prove.decode.random_models``) with a layer-skip draft, on random prompt ids."""
+"""``hf_compare``: ours vs transformers' ``generate`` (AR vs greedy, SD vs assisted generation under each of its
+two draft-length policies) on a random model of a real shape (``prove.decode.random_models``) with a layer-skip
+draft, on random prompt ids."""
 
 from __future__ import annotations
 
@@ -11,10 +12,23 @@ from prove.decode.bench.metrics import PromptRun, paired_speedup
 
 if TYPE_CHECKING:
     from prove.decode.bench.config import BenchConfig
+    from prove.decode.bench.rows import RowSpec
 
 
-HF_PAIRS = (("ar", "hf-greedy"), ("sd", "hf-assisted"))
-"""(our row, transformers' row) whose paired time ratio ``hf_compare`` reports."""
+def hf_pairs(cfg: BenchConfig, specs: Sequence[RowSpec]) -> list[tuple[str, str]]:
+    """(our row, transformers' row) whose paired time ratio ``hf_compare`` reports: ``ar`` with greedy
+    ``generate``; each ``sd`` row with the assisted-generation row of its draft-length policy (no cut-off with
+    ``hf-assisted``, a cut-off at ``hf_assistant_threshold`` with ``hf-assisted-confidence``)."""
+    pairs = [("ar", "hf-greedy")]
+    for spec in specs:
+        if spec.method != "sd":
+            continue
+        cut = spec.params.get("draft_threshold") or 0.0
+        if cut == 0:
+            pairs.append((spec.name, "hf-assisted"))
+        elif cut == cfg.hf_assistant_threshold:
+            pairs.append((spec.name, "hf-assisted-confidence"))
+    return pairs
 
 
 def hf_compare_setup(cfg: BenchConfig) -> tuple[dict[str, Any], list[list[int]]]:
@@ -31,7 +45,7 @@ def hf_compare_setup(cfg: BenchConfig) -> tuple[dict[str, Any], list[list[int]]]
 
 
 def hf_compare_report(
-    cfg: BenchConfig, runs: Mapping[str, Sequence[PromptRun]], n_prompts: int
+    cfg: BenchConfig, runs: Mapping[str, Sequence[PromptRun]], n_prompts: int, specs: Sequence[RowSpec]
 ) -> dict[str, Any]:
     """bench.json's entries that ``hf_compare`` replaces or adds: the models and prompts it made, and the
     paired time ratio of each (ours, transformers') pair with whether their tokens are identical."""
@@ -47,9 +61,10 @@ def hf_compare_report(
             "draft_layers": cfg.draft_layers,
             "prompt_len": cfg.prompt_len,
             "deep_scale": cfg.deep_scale,
+            "hf_assistant_threshold": cfg.hf_assistant_threshold,
             **{
                 f"{ours}_vs_{theirs}": paired_speedup(runs[ours], runs[theirs])
-                for ours, theirs in HF_PAIRS
+                for ours, theirs in hf_pairs(cfg, specs)
                 if ours in runs and theirs in runs
             },
         },  # fmt: skip

@@ -23,6 +23,7 @@ SYMBOLS = {
     "gate": "g",
     "max_mismatches": "m",
     "fuse_groups": "J",
+    "draft_threshold": "cut",
 }
 
 
@@ -31,7 +32,8 @@ ONLY_WITH = {"fuse_groups": "fuse"}
 row, not one per J)."""
 
 
-HF_ROWS = ("hf-greedy", "hf-assisted")
+HF_ROWS = ("hf-greedy", "hf-assisted", "hf-assisted-confidence")
+"""transformers' ``generate``: greedy, and assisted generation under its two draft-length policies (``HFRow``)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,8 @@ def _fmt(v: Any) -> str:
 def param_label(key: str, value: Any) -> str:
     if key == "fuse":
         return "fused" if value else "unfused"
+    if key == "adaptive":  # transformers' confidence cut-off: adapted during a call, or fixed
+        return "adaptive" if value else "fixed"
     return f"{SYMBOLS.get(key, key)}={_fmt(value)}"
 
 
@@ -140,11 +144,28 @@ class PassCounter:
 
 
 class HFRow:
-    """transformers' ``generate``: greedy, or assisted generation with ``draft`` (k tokens, constant
-    schedule, no confidence cut-off). Same prompt ids, EOS and stop strings as our rows."""
+    """transformers' ``generate``: greedy, or assisted generation with ``draft``: k tokens a cycle (constant
+    schedule), and with ``threshold`` > 0 transformers' confidence cut-off (``assistant_confidence_threshold``:
+    drafting stops after a token the draft gave a probability under it; 0.4 is transformers' default, which it
+    also adapts during a call when scikit-learn is installed). Same prompt ids, EOS and stop strings as ours."""
 
-    def __init__(self, model: Any, tokenizer: Any, draft: Any = None, k: int = 5) -> None:
+    def __init__(
+        self, model: Any, tokenizer: Any, draft: Any = None, k: int = 5, threshold: float = 0.0
+    ) -> None:
         self.model, self.tokenizer, self.draft, self.k = model, tokenizer, draft, k
+        self.threshold = threshold
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The draft-length policy this row ran, for bench.json (in our rows' names: ``k``, ``draft_threshold``)."""
+        if self.draft is None:
+            return {}
+        from transformers.utils import is_sklearn_available
+
+        out: dict[str, Any] = {"k": self.k, "draft_threshold": self.threshold}
+        if self.threshold:
+            out["adaptive"] = bool(is_sklearn_available())
+        return out
 
     def generate(self, ids: list[int], max_new_tokens: int, eos: list[int], stop: list[str]) -> PromptRun:
         import torch
@@ -189,7 +210,7 @@ class HFRow:
                 else:
                     # transformers reads the assistant's settings from the assistant's generation_config.
                     gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = self.k, "constant"
-                    gc.assistant_confidence_threshold = 0.0
+                    gc.assistant_confidence_threshold = self.threshold
                     with PassCounter(self.draft) as d:
                         out = self.model.generate(x, assistant_model=self.draft, **kw)
                     draft_passes = d.n

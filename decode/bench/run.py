@@ -171,7 +171,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             cfg.pass_cost_context,
             cfg.pass_cost_repeats,
         )
-    report = build_report(cfg, specs, decoders, runs, inputs, trace, cost)
+    report = build_report(cfg, specs, decoders, runs, inputs, trace, cost, hf_rows)
     write_report(report, cfg.output_dir, plots=cfg.plots)
     check_identical(report, cfg.output_dir)
     return report
@@ -218,6 +218,14 @@ def reference_rows(cfg: BenchConfig, models: Mapping[str, Any]) -> dict[str, HFR
             rows["hf-assisted"] = HFRow(
                 models["model"], models["tokenizer"], models["draft"], cfg.hf_assistant_tokens
             )
+            if cfg.hf_assistant_threshold:
+                rows["hf-assisted-confidence"] = HFRow(
+                    models["model"],
+                    models["tokenizer"],
+                    models["draft"],
+                    cfg.hf_assistant_tokens,
+                    cfg.hf_assistant_threshold,
+                )
     return rows
 
 
@@ -301,6 +309,7 @@ def build_report(
     inputs: Inputs,
     trace: dict[str, Any] | None,
     cost: dict[str, Any] | None,
+    hf_rows: Mapping[str, HFRow] | None = None,
 ) -> dict[str, Any]:
     """bench.json's content: one summary per row (with its per-prompt records), the environment, the inputs."""
     has_answers = any(a is not None for a in inputs.answers)
@@ -315,7 +324,7 @@ def build_report(
             params = _resolved_params(decoders[name])
             lossless = is_lossless(spec.method, params)
         else:  # a transformers row
-            params = {"k": cfg.hf_assistant_tokens} if name == "hf-assisted" else {}
+            params = (hf_rows or {})[name].params
             lossless = True
         fuse_cost = _cost_record(decoders[name]) if spec else None
         rows.append(
@@ -358,7 +367,7 @@ def build_report(
         "plots": {},
     }
     if cfg.hf_compare is not None:
-        report.update(hf_compare_report(cfg, runs, len(inputs.prompts)))
+        report.update(hf_compare_report(cfg, runs, len(inputs.prompts), specs))
     return report
 
 

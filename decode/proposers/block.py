@@ -3,6 +3,10 @@
 The outputs at [last committed token, M_1 … M_{K-1}] are y_1..y_K (docs/design.md §2.1); y_1 is ordinary
 next-token prediction. K at decode time may be smaller than the trained block size: under the causal
 mask, placeholders after position i do not change the output at i.
+
+``threshold`` (``draft_threshold``): the proposal ends after its first token whose p̃ is below it, so the
+verification pass reads only that prefix (the block pass itself still fills K positions: a later p̃ may be high
+again, but a leading run past a doubtful token is rarely accepted).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ class BlockProposer:
         mask_token_id: int,
         block_size: int,
         *,
+        threshold: float = 0.0,
         allowed: torch.Tensor | None = None,
         temperature: float = 0.0,
         top_k: int = 0,
@@ -31,6 +36,7 @@ class BlockProposer:
         self.runner = runner
         self.mask_token_id = mask_token_id
         self.block_size = block_size
+        self.threshold = threshold
         self.allowed = allowed
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         self.generator = generator
@@ -41,7 +47,8 @@ class BlockProposer:
             return Proposal.empty(self.runner.device)
         # Row 0 of the pass over [pending, M_1..M_{k-1}] (at the last committed token) predicts y_1, row i (at M_i)
         # predicts y_{i+1}.
-        return self.draw(self.runner.forward(seq, [self.mask_token_id] * (k - 1)))  # (k, V) logits
+        proposal = self.draw(self.runner.forward(seq, [self.mask_token_id] * (k - 1)))  # (k, V) logits
+        return cut_below(proposal, self.threshold)
 
     def draw(self, logits: torch.Tensor) -> Proposal:
         """The proposal for block logits (k, V): never <|mask|> itself, nor an id the verifier / tokenizer lacks
@@ -53,6 +60,18 @@ class BlockProposer:
             return Proposal(tokens=tokens, conf=conf, probs=probs)
         tokens = pick(probs, self.temperature, self.generator)  # (k,)
         return Proposal(tokens=tokens, conf=probs.gather(-1, tokens[:, None])[:, 0], probs=probs)
+
+
+def cut_below(proposal: Proposal, threshold: float) -> Proposal:
+    """The proposal up to and including its first token with p̃ < ``threshold`` (all of it if none is)."""
+    if threshold <= 0:
+        return proposal
+    low = (proposal.conf < threshold).nonzero()
+    if low.numel() == 0:
+        return proposal
+    n = int(low[0, 0]) + 1
+    probs = None if proposal.probs is None else proposal.probs[:n]
+    return Proposal(tokens=proposal.tokens[:n], conf=proposal.conf[:n], probs=probs)
 
 
 class NoProposer:

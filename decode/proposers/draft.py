@@ -5,6 +5,13 @@ Pass i feeds only y_{i-1} (plus whatever committed tokens its cache lacks) and p
 tokens' KV is speculative (``ModelRunner.forward(..., committed=len(seq))``): the engine's per-cycle sync
 keeps the entries of accepted tokens and crops the rest, so after every cycle the draft's DynamicCache
 holds exactly the committed prefix, as for every other model.
+
+Draft length (``threshold``, the ``draft_threshold`` parameter). With a threshold the draft stops after the first
+token whose probability under the draft is below it, that token included: the rule at transformers' assisted
+generation's default (``assistant_confidence_threshold`` 0.4, where transformers also adapts it as it goes). A
+poor draft then drafts one or two tokens a cycle instead of k, saving draft passes and verification width. When
+to stop depends only on the draft's own draws, so speculative sampling stays exact: each proposed position is
+tested against the target exactly as before, and positions never proposed are never tested.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ class DraftProposer:
         k: int,
         *,
         vocab_size: int,
+        threshold: float = 0.0,
         allowed: torch.Tensor | None = None,
         temperature: float = 0.0,
         top_k: int = 0,
@@ -42,6 +50,7 @@ class DraftProposer:
             raise ValueError(f"the draft lookahead k={k} must be ≥ 1")
         self.runner = runner
         self.k = k
+        self.threshold = threshold
         self.vocab_size = vocab_size
         self.allowed = allowed
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
@@ -68,7 +77,7 @@ class DraftProposer:
             probs = logits_to_probs(logits, self.temperature, self.top_k, self.top_p)  # (V,)
             tokens.append(int(pick(probs, self.temperature, self.generator)))
             rows.append(probs)
-            if tokens[-1] in self.stop_tokens:
+            if tokens[-1] in self.stop_tokens or float(probs[tokens[-1]]) < self.threshold:
                 break
         device = self.runner.device
         if not tokens:

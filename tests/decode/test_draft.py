@@ -206,6 +206,63 @@ def test_budget_of_one_proposes_nothing(lm, tokenizer, prompts, refs, drafts):
         assert temperature > 0 or out.token_ids == refs[0][:1]
 
 
+# -- draft length: draft_threshold ------------------------------------------------------------------------------
+
+
+def _proposals(
+    dec: Decoder, prompt: list[int], n: int
+) -> tuple[list[int], list[tuple[list[float], int]], int]:
+    """The output, each cycle's (p̃ of its proposal, the cycle's budget), and the draft passes."""
+    seen: list[tuple[list[float], int]] = []
+
+    def record(ev):
+        budget = n - (len(ev.seq) - len(ev.committed) - ev.prompt_len) - 1  # the cycle's, as the engine's
+        seen.append((ev.proposal.conf.tolist(), budget))
+
+    out = dec.generate(prompt, max_new_tokens=n, eos_token_id=[], on_cycle=record)
+    return out.token_ids, seen, out.stats.draft_passes
+
+
+@pytest.mark.parametrize(
+    "method, kw", [("sd", {"k": K}), ("nsd", {"k": K, "theta": 0.0}), ("prove-lossless", {"block_size": 4})]
+)
+@pytest.mark.parametrize("threshold", [0.12, 0.2, 0.35])
+def test_draft_threshold_ends_each_proposal_at_its_first_doubtful_token(
+    lm, tokenizer, prompts, refs, drafts, method, kw, threshold
+):
+    """Each proposal holds every token up to and including the first whose p̃ is under the threshold (or is
+    full: k, K or the budget), the thresholds cut blocks at different depths, the greedy output is unchanged,
+    and a draft model makes one pass per proposed token (it stops drafting, rather than drafting k and
+    dropping the rest)."""
+    draft = {"draft": drafts["partly"]} if method != "prove-lossless" else {}
+    full = kw.get("k", kw.get("block_size"))
+    dec = Decoder(lm, tokenizer, method=method, draft_threshold=threshold, **draft, **kw)
+    plain = Decoder(lm, tokenizer, method=method, **draft, **kw)
+    lengths: set[int] = set()
+    for p, ref in zip(prompts, refs, strict=True):
+        out, seen, passes = _proposals(dec, p, N)
+        assert out == ref, (method, threshold)
+        for conf, budget in seen:
+            if not conf:
+                continue
+            assert all(c >= threshold for c in conf[:-1]), (conf, threshold)
+            assert conf[-1] < threshold or len(conf) == min(full, budget), (conf, budget)
+            lengths.add(len(conf))
+        if draft:
+            assert passes == sum(len(c) for c, _ in seen) <= _proposals(plain, p, N)[2]
+    assert len(lengths) >= 3, lengths  # the cut falls at different depths
+    assert not plain.params.draft_threshold  # off by default
+
+
+def test_draft_threshold_is_a_probability_and_unfused_only(lm, tokenizer, drafts):
+    with pytest.raises(ValueError, match=r"draft_threshold=1.5 is a probability"):
+        Decoder(lm, tokenizer, method="sd", draft=drafts["partly"], draft_threshold=1.5)
+    with pytest.raises(ValueError, match="draft_threshold cuts unfused proposals"):
+        Decoder(lm, tokenizer, method="prove-lossless", block_size=4, fuse=True, draft_threshold=0.2)
+    with pytest.warns(UserWarning, match=r"asd does not read \['draft_threshold'\]"):  # its gate reads k
+        Decoder(lm, tokenizer, method="asd", draft=drafts["partly"], draft_threshold=0.2)
+
+
 # -- asd ------------------------------------------------------------------------------------------------------
 
 
@@ -304,11 +361,13 @@ def test_rules_without_a_correction_token_run_on_the_draft_proposer(lm, tokenize
 def test_with_proposer_swaps_the_size_parameter_and_refuses_what_cannot_propose():
     nsd = get_method("nsd").with_proposer("block")
     assert nsd.name == "nsd[block]" and nsd.proposer == "block" and nsd.needs_mask
-    assert nsd.uses == ("block_size", "theta", "fuse", "fuse_groups")  # self-verified blocks: fusable
-    assert dict(nsd.defaults) == {"theta": 0.9, "fuse": False, "fuse_groups": "auto"}
+    # self-verified blocks: fusable; the proposal's cut-off applies to either proposer
+    assert nsd.uses == ("block_size", "theta", "draft_threshold", "fuse", "fuse_groups")
+    assert dict(nsd.defaults) == {"theta": 0.9, "draft_threshold": 0.0, "fuse": False, "fuse_groups": "auto"}
     assert get_method("nsd").with_proposer("draft") is get_method("nsd")
     back = get_method("prove-lossless").with_proposer("draft")
-    assert back.uses == ("k",) and dict(back.defaults) == {"k": 5} and not back.needs_mask
+    assert back.uses == ("k", "draft_threshold") and dict(back.defaults) == {"k": 5, "draft_threshold": 0.0}
+    assert not back.needs_mask
     with pytest.raises(ValueError, match="cannot replace the proposer of method ar"):
         get_method("ar").with_proposer("block")
     with pytest.raises(ValueError, match="can swap between"):
@@ -341,7 +400,7 @@ def test_prove_decode_runs_the_family_from_checkpoints(checkpoints, tmp_path):
 
     common = ["max_new_tokens=12", "chat=false"]
     ar = decode("method=ar", f"output={tmp_path / 'ar.jsonl'}", *common)
-    for method, extra in [("sd", []), ("asd", ["budget=0"]), ("nsd", ["theta=0.5"])]:
+    for method, extra in [("sd", ["draft_threshold=0.3"]), ("asd", ["budget=0"]), ("nsd", ["theta=0.5"])]:
         recs = decode(
             f"method={method}",
             f"draft={checkpoints['verifier']}",

@@ -31,20 +31,29 @@ def test_random_draft_is_a_layer_cut_of_the_target():
 
 def test_hf_compare_runs_on_the_tiny_shape(tmp_path):
     """The mode of ``prove-bench hf_compare=qwen2.5-0.5b`` end to end on the tiny shape: ours and transformers'
-    rows produce identical tokens and the report carries the paired ratios."""
+    rows produce identical tokens and the report carries the paired ratios, ``sd`` beside each of transformers'
+    two draft-length policies (a random draft is hopeless: the confidence cut-off drafts far less, ours and
+    theirs alike)."""
     from prove.decode.bench.run import run_bench
 
     out = tmp_path / "cmp"
     cfg = BenchConfig(hf_compare="tiny", draft_layers=2, n_prompts=2, prompt_len=12, max_new_tokens=10,
                       output_dir=str(out), plots=False, progress=False)  # fmt: skip
     report = run_bench(cfg)
-    assert [r["name"] for r in report["rows"]] == ["ar", "hf-greedy", "hf-assisted", "sd"]
+    names = ["ar", "hf-greedy", "hf-assisted", "hf-assisted-confidence", "sd cut=0", "sd cut=0.4"]
+    assert [r["name"] for r in report["rows"]] == names
     assert report["lossless_violations"] == []
     rows = {r["name"]: r for r in report["rows"]}
     assert all(r["new_tokens"] == 20 for r in report["rows"])  # no EOS: every request runs max_new_tokens
-    assert rows["sd"]["draft_passes_per_token"] > 0 and rows["hf-assisted"]["draft_passes_per_token"] > 0
+    assert rows["hf-assisted"]["params"] == {"k": 5, "draft_threshold": 0.0}
+    assert rows["hf-assisted-confidence"]["params"]["draft_threshold"] == 0.4
+    drafted = {n: rows[n]["draft_passes_per_token"] for n in names[2:]}
+    assert (
+        0 < drafted["sd cut=0.4"] < drafted["sd cut=0"]
+        and 0 < drafted["hf-assisted-confidence"] < drafted["hf-assisted"]
+    )
     hfc = report["hf_compare"]
-    for pair in ("ar_vs_hf-greedy", "sd_vs_hf-assisted"):
+    for pair in ("ar_vs_hf-greedy", "sd cut=0_vs_hf-assisted", "sd cut=0.4_vs_hf-assisted-confidence"):
         assert hfc[pair]["identical"] and hfc[pair]["median"] > 0 and len(hfc[pair]["per_prompt"]) == 2
     md = (out / "bench.md").read_text()
     assert "hf_compare (tiny shape, 2-layer draft): ar vs hf-greedy:" in md and "identical" in md

@@ -56,7 +56,8 @@ def test_bench_end_to_end(bench_dir):
     names = [r["name"] for r in report["rows"]]
     fused = "prove-lossless fused"  # (fuse_groups=auto, the one J: no J in the name)
     assert names == [
-        "ar", "hf-greedy", "hf-assisted", "prove-lossless unfused", fused, "prove θ=0", "prove θ=0.5", "mars"
+        "ar", "hf-greedy", "hf-assisted", "hf-assisted-confidence", "prove-lossless unfused", fused, "prove θ=0",
+        "prove θ=0.5", "mars",
     ]  # fmt: skip
     rows = {r["name"]: r for r in report["rows"]}
     keys = {
@@ -69,13 +70,13 @@ def test_bench_end_to_end(bench_dir):
         assert keys <= row.keys()
         assert len(row["per_prompt"]) == 2 and row["accuracy"] is not None
     # lossless rows agree with AR on every prompt; prove with θ = 0 commits whole random blocks and diverges
-    for name in ("ar", "hf-greedy", "hf-assisted", "prove-lossless unfused", fused):
+    for name in ("ar", "hf-greedy", "hf-assisted", "hf-assisted-confidence", "prove-lossless unfused", fused):
         assert rows[name]["agreement"] == 1.0, name
     assert report["lossless_violations"] == []
     assert rows["prove θ=0"]["agreement"] < 1
     assert any(d is not None for d in rows["prove θ=0"]["first_divergence"])
     assert rows["prove θ=0"]["tokens_per_cycle"] > 1 and rows["ar"]["tokens_per_cycle"] == 1
-    assert rows["prove-lossless unfused"]["params"] == {"block_size": 4}
+    assert rows["prove-lossless unfused"]["params"] == {"block_size": 4, "draft_threshold": 0.0}
     # the engine's own time per cycle for our rows, none for transformers'; auto's start-up curve, only on its row
     assert all(rows[n]["engine_ms_per_cycle"] > 0 for n in names if not n.startswith("hf-"))
     assert rows["hf-greedy"]["engine_ms_per_cycle"] is None
