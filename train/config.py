@@ -318,9 +318,18 @@ class TrainConfig:
     resume: bool | None = None
     """``True``: resume from the last checkpoint in ``output_dir`` (error if none); ``None``: resume if one exists; ``False``: start over."""
     stages: dict[str, Any] = field(default_factory=dict)
-    """Per-stage knob table for recipes: ``lr: ${stages.${stage.name}.lr}``."""
+    """Per-stage knob table for recipes, keyed by role, then stage: ``stages.<role>.<stage>.<knob>``, read as
+    ``lr: ${stages.${stage.role}.${stage.name}.lr}`` (a knob of all of a role's stages sits beside them, like the
+    tiny recipe's ``stages.proposer.layers``). Stage sft runs for either role, so the role comes first."""
 
     def __post_init__(self) -> None:
+        roles = {str(r) for r in Role}
+        if set(self.stages) - roles:
+            key = sorted(set(self.stages) - roles)[0]
+            raise ValueError(
+                f"stages.{key}: a recipe's stages table is keyed by role, then stage — "
+                f"stages.<{'|'.join(sorted(roles))}>.<stage>.<knob>, e.g. stages.verifier.distill.init_from"
+            )
         k, max_len = self.stage.block_size, self.data.max_len
         if k < 1:
             raise ValueError(f"block_size={k}: K must be ≥ 1 (MARS uses 4–16); pass block_size=<K>")

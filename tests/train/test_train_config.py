@@ -70,6 +70,28 @@ def test_recipes_resolve_per_stage_knobs():
     assert train_config(["recipe=tiny", "stage=mars", "lr=1e-4"]).trainer.learning_rate == 1e-4
 
 
+def test_every_recipe_keys_its_stages_table_by_role_then_stage():
+    """One layout for every recipe's per-stage knobs, ``stages.<role>.<stage>.<knob>`` (what the recipes'
+    interpolations, conf/stage/distill.yaml and the wall-clock warning read); a table keyed by stage alone is
+    refused at start, naming the layout."""
+    from prove.train.config import Role, recipe_nodes
+
+    roles, stages = {str(r) for r in Role}, {str(s) for s in Stage}
+    for name, node in recipe_nodes().items():
+        table = node.get("stages") or {}
+        assert set(table) <= roles, name
+        assert all(set(knobs) & stages for knobs in table.values()), name
+    big = train_config(["recipe=qwen2.5-32b", "stage=distill"])
+    assert big.stage.init_from == "Qwen/Qwen2.5-3B-Instruct"
+    assert big.output_dir == "runs/qwen2.5-32b/verifier-distill"
+    tiny = train_config(["recipe=tiny", "stage=distill"])
+    assert (
+        tiny.stage.init_from == "runs/tiny/verifier-sft" and tiny.output_dir == "runs/tiny/verifier-distill"
+    )
+    with pytest.raises(ValueError, match=r"stages\.distill: .*keyed by role, then stage"):
+        train_config(["stage=distill", "stage.init_from=base", "+stages.distill.dir=out"])
+
+
 def test_deepspeed_configs_defer_to_training_arguments():
     """One source of truth: values TrainingArguments owns are "auto" in every DeepSpeed config."""
     for name in ("zero2", "zero3", "zero3_offload"):
