@@ -42,6 +42,9 @@ class StageResult:
     train_loss: float | None
     stopped_by_wall_clock: bool
     log_history: list[dict[str, Any]]
+    stopped_early: dict[str, Any] | None = None
+    """Set when the wall-clock cap ended the stage before its last step: ``{"reason": "max_minutes", "step",
+    "max_steps", "max_minutes", "setting"}`` (``WallClockCallback.stopped_early``; prove.json records it too)."""
     model: Any = dataclasses.field(default=None, repr=False, compare=False)
     """The trained model as training left it (under DeepSpeed: the engine's module, still partitioned)."""
 
@@ -78,9 +81,9 @@ def _run(cfg: TrainConfig, tracker: Any) -> StageResult:
         callbacks=[wall] if wall else [],
     )
     result = trainer.train(resume_from_checkpoint=resume_checkpoint(cfg))
-    save_checkpoint(
-        trainer, cfg, Path(cfg.trainer.output_dir), prove_meta(cfg, unit, base_model, mask_id)
-    )  # 7)
+    stopped_early = wall.stopped_early if wall else None
+    meta = prove_meta(cfg, unit, base_model, mask_id, stopped_early=stopped_early)
+    save_checkpoint(trainer, cfg, Path(cfg.trainer.output_dir), meta)  # 7)
     barrier()  # every rank returns after rank 0 has written prove.json
     return StageResult(
         output_dir=Path(cfg.trainer.output_dir),
@@ -88,6 +91,7 @@ def _run(cfg: TrainConfig, tracker: Any) -> StageResult:
         train_loss=getattr(result, "training_loss", None),
         stopped_by_wall_clock=bool(wall and wall.stopped_at_step is not None),
         log_history=list(trainer.state.log_history),
+        stopped_early=stopped_early,
         model=trainer.model_wrapped,
     )
 

@@ -21,10 +21,21 @@ from transformers.integrations import deepspeed as hf_ds
 log = logging.getLogger(__name__)
 
 
-def prove_meta(cfg: TrainConfig, unit: StageUnit, base_model: str, mask_id: int | None) -> ProveMeta:
-    """The checkpoint's prove.json: the common fields, and the stage unit's block size and extra entries."""
+def prove_meta(
+    cfg: TrainConfig,
+    unit: StageUnit,
+    base_model: str,
+    mask_id: int | None,
+    *,
+    stopped_early: dict[str, Any] | None = None,
+) -> ProveMeta:
+    """The checkpoint's prove.json: the common fields, and the stage unit's block size and extra entries.
+
+    ``stopped_early``: the wall-clock cap's record when it ended training before its last step (None: every
+    step ran), so a checkpoint says itself that it is under-trained."""
     extra = {
         "role": str(cfg.stage.role),
+        "stopped_early": stopped_early,
         "ar_weight": None,
         "init_from": cfg.stage.init_from,
         "peft": str(cfg.peft.kind),

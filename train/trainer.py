@@ -114,7 +114,10 @@ class DistillTrainer(TermLogTrainer):
 class WallClockCallback(TrainerCallback):
     """Stops training (and saves) once it has run ``max_minutes``; the step cap still applies.
 
-    Under several processes rank 0's clock decides, broadcast every step, so all ranks stop together.
+    Under several processes rank 0's clock decides, broadcast every step, so all ranks stop together. A run the
+    cap cuts short of its step count warns, and says so in :attr:`stopped_early` (which the stage's result and
+    its ``prove.json`` carry): a checkpoint trained for a fraction of its steps decodes worse, and nothing else in
+    it shows that.
     """
 
     def __init__(self, max_minutes: float, setting: str = "trainer.max_minutes"):
@@ -123,6 +126,22 @@ class WallClockCallback(TrainerCallback):
         """The override that raises the cap (named in the warning when it cuts a run short)."""
         self.start: float | None = None
         self.stopped_at_step: int | None = None
+        self.max_steps: int | None = None
+        """The run's step count (the Trainer's ``max_steps``, from the epochs when none was set) when it stopped."""
+
+    @property
+    def stopped_early(self) -> dict[str, Any] | None:
+        """``{"reason": "max_minutes", "step", "max_steps", "max_minutes", "setting"}`` when the cap stopped
+        training before its last step; None when it ran all its steps (or the cap struck at the last one)."""
+        if self.stopped_at_step is None or self.max_steps is None or self.stopped_at_step >= self.max_steps:
+            return None
+        return {
+            "reason": "max_minutes",
+            "step": self.stopped_at_step,
+            "max_steps": self.max_steps,
+            "max_minutes": self.max_seconds / 60,
+            "setting": self.setting,
+        }
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.start = time.monotonic()
@@ -136,6 +155,7 @@ class WallClockCallback(TrainerCallback):
             torch.distributed.broadcast(over, src=0)
         if over.item() > 0:
             self.stopped_at_step = state.global_step
+            self.max_steps = state.max_steps
             control.should_training_stop = True
             control.should_save = True
             if state.global_step < state.max_steps and state.is_world_process_zero:

@@ -81,6 +81,7 @@ def test_checkpoint_contract(stages):
     assert meta.base_model == read_prove_json(sft.output_dir).base_model == "scratch:qwen2-2l-32h"
     assert meta.extra["init_from"] == str(run_dir / "sft")
     assert meta.extra["training_config"]["stage"]["name"] == "mars"
+    assert meta.extra["stopped_early"] is None and mars.stopped_early is None  # every step ran
     assert (
         read_prove_json(sft.output_dir).stage == "sft" and read_prove_json(sft.output_dir).block_size is None
     )
@@ -154,6 +155,33 @@ def test_wall_clock_cap_stops_saves_and_says_so(tmp_path, arithmetic_jsonl):
         )
     assert res.stopped_by_wall_clock and res.global_step < 50
     assert (res.output_dir / "model.safetensors").is_file()
+    # the result and the checkpoint's prove.json both say the stage was cut short, and where
+    expect = {
+        "reason": "max_minutes",
+        "step": res.global_step,
+        "max_steps": 50,
+        "max_minutes": 1e-4,
+        "setting": "trainer.max_minutes",
+    }
+    assert res.stopped_early == expect
+    assert json.loads((res.output_dir / "prove.json").read_text())["stopped_early"] == expect
+
+
+def test_the_cap_at_the_last_step_is_no_early_stop():
+    """``stopped_early`` is for a run the cap cut short: one it stops at its last step ran all its steps."""
+    from types import SimpleNamespace
+
+    from prove.train.trainer import WallClockCallback
+
+    for step, early in ((3, True), (10, False)):
+        cb = WallClockCallback(0.0)
+        cb.on_train_begin(None, None, None)
+        state = SimpleNamespace(global_step=step, max_steps=10, is_world_process_zero=False)
+        control = cb.on_step_end(None, state, SimpleNamespace(should_training_stop=False, should_save=False))
+        assert control.should_training_stop and cb.stopped_at_step == step
+        assert (cb.stopped_early is not None) is early
+        if early:
+            assert cb.stopped_early["step"] == 3 and cb.stopped_early["max_steps"] == 10
 
 
 def test_the_cap_warning_names_the_recipe_knob_that_sets_it():
