@@ -10,7 +10,7 @@ finished ids are skipped and a half-written last line (a killed run) is dropped.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,8 @@ class PromptRecord:
     """Raw text, or chat messages ({"role", "content"})."""
     answer: str | None = None
     """The JSONL row's ``answer`` field, where the set carries one (the bench scores accuracy with it)."""
+    line: int | None = field(default=None, compare=False)
+    """The 1-based line of the prompt file it was read from (errors about the prompt name it); None: not from a file."""
 
 
 def read_prompts(path: str | Path) -> list[PromptRecord]:
@@ -38,7 +40,7 @@ def read_prompts(path: str | Path) -> list[PromptRecord]:
         if not line.strip():
             continue
         if not is_jsonl:
-            records.append(PromptRecord(len(records), line))
+            records.append(PromptRecord(len(records), line, line=lineno))
             continue
         try:
             row = json.loads(line)
@@ -60,7 +62,9 @@ def read_prompts(path: str | Path) -> list[PromptRecord]:
             raise ValueError(f"{path}:{lineno}: 'prompt' must be a string (use 'messages' for chat turns)")
         answer = row.get("answer")
         records.append(
-            PromptRecord(row.get("id", len(records)), prompt, None if answer is None else str(answer))
+            PromptRecord(
+                row.get("id", len(records)), prompt, None if answer is None else str(answer), line=lineno
+            )
         )
     ids = [r.id for r in records]
     if len(set(map(repr, ids))) != len(ids):

@@ -359,8 +359,11 @@ class Decoder:
         last token of a block that ends at ``max_new_tokens``. A block's placeholders never reach beyond it,
         since every proposal is capped by the tokens the request may still take. So every method needs
         ``prompt_len + max_new_tokens ≤ max_position_embeddings`` of every model it runs (target, verifier,
-        draft). No truncation: the output would silently be something else.
+        draft). No truncation: the output would silently be something else. An empty prompt (nothing to condition
+        on) is refused here too, so a prompt file's up-front check catches it with the rest.
         """
+        if prompt_len < 1:
+            raise ValueError("the prompt is empty (0 tokens): give it at least one token, or leave it out")
         for runner in self.models.runners():
             limit = getattr(runner.model.config, "max_position_embeddings", None)
             if limit is not None and prompt_len + max_new_tokens > limit:

@@ -45,12 +45,13 @@ def decode_prompts(
     done = finished_ids(output)
     todo = [(i, r) for i, r in enumerate(records) if repr(r.id) not in done]
     encoded: dict[int, list[int]] = {}  # each prompt's ids, encoded once
-    for i, rec in todo:  # a prompt too long for the models fails here, before anything is decoded
+    for i, rec in todo:  # a prompt too long for the models, or empty, fails here, before anything is decoded
         encoded[i] = decoder.encode(render(rec, chat))
         try:
             decoder.check_length(len(encoded[i]), max_new_tokens)
         except ValueError as e:
-            raise ValueError(f"prompt {rec.id!r}: {e}") from None
+            where = f" (line {rec.line} of the prompt file)" if rec.line is not None else ""
+            raise ValueError(f"prompt {rec.id!r}{where}: {e}") from None
     bar = tqdm(
         total=len(records),
         initial=len(records) - len(todo),

@@ -260,6 +260,23 @@ def test_bad_runs_fail_before_decoding(checkpoints, prompt_file, tmp_path):
     assert not (tmp_path / "o.jsonl").exists()
 
 
+def test_an_empty_prompt_is_refused_at_start_naming_its_id_and_line(checkpoints, tmp_path):
+    """An empty prompt is refused by the up-front check, with the prompts too long for the models, before any
+    record is decoded (it used to fail only when its turn came, after the records before it, and without its
+    id); a chat-wrapped empty text is a chat template, not empty, and decodes."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "Ana has 3 apples"}\n\n{"id": "b", "prompt": ""}\n')
+    out = tmp_path / "o.jsonl"
+    common = [f"model={checkpoints['mars']}", "method=ar", f"prompts={prompts}", f"output={out}"]
+    with pytest.raises(
+        ValueError, match=r"^prompt 'b' \(line 3 of the prompt file\): the prompt is empty \(0 tokens\)"
+    ):
+        run(config(*common, "max_new_tokens=4"))
+    assert not out.exists()
+    run(config(*common, "max_new_tokens=4", "chat=true"))
+    assert [r["id"] for r in read_jsonl(out)] == ["a", "b"]
+
+
 def test_bad_input_is_one_line_and_exit_status_2(tmp_path):
     """A user error (here a checkpoint path that does not exist) prints what to fix, not a traceback."""
     import subprocess
