@@ -4,6 +4,7 @@ The stage's unit (:mod:`prove.train.stages`) supplies what differs between sft, 
 
 0) ``unit.prepare``: work before TrainingArguments (distill: join the process group, generate this rank's share
    of the proposer's responses and wait for the other ranks, so that under ZeRO-3 the proposer loads whole);
+   a stage with nothing to train ends here (``unit.untrained_output``: distill with ``distill.train=false``);
 1) TrainingArguments (under ZeRO-3 they make ``from_pretrained`` load weights partitioned);
 2) tokenizer and model: from ``stage.init_from`` / ``model.name_or_path``, or a tiny Qwen2 from scratch
    (:mod:`prove.train.modeling`);
@@ -61,6 +62,8 @@ def train(cfg: TrainConfig) -> StageResult:
 def _run(cfg: TrainConfig, tracker: Any) -> StageResult:
     unit = stage_unit(cfg.stage.name)
     unit.prepare(cfg)  # 0)
+    if (generated := unit.untrained_output(cfg)) is not None:  # only the generated set: nothing to train
+        return StageResult(generated, 0, None, False, [])
     args = training_arguments(cfg, report_to=tracker.report_to)  # 1)
     tokenizer, model, base_model = build_model_and_tokenizer(cfg, args)  # 2)
     mask_id = mask_token_id(model, tokenizer, cfg.stage.mask_token, add=unit.adds_mask_token)  # 3)
@@ -114,8 +117,14 @@ def training_arguments(cfg: TrainConfig, report_to: list[str]) -> TrainingArgume
         import deepspeed  # an optional dependency (prove[deepspeed]): imported only when a run asks for it
 
         deepspeed.init_distributed(dist_backend="gloo")
-    known = {f.name for f in dataclasses.fields(t)} - {"max_minutes", "extra"}
+    known = {f.name for f in dataclasses.fields(t)} - {"max_minutes", "extra", "activation_checkpointing"}
     kwargs = {name: getattr(t, name) for name in known}
+    # transformers 5.24 calls gradient checkpointing activation checkpointing (the old name a deprecated alias);
+    # vLLM pins transformers < 5.20, which knows only the old one: pass the name this TrainingArguments declares.
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    ckpt = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+    kwargs[ckpt] = t.activation_checkpointing
+    kwargs[f"{ckpt}_kwargs"] = {"use_reentrant": False} if t.activation_checkpointing else None
     kwargs.update(t.extra)
     return TrainingArguments(
         **kwargs,
@@ -124,7 +133,6 @@ def training_arguments(cfg: TrainConfig, report_to: list[str]) -> TrainingArgume
         report_to=report_to,
         run_name=run_label(cfg),
         remove_unused_columns=False,
-        activation_checkpointing_kwargs={"use_reentrant": False} if t.activation_checkpointing else None,
     )
 
 

@@ -177,14 +177,15 @@ def _check_cache(runner, seq: list[int]) -> None:
     model, valid = runner.model, runner.valid
     assert runner.cached == len(runner.fed) == valid <= len(seq)
     assert runner.fed == seq[:valid]
-    fresh = model(torch.tensor([seq[:valid]]), use_cache=True).cache
+    kw = runner._cache_kw  # the cache's name in this transformers (`cache` in 5.24, `past_key_values` before)
+    fresh = getattr(model(torch.tensor([seq[:valid]]), use_cache=True), kw)
     for mine, ref in zip(runner.cache.layers, fresh.layers, strict=True):
         torch.testing.assert_close(mine.keys, ref.keys, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(mine.values, ref.values, atol=1e-5, rtol=1e-4)
     if valid < len(seq):  # continuing from the cache gives the logits of a fresh full forward
         cache = copy.deepcopy(runner.cache)
         pos = torch.arange(valid, len(seq))[None]
-        cont = model(torch.tensor([seq[valid:]]), cache=cache, position_ids=pos, use_cache=True).logits
+        cont = model(torch.tensor([seq[valid:]]), **{kw: cache}, position_ids=pos, use_cache=True).logits
         full = model(torch.tensor([seq])).logits
         torch.testing.assert_close(cont[0, -1], full[0, -1], atol=1e-4, rtol=1e-4)
 

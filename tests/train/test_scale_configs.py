@@ -69,6 +69,27 @@ def test_save_only_model_is_a_trainer_setting(tmp_path, arithmetic_jsonl):
         assert training_arguments(cfg, report_to=[]).save_only_model is value
 
 
+def test_activation_checkpointing_reaches_training_arguments_under_either_name(tmp_path, arithmetic_jsonl):
+    """transformers 5.24 names it activation_checkpointing, the 5.19 that vLLM pins gradient_checkpointing: the
+    setting reaches TrainingArguments (non-reentrant) whichever this environment has."""
+    from prove.train.pipeline import training_arguments
+
+    from tests.train.helpers import tiny_overrides
+
+    for value in (True, False):
+        cfg = train_config(
+            tiny_overrides(tmp_path, arithmetic_jsonl, **{"trainer.activation_checkpointing": value})
+        )
+        args = training_arguments(cfg, report_to=[])
+        name = (
+            "activation_checkpointing"
+            if hasattr(args, "activation_checkpointing_kwargs")
+            else "gradient_checkpointing"
+        )
+        assert getattr(args, name) is value
+        assert getattr(args, f"{name}_kwargs") == ({"use_reentrant": False} if value else None)
+
+
 def _deepspeed_optimizer(ds: dict):
     """The optimizer class DeepSpeed's engine picks for this config (its own selection code, no engine built)."""
     engine = pytest.importorskip("deepspeed.runtime.engine")
