@@ -37,7 +37,7 @@ endef
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@echo "  variables: VENV=$(VENV) TORCH=$(TORCH) RECIPE=$(RECIPE) NNODES=$(NNODES) GPUS_PER_NODE=$(GPUS_PER_NODE) ARGS='...'"
-	@echo "  launch (README \"Train\"): HOSTFILE, or MASTER_ADDR + NODE_RANK per node; MASTER_PORT=$(MASTER_PORT) STAGES='$(STAGES)'"
+	@echo "  launch (docs/training.md): HOSTFILE, or MASTER_ADDR + NODE_RANK per node; MASTER_PORT=$(MASTER_PORT) STAGES='$(STAGES)'"
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -63,7 +63,7 @@ lint: install ## ruff (rules and formatting) over the packages and tests
 typecheck: install ## mypy over the packages and the recipe drivers
 	$(VENV)/bin/mypy decode train data recipes
 
-# prove-train launcher (README "Train"): the deepspeed launcher with a HOSTFILE (started from one node; ssh to
+# prove-train launcher (docs/training.md): the deepspeed launcher with a HOSTFILE (started from one node; ssh to
 # all), torchrun for several processes (run on each node with its NODE_RANK), else one plain process (CPU, 1 GPU).
 # MASTER_ADDR: only passed to the deepspeed launcher when set (it then defaults to the hostfile's first host);
 # required by torchrun when NNODES > 1 (the address of node 0, the same on every node).
