@@ -42,8 +42,8 @@ def test_32b_recipe_composes_with_what_makes_it_fit(stage):
 
 
 def test_prove_train_cfg_job_composes_the_32b_recipe(stage="mars"):
-    """The README's check before a launch: `prove-train --cfg job recipe=qwen2.5-32b stage=<stage>` (the other
-    stages compose in-process above, through the same Hydra compose)."""
+    """The runbook's check before a launch (docs/training.md, step 3): `prove-train --cfg job recipe=qwen2.5-32b
+    stage=<stage>` (the other stages compose in-process above, through the same Hydra compose)."""
     proc = subprocess.run(
         [sys.executable, "-m", "prove.train.cli", "--cfg", "job", "recipe=qwen2.5-32b", f"stage={stage}"],
         capture_output=True,
