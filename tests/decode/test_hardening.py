@@ -375,7 +375,7 @@ def test_stop_string_inside_a_block_ends_where_the_method_would(lm, small, token
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("method", ["ar", "sd", "nsd", "mars"])
 def test_sampling_runs_on_cuda(lm, tokenizer, prompts, method):
-    """Where a GPU exists: the generator and every tensor on CUDA (the crash the issue reported for sd / nsd)."""
+    """Where a GPU exists: the generator and every tensor on CUDA, so sampling draws on the device (sd / nsd too)."""
     target = copy.deepcopy(lm).cuda()
     kw = (
         {"draft": copy.deepcopy(lm).cuda()}

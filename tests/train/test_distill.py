@@ -425,7 +425,7 @@ def test_distilled_verifier_commits_more_tokens_per_cycle(
 ):
     """ProVe's claim in miniature: under method=prove at a fixed θ, the verifier distilled on the proposer's
     outputs commits more tokens per cycle on held-out prompts than the same verifier before. (The realistic
-    measurement is the tiny recipe's; see the issue report. Here the proposer is a scripted constant model, so
+    measurement is the tiny recipe's, in docs/benchmarks.md. Here the proposer is a scripted constant model, so
     the effect is certain: the stock verifier rejects its tokens, the distilled one learns them.)"""
     from prove.decode import Decoder
     from prove.train.pipeline import train
