@@ -262,8 +262,8 @@ def test_bad_runs_fail_before_decoding(checkpoints, prompt_file, tmp_path):
 
 def test_an_empty_prompt_is_refused_at_start_naming_its_id_and_line(checkpoints, tmp_path):
     """An empty prompt is refused by the up-front check, with the prompts too long for the models, before any
-    record is decoded (it used to fail only when its turn came, after the records before it, and without its
-    id); a chat-wrapped empty text is a chat template, not empty, and decodes."""
+    record is decoded (not when its turn comes, after the records before it), naming its id and its line; a
+    chat-wrapped empty text is a chat template, not empty, and decodes."""
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "a", "prompt": "Ana has 3 apples"}\n\n{"id": "b", "prompt": ""}\n')
     out = tmp_path / "o.jsonl"
