@@ -44,3 +44,11 @@ def test_yaml_folders_are_packages():
 def test_packages_import():
     for name in _package_folders():
         importlib.import_module(name)
+
+
+def test_every_test_folder_is_a_package():
+    """tests/ is packages all the way down (``tests.decode.decode_helpers``, ``tests.train.helpers``): a folder
+    of tests without an ``__init__.py`` would have its modules imported under their bare names, where two
+    ``conftest.py`` or helper files of the same name clash."""
+    folders = {p.parent for p in (ROOT / "tests").rglob("*.py") if "__pycache__" not in p.parts}
+    assert sorted(str(f.relative_to(ROOT)) for f in folders if not (f / "__init__.py").is_file()) == []
