@@ -80,7 +80,7 @@ unfused there (about 1.3×) and J = all barely (1.07×); where a pass costs the 
 GPU) the pass count is the cost and J = all is the setting to use; ``auto`` finds which holds on the device
 (on the demo's CPU it matched the best fixed J). Fusing is not the default (``fuse=false``):
 unfused prove-lossless is the published method whose numbers users compare with, and the fused pass has
-not yet been timed on a GPU; the README's bench table has the measured rows side by side.
+not yet been timed on a GPU; docs/benchmarks.md has the measured rows side by side.
 """
 
 from __future__ import annotations

@@ -77,6 +77,20 @@ def done(stage_dir: Path) -> bool:
     return (stage_dir / PROVE_JSON).is_file()
 
 
+def cut_short(stage_dir: Path) -> str | None:
+    """What a finished stage's ``prove.json`` says if its wall-time cap ended it before its last step (a
+    checkpoint trained on a busy machine benches worse than the recipe's), else None."""
+    meta = read_prove_json(stage_dir)
+    early = meta.extra.get("stopped_early") if meta is not None else None
+    if not early:
+        return None
+    return (
+        f"{stage_dir} stopped at step {early.get('step')} of {early.get('max_steps')}: its "
+        f"{early.get('max_minutes')}-minute cap ({early.get('setting')}) cut it short; delete it and raise the "
+        f"cap (--train-arg {early.get('setting')}=...) to train all its steps"
+    )
+
+
 def plan(run_dir: Path) -> list[tuple[Stage, bool]]:
     """Every stage with whether it still has to run."""
     return [(stage, not done(run_dir / stage.dir)) for stage in STAGES]
@@ -120,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     for stage, todo in plan(run_dir):
         if not todo:
             _say(f"{stage.title}: {run_dir / stage.dir} exists, skipping (delete it to retrain)")
+            cut = cut_short(run_dir / stage.dir)
+            if cut:
+                print(f"   note: {cut}", flush=True)
             continue
         cmd = train_command(stage, run_dir, data, extra)
         _say(f"{stage.title} -> {run_dir / stage.dir}\n$ prove-train {shlex.join(cmd[3:])}")

@@ -21,6 +21,24 @@ def test_plan_skips_finished_stages(tmp_path):
     assert cmd[-3:] == ["stage=sft", "stage.role=verifier", "max_steps=1"]
 
 
+def test_a_skipped_stage_cut_short_by_its_cap_is_named(tmp_path):
+    from prove.decode.checkpoint import ProveMeta, write_prove_json
+
+    (tmp_path / "mars").mkdir()
+    write_prove_json(tmp_path / "mars", ProveMeta(stage="mars", base_model="sft", block_size=8))
+    assert demo.cut_short(tmp_path / "mars") is None  # every step ran
+    early = {"reason": "max_minutes", "step": 55, "max_steps": 300, "max_minutes": 5.0,
+             "setting": "stages.proposer.mars.max_minutes"}  # fmt: skip
+    meta = ProveMeta(stage="mars", base_model="sft", block_size=8, extra={"stopped_early": early})
+    write_prove_json(tmp_path / "mars", meta)
+    note = demo.cut_short(tmp_path / "mars")
+    assert (
+        note is not None
+        and "step 55 of 300" in note
+        and "--train-arg stages.proposer.mars.max_minutes=" in note
+    )
+
+
 @pytest.mark.slow
 def test_smoke_demo(tmp_path, capsys):
     run_dir, out = tmp_path / "runs", tmp_path / "bench"
