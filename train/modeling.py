@@ -33,12 +33,14 @@ def check_source(source: str) -> None:
 
 
 def load_model(source: str, cfg: ModelConfig):
-    """``from_pretrained`` (under ZeRO-3 the weights load partitioned when TrainingArguments exist first)."""
+    """``from_pretrained`` (under ZeRO-3 the weights load partitioned when TrainingArguments exist first), cut to
+    ``cfg.num_layers`` decoder layers when set."""
     return loading.load_model(
         source,
         cfg.dtype,
         attn_implementation=cfg.attn_implementation,
         trust_remote_code=cfg.trust_remote_code,
+        num_layers=cfg.num_layers,
     )
 
 
@@ -66,9 +68,15 @@ def scratch_model(arch: ScratchConfig, tokenizer: Any, cfg: ModelConfig, seed: i
     return model
 
 
+def start_source(cfg: TrainConfig) -> str | None:
+    """What the stage starts from: ``stage.init_from``, else the base model (``model.name_or_path``, or the
+    ``model.gguf_file`` inside it); ``None``: a model built from scratch."""
+    return cfg.stage.init_from or cfg.model.source
+
+
 def tokenizer_source(cfg: TrainConfig) -> str | None:
     """Where the stage's tokenizer comes from (``None``: built from scratch by the tiny recipe)."""
-    source = cfg.stage.init_from or cfg.model.name_or_path
+    source = start_source(cfg)
     if source is None:
         return None
     return cfg.model.tokenizer if cfg.stage.init_from is None and cfg.model.tokenizer else source
@@ -76,7 +84,7 @@ def tokenizer_source(cfg: TrainConfig) -> str | None:
 
 def build_model_and_tokenizer(cfg: TrainConfig, args) -> tuple[Any, Any, str]:
     """``(tokenizer, model, base_model)``; ``base_model`` names what the pipeline started from (for prove.json)."""
-    source = cfg.stage.init_from or cfg.model.name_or_path
+    source = start_source(cfg)
     if source is not None:
         check_source(source)
         tokenizer = load_tokenizer(tokenizer_source(cfg) or source, cfg.model.trust_remote_code)

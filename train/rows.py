@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 
 def load_rows(cfg: TrainConfig) -> Any:
-    """The raw conversations (generating the synthetic task first when configured and missing)."""
+    """The raw conversations (generating the synthetic tasks first when configured and missing)."""
     d = cfg.data
     if d.synthetic is not None and not Path(d.path).exists():
         out = Path(d.path).parent
@@ -34,6 +34,9 @@ def load_rows(cfg: TrainConfig) -> Any:
                 str(d.synthetic.test_size),
                 "--seed",
                 str(d.synthetic.seed),
+                "--tasks",
+                ",".join(d.synthetic.tasks),
+                *(["--instruct"] if d.synthetic.instruct else []),
             ]
         )
         if not Path(d.path).exists():

@@ -11,11 +11,12 @@ from typing import Any
 
 import torch
 from peft import PeftModel
+from prove.data.loading import load_model
 from prove.decode.checkpoint import ProveMeta, write_prove_json
 from prove.train.config import PeftKind, TrainConfig, config_dict
-from prove.train.modeling import embedding_rows
+from prove.train.modeling import embedding_rows, start_source
 from prove.train.stages import StageUnit
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 from transformers.integrations import deepspeed as hf_ds
 
 log = logging.getLogger(__name__)
@@ -67,10 +68,12 @@ def save_checkpoint(trainer: Any, cfg: TrainConfig, output_dir: Path, meta: Prov
         if cfg.deepspeed is not None:
             barrier()  # the adapter is on disk before rank 0 reads it back
             if trainer.is_world_process_zero():
-                source = cfg.stage.init_from or cfg.model.name_or_path
+                source = start_source(cfg)
                 assert source is not None  # TrainConfig refuses peft=lora without a pretrained base
                 log.info("merging the LoRA adapter into %s on the CPU (rank 0)", source)
-                merge_adapter(source, adapter_dir, output_dir, dtype=_merge_dtype(cfg))
+                merge_adapter(
+                    source, adapter_dir, output_dir, dtype=_merge_dtype(cfg), num_layers=cfg.model.num_layers
+                )
         elif trainer.is_world_process_zero():
             merged = trainer.accelerator.unwrap_model(trainer.model).merge_and_unload()
             merged.save_pretrained(output_dir)
@@ -100,14 +103,16 @@ def merge_adapter(
     adapter_dir: str | os.PathLike,
     out_dir: str | os.PathLike,
     dtype: str = "float32",
+    num_layers: int | None = None,
 ) -> Path:
-    """Load ``base`` on the CPU, apply the LoRA adapter at ``adapter_dir`` and save the merged model (+ tokenizer,
-    prove.json) to ``out_dir``. Outside any DeepSpeed context: the weights load whole, never partitioned."""
+    """Load ``base`` on the CPU (cut to ``num_layers`` as the stage cut it), apply the LoRA adapter at
+    ``adapter_dir`` and save the merged model (+ tokenizer, prove.json) to ``out_dir``. Outside any DeepSpeed
+    context: the weights load whole, never partitioned."""
     tokenizer = AutoTokenizer.from_pretrained(adapter_dir)
     ds_config = getattr(hf_ds, "_hf_deepspeed_config_weak_ref", None)
     hf_ds.unset_hf_deepspeed_config()  # else from_pretrained would partition the base under ZeRO-3 (zero.Init)
     try:
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=getattr(torch, dtype))
+        model = load_model(str(base), dtype, num_layers=num_layers)
     finally:
         hf_ds._hf_deepspeed_config_weak_ref = ds_config
     if embedding_rows(model) < len(tokenizer):

@@ -5,6 +5,7 @@ A :class:`StageUnit` says what its stage differs in; :func:`prove.train.pipeline
 every stage and asks the unit at each:
 
 - ``prepare``: work before ``TrainingArguments`` (distill: generate the proposer's responses);
+- ``untrained_output``: the output of a stage that ends after ``prepare`` (distill with ``distill.train=false``);
 - ``adds_mask_token``: add ``<|mask|>`` to the tokenizer (mars), else only look it up;
 - ``lora_trains_mask_token``: with LoRA, train the placeholder's embedding row (not for distill's verifier);
 - ``dataset`` / ``collator`` / ``trainer``: what the Trainer runs on and with;
@@ -15,6 +16,7 @@ every stage and asks the unit at each:
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar
 
 from prove.train import distill
@@ -37,6 +39,10 @@ class StageUnit:
 
     def prepare(self, cfg: TrainConfig) -> None:
         """Work before ``TrainingArguments`` exist (they make ZeRO-3 load models partitioned)."""
+
+    def untrained_output(self, cfg: TrainConfig) -> Path | None:
+        """The stage's output when it ends after ``prepare`` with nothing to train; ``None``: it trains."""
+        return None
 
     def dataset(self, cfg: TrainConfig, tokenizer: Any, args: Any) -> Any:
         """The tokenized training rows; each node's main process tokenizes first (the cache is per node)."""
@@ -96,15 +102,24 @@ class DistillStage(StageUnit):
     lora_trains_mask_token = False
 
     def prepare(self, cfg: TrainConfig) -> None:
-        """This rank's share of the proposer's responses (a rerun resumes), then wait for every rank."""
-        distill.init_distributed()  # first: the rendezvous never waits on a rank's generation
-        if (source := tokenizer_source(cfg)) is not None:  # refuse a mismatched verifier before generating
+        """This rank's share of the proposer's responses (a rerun resumes), then wait for every rank; with
+        ``distill.train=false`` the first rank then assembles the set (no training step will)."""
+        rank, _ = distill.init_distributed()  # first: the rendezvous never waits on a rank's generation
+        source = tokenizer_source(cfg) if cfg.distill.train else None
+        if source is not None:  # refuse a mismatched verifier before generating
             check_source(source)
             distill.check_same_vocab(
                 load_tokenizer(source, cfg.model.trust_remote_code), cfg.distill.proposer
             )
         distill.generate_responses(cfg)
         distill.wait_for_all_ranks()  # ranks finish their shards hours apart at scale
+        if not cfg.distill.train:
+            if rank == 0:
+                distill.build_generated_set(cfg.distill.generated_dir)
+            distill.wait_for_all_ranks()
+
+    def untrained_output(self, cfg: TrainConfig) -> Path | None:
+        return None if cfg.distill.train else Path(cfg.distill.generated_dir) / "dataset"
 
     def dataset(self, cfg: TrainConfig, tokenizer: Any, args: Any) -> Any:
         """The generated set, assembled by one process of the whole job (it is on shared storage); every shard

@@ -80,13 +80,14 @@ class ProveLM(HFLM):
         **params: Any,
     ) -> None:
         import torch
+        from prove.data.loading import model_folder
         from prove.decode import Decoder
 
         if device is not None and device.startswith("cuda") and not torch.cuda.is_available():
             logger.warning("device=%s requested but CUDA is not available; using the CPU", device)
             device = "cpu"
         if isinstance(tokenizer, str):
-            tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(model_folder(tokenizer))
         self.decoder = Decoder(
             model,
             tokenizer,

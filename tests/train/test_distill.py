@@ -199,6 +199,8 @@ def test_generation_dtype_defaults_to_bf16_on_gpu_fp32_on_cpu(monkeypatch):
             r"greedy .*\['ar', 'prove-lossless'\]",
         ),  # exact, needs a draft
         (["stage=distill", "stage.init_from=v", "stage.role=proposer"], "trains the verifier"),
+        (["stage=distill", "stage.init_from=v", "distill.batch_size=0"], "batch_size=0"),
+        (["stage=distill", "stage.init_from=v", "distill.batch_size=8"], "set distill.method=ar"),
         (["stage=mars", "stage.role=verifier"], "block proposer"),
         (
             ["peft=lora"],
@@ -268,6 +270,34 @@ def test_generated_set_is_the_proposers_greedy_output_with_aligned_top_k(tmp_pat
         # greedy: the response token is the proposer's top-1 at its position, and log-probs are sorted
         assert [t[0] for t in row["topk_ids"]] == row["response_ids"]
         assert all(lp == sorted(lp, reverse=True) and lp[0] <= 0 for lp in row["topk_logprobs"])
+
+
+def test_batched_generation_is_the_one_at_a_time_greedy_output(tmp_path, arithmetic_jsonl, models):
+    """distill.batch_size > 1: left-padded prompts of different lengths, rows ending at different steps (at an
+    EOS id, or at the limit), a last batch smaller than the rest — each row token for token the engine's AR."""
+    import shutil
+
+    from prove.decode import Decoder
+
+    batched = {"distill.method": "ar", "distill.batch_size": 4}
+    first = build_generated_set(generate_responses(_cfg(tmp_path / "a", arithmetic_jsonl, models, **batched)))
+    # a proposer that also ends on a token the first prompt's response writes at step 4
+    proposer = shutil.copytree(models[0], tmp_path / "mars")
+    gen = json.loads((proposer / "generation_config.json").read_text())
+    gen["eos_token_id"] = [gen["eos_token_id"], first[0]["response_ids"][3]]
+    (proposer / "generation_config.json").write_text(json.dumps(gen))
+    cfg = _cfg(tmp_path / "b", arithmetic_jsonl, (proposer, models[1]), **batched)
+    ds = build_generated_set(generate_responses(cfg, progress=False))
+    ar = Decoder.from_pretrained(str(proposer), method="ar")
+    assert len({len(r["prompt_ids"]) for r in ds}) > 1  # the padding is exercised
+    assert ds[0]["finished"] and len(ds[0]["response_ids"]) == 4
+    assert any(not r["finished"] and len(r["response_ids"]) == 10 for r in ds)
+    for row in ds:
+        want = ar.generate(row["messages"][:-1], max_new_tokens=10)
+        assert row["response_ids"] == want.token_ids and row["messages"][-1]["content"] == want.text
+        assert row["finished"] == (want.token_ids[-1] in ar.eos_ids())
+        assert [t[0] for t in row["topk_ids"]] == row["response_ids"]
+    assert json.loads((tmp_path / "b" / "distill-data" / "generation.json").read_text())["batch_size"] == 4
 
 
 def test_interrupted_generation_resumes_to_the_same_dataset(tmp_path, arithmetic_jsonl, models):
