@@ -23,7 +23,9 @@ from prove.decode import engine
 from prove.decode.checkpoint import (
     MASK_TOKEN,
     ProveMeta,
+    find_mask_token_id,
     read_prove_json,
+    resolve_block_size,
     vocab_difference,
 )
 from prove.decode.config import DecodeParams
@@ -116,6 +118,8 @@ class Decoder:
         if self.method.needs_mask:
             self.params = dataclasses.replace(self.params, block_size=self._check_block_size(model_meta))
         aux = self._load_aux(verifier, draft, dtype)
+        if self.method.drafts_blocks:  # pard: the draft's blocks, its own <|mask|> and trained K
+            mask_id = self._check_draft_blocks(draft, aux["draft"], mask_token_id)
         self._assemble(target, aux, model_meta, mask_id)
 
     # -- the steps of __init__: resolve, load, check, assemble --------------------------------------------------
@@ -232,66 +236,43 @@ class Decoder:
 
     # -- the checkpoint contract (docs/design.md §2.2) ---------------------------------------------------------------
 
-    def _check_mask(self, model: Any, meta: ProveMeta | None, mask_token_id: int | None) -> int:
-        if mask_token_id is None and self.tokenizer is not None and MASK_TOKEN in self.tokenizer.get_vocab():
-            mask_token_id = self.tokenizer.convert_tokens_to_ids(MASK_TOKEN)
-        if (
-            mask_token_id is None
-            and meta is not None
-            and meta.mask_token_id is not None
-            and self.tokenizer is None
-        ):
-            mask_token_id = meta.mask_token_id
-        if mask_token_id is None:
-            raise ValueError(
-                f"checkpoint {self.model_name} has no {MASK_TOKEN} token: train it with `prove-train stage=mars` "
-                "or pick method=ar/sd"
-            )
+    def _check_mask(
+        self,
+        model: Any,
+        meta: ProveMeta | None,
+        mask_token_id: int | None,
+        tokenizer: Any = None,
+        name: str | None = None,
+    ) -> int:
+        """The block proposer's ``<|mask|>`` id (``model``'s: the target's, or pard's draft's with its
+        ``tokenizer`` and ``name``), checked to have an embedding row."""
+        name = name or self.model_name
+        tokenizer = self.tokenizer if tokenizer is None else tokenizer
+        mask_token_id = find_mask_token_id(name, tokenizer, meta, mask_token_id)
         rows = model.get_input_embeddings().weight.shape[0]
         if not 0 <= mask_token_id < rows:
             raise ValueError(
-                f"checkpoint {self.model_name}: {MASK_TOKEN} id {mask_token_id} has no embedding row (the model has "
+                f"checkpoint {name}: {MASK_TOKEN} id {mask_token_id} has no embedding row (the model has "
                 f"{rows}); re-save the checkpoint with `prove-train stage=mars`, which resizes the embeddings"
             )
-        return int(mask_token_id)
+        return mask_token_id
 
-    def _check_block_size(self, meta: ProveMeta | None) -> int:
-        trained = meta.block_size if meta is not None else None
-        k = self.params.block_size
-        if trained is None:
-            if k is None:
-                raise ValueError(
-                    f"checkpoint {self.model_name} records no trained block size (no prove.json with block_size): "
-                    "pass block_size=K"
-                )
-            why = (
-                "no prove.json" if meta is None else f"its prove.json is from stage {meta.stage!r}, not mars"
-            )
-            warnings.warn(
-                f"checkpoint {self.model_name} records no trained block size ({why}); using block_size={k} "
-                "as given",
-                stacklevel=3,
-            )
-            return k
-        if k is None:
-            return trained
-        if k > trained:
-            raise ValueError(
-                f"block_size={k} exceeds the block size {trained} that {self.model_name} was trained with "
-                f"(prove.json): pass block_size={trained} or less"
-            )
-        return k
+    def _check_block_size(self, meta: ProveMeta | None, name: str | None = None) -> int:
+        return resolve_block_size(name or self.model_name, meta, self.params.block_size, stacklevel=4)
+
+    def _check_draft_blocks(self, draft: Any, runner: ModelRunner, mask_token_id: int | None) -> int:
+        """pard: the draft model proposes blocks, so the draft is the checkpoint with ``<|mask|>`` and a trained
+        block size (its prove.json); returns its mask id and sets ``block_size`` from it."""
+        source = draft if isinstance(draft, str) else str(getattr(draft, "name_or_path", "") or "")
+        meta = _meta(source) if source else None
+        tokenizer = load_tokenizer(draft) if isinstance(draft, str) else self.tokenizer
+        mask_id = self._check_mask(runner.model, meta, mask_token_id, tokenizer, self.draft_name)
+        self.params = dataclasses.replace(self.params, block_size=self._check_block_size(meta, self.draft_name))
+        return mask_id
 
     def _check_same_vocab(self, role: str, other_tokenizer: Any, other_name: str | None) -> None:
-        if self.tokenizer is None:
-            return
-        diff = vocab_difference(self.tokenizer, other_tokenizer)
-        if diff:
-            raise ValueError(
-                f"the {role} {other_name}'s tokenizer differs from model {self.model_name}'s ({diff} entries differ): "
-                f"the {role} must share the model's vocabulary (apart from {MASK_TOKEN}); pick a {role} of the "
-                "same model family"
-            )
+        if self.tokenizer is not None:
+            check_same_vocab(self.tokenizer, other_tokenizer, role, other_name, self.model_name)
 
     def _tokenizer_mask_id(self) -> int | None:
         vocab = self.tokenizer.get_vocab() if self.tokenizer is not None else {}
@@ -304,15 +285,12 @@ class Decoder:
         placeholder, never text; wherever its id is), not an id some model has no row for (a stock verifier
         or draft lacks the mask row), not an id past the tokenizer's vocabulary (padding rows)."""
         V = target.vocab_size
-        allowed = torch.ones(V, dtype=torch.bool, device=self.device)
-        for runner in aux:
-            allowed[runner.vocab_size :] = False
-        if self.tokenizer is not None:
-            allowed[max(self.tokenizer.get_vocab().values()) + 1 :] = False
-        masks = {mask_id, self._tokenizer_mask_id(), None if meta is None else meta.mask_token_id}
-        for m in (m for m in masks if m is not None):
-            if 0 <= m < V:
-                allowed[m] = False
+        masks = [mask_id, None if meta is None else meta.mask_token_id]
+        limit, excluded = allowed_ids([V, *(runner.vocab_size for runner in aux)], self.tokenizer, masks)
+        allowed = torch.zeros(V, dtype=torch.bool, device=self.device)
+        allowed[:limit] = True
+        for m in excluded:
+            allowed[m] = False
         return None if bool(allowed.all()) else allowed
 
     def _check_vocab_rows(self, role: str, other: Any, other_name: str | None) -> None:
@@ -333,45 +311,15 @@ class Decoder:
     def encode(self, prompt: Prompt, *, chat: bool = False) -> list[int]:
         """Token ids of a prompt: raw text (tokenized as given), chat messages (chat template + generation
         prompt), or ids. ``chat=True`` wraps raw text as one user turn of the chat template."""
-        if isinstance(prompt, str) and chat:
-            prompt = [{"role": "user", "content": prompt}]
-        if isinstance(prompt, torch.Tensor):
-            return [int(t) for t in prompt.reshape(-1).tolist()]
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            return list(cast(list[int], prompt))
-        if self.tokenizer is None:
-            raise ValueError("text and chat prompts need a tokenizer: pass tokenizer= to the Decoder")
-        if isinstance(prompt, str):
-            return list(self.tokenizer(prompt)["input_ids"])
-        if isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
-            if not getattr(self.tokenizer, "chat_template", None):
-                raise ValueError(
-                    f"the tokenizer of {self.model_name} has no chat template: give raw text (and chat=false) instead"
-                )
-            text = self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        raise ValueError("a prompt is a string, a list of chat messages ({'role', 'content'}), or token ids")
+        return encode_prompt(self.tokenizer, prompt, chat=chat, name=self.model_name)
 
     def check_length(self, prompt_len: int, max_new_tokens: int) -> None:
-        """A clear error when a request could run past a model's ``max_position_embeddings``.
-
-        The last position any method feeds is ``prompt_len + max_new_tokens − 1``: ProVe's verifier scoring the
-        last token of a block that ends at ``max_new_tokens``. A block's placeholders never reach beyond it,
-        since every proposal is capped by the tokens the request may still take. So every method needs
-        ``prompt_len + max_new_tokens ≤ max_position_embeddings`` of every model it runs (target, verifier,
-        draft). No truncation: the output would silently be something else. An empty prompt (nothing to condition
-        on) is refused here too, so a prompt file's up-front check catches it with the rest.
-        """
-        if prompt_len < 1:
-            raise ValueError("the prompt is empty (0 tokens): give it at least one token, or leave it out")
-        for runner in self.models.runners():
-            limit = getattr(runner.model.config, "max_position_embeddings", None)
-            if limit is not None and prompt_len + max_new_tokens > limit:
-                raise ValueError(
-                    f"the prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) = "
-                    f"{prompt_len + max_new_tokens} positions exceed the {runner.name}'s max_position_embeddings "
-                    f"({limit}): lower max_new_tokens to {max(limit - prompt_len, 0)} or less, or shorten the prompt"
-                )
+        """A clear error when a request could run past a model's ``max_position_embeddings``
+        (:func:`check_positions`)."""
+        limits = [
+            (r.name, getattr(r.model.config, "max_position_embeddings", None)) for r in self.models.runners()
+        ]
+        check_positions(prompt_len, max_new_tokens, limits)
 
     def eos_ids(self, eos_token_id: int | Sequence[int] | None = None) -> list[int]:
         if eos_token_id is None:
@@ -423,3 +371,73 @@ class Decoder:
         )
         text = "" if tok is None else tok.decode(new, skip_special_tokens=True)
         return GenerationResult(token_ids=new, text=text, stats=stats)
+
+
+def encode_prompt(tokenizer: Any, prompt: Prompt, *, chat: bool = False, name: str = "the model") -> list[int]:
+    """Token ids of a prompt: raw text (tokenized as given), chat messages (``tokenizer``'s chat template +
+    generation prompt), or ids; ``chat=True`` wraps raw text as one user turn. Both backends encode with it."""
+    if isinstance(prompt, str) and chat:
+        prompt = [{"role": "user", "content": prompt}]
+    if isinstance(prompt, torch.Tensor):
+        return [int(t) for t in prompt.reshape(-1).tolist()]
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        return list(cast(list[int], prompt))
+    if tokenizer is None:
+        raise ValueError("text and chat prompts need a tokenizer: pass tokenizer= to the Decoder")
+    if isinstance(prompt, str):
+        return list(tokenizer(prompt)["input_ids"])
+    if isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                f"the tokenizer of {name} has no chat template: give raw text (and chat=false) instead"
+            )
+        text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    raise ValueError("a prompt is a string, a list of chat messages ({'role', 'content'}), or token ids")
+
+
+def check_positions(prompt_len: int, max_new_tokens: int, limits: Sequence[tuple[str, int | None]]) -> None:
+    """A clear error when a request could run past a model's ``max_position_embeddings`` (``limits``: each model's
+    name and limit).
+
+    The last position any method feeds is ``prompt_len + max_new_tokens − 1``: ProVe's verifier scoring the
+    last token of a block that ends at ``max_new_tokens``. A block's placeholders never reach beyond it,
+    since every proposal is capped by the tokens the request may still take. So every method needs
+    ``prompt_len + max_new_tokens ≤ max_position_embeddings`` of every model it runs (target, verifier,
+    draft). No truncation: the output would silently be something else. An empty prompt (nothing to condition
+    on) is refused here too, so a prompt file's up-front check catches it with the rest.
+    """
+    if prompt_len < 1:
+        raise ValueError("the prompt is empty (0 tokens): give it at least one token, or leave it out")
+    for name, limit in limits:
+        if limit is not None and prompt_len + max_new_tokens > limit:
+            raise ValueError(
+                f"the prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) = "
+                f"{prompt_len + max_new_tokens} positions exceed the {name}'s max_position_embeddings "
+                f"({limit}): lower max_new_tokens to {max(limit - prompt_len, 0)} or less, or shorten the prompt"
+            )
+
+
+def allowed_ids(rows: Sequence[int], tokenizer: Any, masks: Sequence[int | None]) -> tuple[int, set[int]]:
+    """The ids a decode may propose and commit, as (limit, excluded): the ids below ``limit`` but those in
+    ``excluded``. ``limit`` is the fewest logit rows of any model it runs (``rows``: the target's first) and the
+    tokenizer's size; ``excluded`` every ``<|mask|>`` id below it (``masks``, and the tokenizer's): a placeholder,
+    never text. Both backends restrict to these (``Models.allowed``; vLLM's ``allowed_token_ids``)."""
+    limit = min(rows)
+    vocab = tokenizer.get_vocab() if tokenizer is not None else {}
+    if vocab:
+        limit = min(limit, max(vocab.values()) + 1)
+    excluded = {int(m) for m in (*masks, vocab.get(MASK_TOKEN)) if m is not None and 0 <= m < limit}
+    return limit, excluded
+
+
+def check_same_vocab(tokenizer: Any, other: Any, role: str, other_name: str | None, model_name: str) -> None:
+    """A ``ValueError`` unless ``other`` (the verifier's or draft's tokenizer) has ``tokenizer``'s vocabulary, apart
+    from ``<|mask|>``."""
+    diff = vocab_difference(tokenizer, other)
+    if diff:
+        raise ValueError(
+            f"the {role} {other_name}'s tokenizer differs from model {model_name}'s ({diff} entries differ): "
+            f"the {role} must share the model's vocabulary (apart from {MASK_TOKEN}); pick a {role} of the "
+            "same model family"
+        )

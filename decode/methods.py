@@ -14,6 +14,7 @@ state) and calls a pure rule from ``prove.decode.rules``.
 | `sd`             | draft    | self     | greedy match (greedy); min(1, p/q) + residual + bonus (sampling) |
 | `nsd`            | draft    | self     | SD, or y_i in the target's top-θ nucleus (θ = 0.9); same residual |
 | `asd`            | draft    | self     | greedy; mismatches within gate g, m per block, budget B per request |
+| `pard`           | draft-block | self  | greedy match + correction / bonus: a small MARS model drafts K in one pass (PARD) |
 
 The SD family's rules take the target's (``self``) logits; when sampling, draft and target
 distributions are both ``logits_to_probs`` at the request's temperature / top-k / top-p.
@@ -79,8 +80,13 @@ class Method:
 
     @property
     def needs_draft(self) -> bool:
-        """A small AR draft model proposes (the SD family)."""
-        return self.proposer == "draft"
+        """A separate small model proposes: AR drafting (the SD family) or block drafting (pard)."""
+        return self.proposer in ("draft", "draft-block")
+
+    @property
+    def drafts_blocks(self) -> bool:
+        """The draft model is a block proposer (pard): it, not the target, needs ``<|mask|>`` and a trained K."""
+        return self.proposer == "draft-block"
 
     def with_proposer(self, proposer: str) -> Method:
         """The same rule and verifier on another proposer: NSD's nucleus or ASD's budget on the block
@@ -356,5 +362,29 @@ register_method(
         greedy_only=True,
         summary="approximate SD: greedy with a per-request regret budget for mismatches",
         lossless=_asd_exact,
+    )
+)
+
+
+# -- a separate block model drafting for the target -----------------------------------------------------------
+
+
+def _pard(view: CycleView) -> Accept:
+    """PARD (Parallel Draft, An et al. 2025): the draft's block, verified by the target's greedy tokens."""
+    assert view.target_logits is not None
+    return greedy_match(view.proposal.tokens, view.target_logits)
+
+
+register_method(
+    Method(
+        "pard",
+        "draft-block",
+        "self",
+        _pard,
+        {},
+        ("block_size",),
+        greedy_only=True,
+        summary="a small block model (draft=, MARS-trained) drafts K tokens in one pass; the target verifies",
+        lossless=True,
     )
 )

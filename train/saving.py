@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from peft import PeftModel
 from prove.data.loading import load_model
-from prove.decode.checkpoint import ProveMeta, write_prove_json
+from prove.decode.checkpoint import ProveMeta, read_prove_json, write_prove_json
 from prove.train.config import PeftKind, TrainConfig, config_dict
 from prove.train.modeling import embedding_rows, start_source
 from prove.train.stages import StageUnit
@@ -122,5 +121,6 @@ def merge_adapter(
     merged.save_pretrained(out)
     tokenizer.save_pretrained(out)
     if (Path(adapter_dir) / "prove.json").is_file():
-        shutil.copy(Path(adapter_dir) / "prove.json", out / "prove.json")
+        # written anew, not copied: a block checkpoint's config.json takes its mask id too (vLLM reads it there)
+        write_prove_json(out, cast(ProveMeta, read_prove_json(adapter_dir)))
     return out

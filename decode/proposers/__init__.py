@@ -56,6 +56,30 @@ def _draft(models, params, generator) -> Proposer:
     )
 
 
-PROPOSERS: dict[str, ProposerFactory] = {"none": _none, "block": _block, "draft": _draft}
+def _draft_block(models, params, generator) -> Proposer:
+    from prove.decode.proposers.pard import PardProposer
+
+    assert models.draft is not None and models.mask_token_id is not None, (
+        "the Decoder checks the draft and its mask token before building pard's proposer"
+    )
+    return PardProposer(
+        models.draft,
+        models.mask_token_id,
+        params.block_size,
+        vocab_size=models.target.vocab_size,
+        allowed=models.allowed,
+        temperature=params.temperature,
+        top_k=params.top_k,
+        top_p=params.top_p,
+        generator=generator,
+    )
+
+
+PROPOSERS: dict[str, ProposerFactory] = {
+    "none": _none,
+    "block": _block,
+    "draft": _draft,
+    "draft-block": _draft_block,
+}
 
 __all__ = ["PROPOSERS", "Proposal", "Proposer", "ProposerFactory"]

@@ -32,7 +32,7 @@ def test_every_method_reads_only_method_keys():
 
 
 def test_lossless_is_a_registry_fact():
-    assert {n for n, m in METHODS.items() if m.is_lossless({})} == {"ar", "prove-lossless", "sd"}
+    assert {n for n, m in METHODS.items() if m.is_lossless({})} == {"ar", "prove-lossless", "sd", "pard"}
     asd = get_method("asd")
     assert asd.is_lossless({"budget": 0.0, "gate": 0.25}) and not asd.is_lossless(
         {"budget": 8.0, "gate": 0.25}

@@ -38,6 +38,7 @@ def test_mask_token_takes_a_spare_row_else_resizes(stock_tokenizer, qwen2_factor
 @pytest.mark.slow
 def test_lora_mars_adapter_reloads_and_merges(tmp_path, stock_tokenizer, qwen2_factory, arithmetic_jsonl):
     from peft import PeftModel
+    from prove.decode.checkpoint import config_mask_id
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -72,6 +73,7 @@ def test_lora_mars_adapter_reloads_and_merges(tmp_path, stock_tokenizer, qwen2_f
     tok = AutoTokenizer.from_pretrained(res.output_dir)
     mask_id = tok.convert_tokens_to_ids("<|mask|>")
     x = torch.tensor([[5, 9, 17, 40, mask_id, mask_id]])
+    assert config_mask_id(res.output_dir) == mask_id  # the merged checkpoint is a vLLM parallel drafter
 
     merged = AutoModelForCausalLM.from_pretrained(res.output_dir).eval()
     base = AutoModelForCausalLM.from_pretrained(base_dir)
@@ -84,6 +86,7 @@ def test_lora_mars_adapter_reloads_and_merges(tmp_path, stock_tokenizer, qwen2_f
             merge_adapter(base_dir, adapter, tmp_path / "m")
         ).eval()
         torch.testing.assert_close(offline(input_ids=x).logits, want, rtol=1e-4, atol=1e-4)
+        assert config_mask_id(tmp_path / "m") == mask_id
         # the adapter changes the model's outputs (it is not a no-op)
         with reloaded.disable_adapter():
             assert not torch.allclose(reloaded(input_ids=x).logits, want, atol=1e-4)

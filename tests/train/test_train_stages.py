@@ -69,7 +69,7 @@ def test_mars_loss_falls_and_every_parameter_and_the_mask_row_change(stages):
 
 
 def test_checkpoint_contract(stages):
-    from prove.decode.checkpoint import read_prove_json
+    from prove.decode.checkpoint import config_mask_id, read_prove_json
     from transformers import AutoTokenizer
 
     run_dir, sft, mars = stages
@@ -78,6 +78,8 @@ def test_checkpoint_contract(stages):
     tok = AutoTokenizer.from_pretrained(mars.output_dir)
     assert meta.stage == "mars" and meta.block_size == 4 and meta.mask_token == "<|mask|>"
     assert meta.mask_token_id == tok.convert_tokens_to_ids("<|mask|>")
+    assert config_mask_id(mars.output_dir) == meta.mask_token_id  # where vLLM's parallel drafting reads it
+    assert config_mask_id(sft.output_dir) is None  # not a block proposer
     assert meta.base_model == read_prove_json(sft.output_dir).base_model == "scratch:qwen2-2l-32h"
     assert meta.extra["init_from"] == str(run_dir / "sft")
     assert meta.extra["training_config"]["stage"]["name"] == "mars"
