@@ -97,3 +97,56 @@ def test_gguf_file_inside_a_folder_is_located(tmp_path):
     assert gguf.locate(str(tmp_path), "m.gguf") == str(tmp_path / "m.gguf")
     assert gguf.locate("org/repo", str(tmp_path / "m.gguf")) == str(tmp_path / "m.gguf")
     assert gguf.is_gguf("a/B.GGUF") and not gguf.is_gguf("a/b") and not gguf.is_gguf(None)
+
+
+def test_a_conversion_another_process_finished_first_is_used(source, cache, monkeypatch):
+    """Two ranks convert the same file at once: the one that renames second keeps the first one's folder."""
+    import shutil
+
+    _, path = source
+    real = gguf.convert
+
+    def convert_while_another_finishes(file, tmp):
+        real(file, tmp)
+        shutil.copytree(tmp, gguf.cached_folder(file))  # the other process's rename lands first
+        (gguf.cached_folder(file) / "theirs").write_text("")
+        return tmp
+
+    monkeypatch.setattr(gguf, "convert", convert_while_another_finishes)
+    out = gguf.hf_folder(path)
+    assert (out / "theirs").is_file() and [p.name for p in cache.iterdir()] == [out.name]
+
+
+def test_cli_prints_the_converted_folder(source, cache, capsys):
+    _, path = source
+    gguf.main([str(path)])
+    assert capsys.readouterr().out.strip() == str(gguf.cached_folder(path))
+    with pytest.raises(ValueError, match="no installed package 'no_such_pkg'"):
+        gguf.main(["no_such_pkg/m.gguf"])
+
+
+def test_package_file_finds_a_file_without_importing_the_package():
+    import json
+    import sys
+    from pathlib import Path
+
+    assert gguf.package_file("json/decoder.py") == str(Path(json.__file__).parent / "decoder.py")
+    with pytest.raises(ValueError, match="json has no nope.gguf"):
+        gguf.package_file("json/nope.gguf")
+    with pytest.raises(ValueError, match="write <package>/<file>"):
+        gguf.package_file("json")
+    assert "no_such_pkg" not in sys.modules
+
+
+def test_gguf_file_in_a_hub_repo_is_downloaded_through_the_hub_cache(monkeypatch, tmp_path):
+    import huggingface_hub
+
+    calls = []
+
+    def fake_download(repo_id, filename):
+        calls.append((repo_id, filename))
+        return str(tmp_path / filename)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    assert gguf.locate("org/repo", "m.Q4.gguf") == str(tmp_path / "m.Q4.gguf")
+    assert calls == [("org/repo", "m.Q4.gguf")]

@@ -51,3 +51,16 @@ def test_imports_neither_train_nor_decode():
     code = "import sys, prove.data.loading; print(sorted(m for m in sys.modules if m.startswith(('prove.train', 'prove.decode'))))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_num_layers_keeps_the_first_layers_with_the_final_norm_and_head(tmp_path, tokenizer, qwen2_factory):
+    full = qwen2_factory(len(tokenizer), layers=3)
+    full.save_pretrained(tmp_path)
+    cut = loading.load_model(str(tmp_path), "float32", num_layers=2)
+    assert cut.config.num_hidden_layers == len(cut.model.layers) == 2
+    want, got = full.state_dict(), cut.state_dict()
+    assert set(got) == {k for k in want if not k.startswith("model.layers.2.")}
+    # the kept layers, the final norm and the head exactly as they were
+    assert all(torch.equal(got[k], want[k]) for k in got)
+    with pytest.raises(ValueError, match="has 3 decoder layers; keep between 1 and 3"):
+        loading.load_model(str(tmp_path), "float32", num_layers=4)  # would add random layers silently
