@@ -145,6 +145,10 @@ def test_lora_trains_the_new_mask_row_and_merges_into_the_contract(pipeline, rec
     start = adapter["base_model.model.model.embed_tokens.token_adapter.base_layer.weight"][v]
     assert torch.equal(emb[v], row) and not torch.allclose(row, start, atol=1e-3)
     assert torch.equal(head, emb)  # the tied head carries the same row
+    config = json.loads((lora.output_dir / "config.json").read_text())
+    assert config["vocab_size"] == v + 1
+    if "mask_token_id" in config:  # written by the checkpoint contract for vLLM's parallel drafting
+        assert config["mask_token_id"] == v
 
 
 def test_verifier_is_cut_from_the_base_and_distilled_on_the_mars_outputs(pipeline, recipe):
