@@ -115,8 +115,7 @@ def test_mars_full_finetuning_adds_a_trained_mask_row_and_keeps_the_contract(
     assert (run_dir / "mars" / "checkpoint-2" / "optimizer.pt").is_file()  # resumable every save_steps
     config = json.loads((mars.output_dir / "config.json").read_text())
     assert config["vocab_size"] == v + 1 and config["model_type"] == "llama"
-    if "mask_token_id" in config:  # written by the checkpoint contract for vLLM's parallel drafting
-        assert config["mask_token_id"] == v
+    assert config["mask_token_id"] == v  # the contract's copy for vLLM's parallel drafting
 
 
 def test_lora_trains_the_new_mask_row_and_merges_into_the_contract(pipeline, recipe, stock_tokenizer):
@@ -146,9 +145,7 @@ def test_lora_trains_the_new_mask_row_and_merges_into_the_contract(pipeline, rec
     assert torch.equal(emb[v], row) and not torch.allclose(row, start, atol=1e-3)
     assert torch.equal(head, emb)  # the tied head carries the same row
     config = json.loads((lora.output_dir / "config.json").read_text())
-    assert config["vocab_size"] == v + 1
-    if "mask_token_id" in config:  # written by the checkpoint contract for vLLM's parallel drafting
-        assert config["mask_token_id"] == v
+    assert config["vocab_size"] == v + 1 and config["mask_token_id"] == v
 
 
 def test_verifier_is_cut_from_the_base_and_distilled_on_the_mars_outputs(pipeline, recipe):
