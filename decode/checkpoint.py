@@ -104,9 +104,7 @@ def read_prove_json(directory: str | Path) -> ProveMeta | None:
     return ProveMeta.from_dict(json.loads(path.read_text()))
 
 
-def find_mask_token_id(
-    name: str, tokenizer: Any, meta: ProveMeta | None, given: int | None = None
-) -> int:
+def find_mask_token_id(name: str, tokenizer: Any, meta: ProveMeta | None, given: int | None = None) -> int:
     """The id of a block proposer's ``<|mask|>``: ``given``, else the tokenizer's, else prove.json's (only without a
     tokenizer); a ``ValueError`` naming the fix when the checkpoint has none."""
     if given is None and tokenizer is not None and MASK_TOKEN in tokenizer.get_vocab():

@@ -151,7 +151,9 @@ class VllmOptions:
 
     def __post_init__(self) -> None:
         if self.concurrency is not None and self.concurrency < 1:
-            raise ValueError(f"vllm.concurrency={self.concurrency} must be ≥ 1 (or null: every prompt at once)")
+            raise ValueError(
+                f"vllm.concurrency={self.concurrency} must be ≥ 1 (or null: every prompt at once)"
+            )
         if self.max_num_seqs < 1:
             raise ValueError(f"vllm.max_num_seqs={self.max_num_seqs} must be ≥ 1")
         if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:

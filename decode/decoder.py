@@ -267,7 +267,9 @@ class Decoder:
         meta = _meta(source) if source else None
         tokenizer = load_tokenizer(draft) if isinstance(draft, str) else self.tokenizer
         mask_id = self._check_mask(runner.model, meta, mask_token_id, tokenizer, self.draft_name)
-        self.params = dataclasses.replace(self.params, block_size=self._check_block_size(meta, self.draft_name))
+        self.params = dataclasses.replace(
+            self.params, block_size=self._check_block_size(meta, self.draft_name)
+        )
         return mask_id
 
     def _check_same_vocab(self, role: str, other_tokenizer: Any, other_name: str | None) -> None:
@@ -373,7 +375,9 @@ class Decoder:
         return GenerationResult(token_ids=new, text=text, stats=stats)
 
 
-def encode_prompt(tokenizer: Any, prompt: Prompt, *, chat: bool = False, name: str = "the model") -> list[int]:
+def encode_prompt(
+    tokenizer: Any, prompt: Prompt, *, chat: bool = False, name: str = "the model"
+) -> list[int]:
     """Token ids of a prompt: raw text (tokenized as given), chat messages (``tokenizer``'s chat template +
     generation prompt), or ids; ``chat=True`` wraps raw text as one user turn. Both backends encode with it."""
     if isinstance(prompt, str) and chat:
