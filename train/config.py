@@ -20,6 +20,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 from prove.data.gguf import is_gguf, locate, package_file
 from prove.data.loading import MASK_TOKEN, check_dtype
+from prove.decode.config import BACKENDS, VllmOptions
 
 
 def greedy_exact_methods() -> list[str]:
@@ -206,9 +207,19 @@ class DistillConfig:
     max_new_tokens: int = 512
     """Longest response generated."""
     batch_size: int = 1
-    """Prompts answered at once: 1 = the decode engine, one request at a time; > 1 (method ``ar``) = transformers'
-    batched greedy ``generate``, the same decoding an order of magnitude faster on a CPU (only the batched
-    matmuls' rounding differs: ``prove.train.distill.answer_batch``)."""
+    """``backend=engine``: prompts answered at once: 1 = the decode engine, one request at a time; > 1 (method
+    ``ar``) = transformers' batched greedy ``generate``, the same decoding an order of magnitude faster on a CPU
+    (only the batched matmuls' rounding differs: ``prove.train.distill.answer_batch``). ``backend=vllm`` batches
+    by itself (``vllm.concurrency``, ``vllm.max_num_seqs``): leave it at 1."""
+    backend: str = "engine"
+    """``engine``: our decode engine (above); ``vllm``: vLLM (``prove.decode.vllm_backend``) — every prompt of the
+    process's slice handed to one engine at once (paged KV cache, continuous batching, ``vllm.tensor_parallel_size``),
+    method ``ar`` or ``prove-lossless`` (the MARS checkpoint as its own parallel drafter: the same greedy tokens),
+    the top-k log-probs read off the generating pass. ``prove.train.distill.generate_vllm``."""
+    vllm: VllmOptions = field(default_factory=VllmOptions)
+    """``backend=vllm``'s knobs: ``distill.vllm.max_num_seqs`` (sequences batched per step), ``kv_cache_gb``,
+    ``max_model_len``, ``tensor_parallel_size`` (GPUs per engine), ``engine_args`` (any other vLLM engine argument,
+    e.g. ``{gpu_memory_utilization: 0.9}``)."""
     dtype: str | None = None
     """Dtype of the proposer while generating: ``None`` = ``bfloat16`` on a GPU, ``float32`` on the CPU; or
     ``float32``, ``bfloat16``, ``float16``."""
@@ -241,6 +252,13 @@ class DistillConfig:
             raise ValueError(f"distill.max_new_tokens={self.max_new_tokens} must be ≥ 1")
         if self.batch_size < 1:
             raise ValueError(f"distill.batch_size={self.batch_size}: use 1 (one request at a time) or more")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"distill.backend={self.backend!r}: pick one of {', '.join(BACKENDS)}")
+        if self.batch_size > 1 and self.backend == "vllm":
+            raise ValueError(
+                f"distill.batch_size={self.batch_size} is transformers' batched generate (backend=engine); vLLM "
+                "batches every prompt by itself: drop distill.batch_size (distill.vllm.max_num_seqs caps a step)"
+            )
         if self.batch_size > 1 and self.method != "ar":
             raise ValueError(
                 f"distill.batch_size={self.batch_size} answers with transformers' batched greedy generate, which "

@@ -11,7 +11,11 @@ cycle at the same error rate. The stage has two steps:
    slice of the prompts (prompt i → rank ``i % world_size``) request by request — or, with ``distill.batch_size``
    > 1 and method ``ar``, that many at once through transformers' batched greedy ``generate``
    (:func:`answer_batch`: an order of magnitude faster on a CPU, where one request at a time is bound by reading
-   the weights for every token). Each finished response is
+   the weights for every token). With ``distill.backend=vllm`` (:func:`answer_vllm`) each process hands its whole
+   slice to one vLLM engine (``prove.decode.vllm_backend.VllmDecoder``: continuous batching, a paged KV cache,
+   ``ar`` or ``prove-lossless`` as vLLM parallel drafting — the same greedy tokens) and writes each response as it
+   finishes; an engine split over ``distill.vllm.tensor_parallel_size`` GPUs is started by the first rank of each
+   group of that many, which answers the group's slice (:func:`vllm_slot`). Each finished response is
    appended to that rank's JSONL shard and flushed (``shards/part-<rank>.jsonl``); a rerun — with any number
    of processes — skips every prompt already in any shard and drops a half-written last line, so a killed
    generation resumes where it stopped, nothing lost or repeated, and ends with the same set as an
@@ -25,7 +29,9 @@ cycle at the same error rate. The stage has two steps:
    *Top-k log-probs* (``distill.top_k``): after a response is generated, one teacher-forced forward of the
    proposer over ``[prompt, response]`` with a plain causal mask gives its AR distribution p at every
    response position (the lossless verify pass computes the same logits, but only for the block positions
-   it scored; one extra pass per response keeps the engine untouched and is exact in fp32). The top-k ids and
+   it scored; one extra pass per response keeps the engine untouched and is exact in fp32). On vLLM they come
+   from the generating pass itself (its raw log-probs: the log-softmax of the logits at each response position
+   given the tokens before it, which is what the teacher-forced pass computes). The top-k ids and
    their log p (unnormalised over the k) are stored per response token.
 
 2) **Fine-tune** the verifier (``stage.init_from``, else ``model.name_or_path``) on (prompt, response):
@@ -48,7 +54,8 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
+from contextlib import closing, contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -177,8 +184,11 @@ def generation_settings(
         "prompts": source,
         "num_prompts": n_prompts,
         "prompt_seed": d.prompt_seed,
-        "top_k_source": "teacher-forced forward of the proposer over [prompt, response] (its AR distribution)",
+        "top_k_source": "the generating pass's raw log-probs on vLLM (the proposer's AR distribution)"
+        if d.backend == "vllm"
+        else "teacher-forced forward of the proposer over [prompt, response] (its AR distribution)",
         "batch_size": d.batch_size,
+        "backend": d.backend,
     }
 
 
@@ -295,20 +305,26 @@ def answer(decoder: Any, prompt: Prompt, max_new_tokens: int, top_k: int) -> dic
     """One shard record: the proposer's greedy response to ``prompt`` (+ its top-k log-probs when ``top_k`` > 0)."""
     prompt_ids = decoder.encode(prompt.messages)
     result = decoder.generate(prompt_ids, max_new_tokens=max_new_tokens)
+    rec = _record(prompt, prompt_ids, result, decoder.eos_ids())
+    response_ids = rec["response_ids"]
+    if top_k > 0:
+        rec["topk_ids"], rec["topk_logprobs"] = top_k_logprobs(decoder.model, prompt_ids, response_ids, top_k)
+    return rec
+
+
+def _record(prompt: Prompt, prompt_ids: list[int], result: Any, eos: Sequence[int]) -> dict[str, Any]:
+    """A shard record (without top-k) from a decode result (``token_ids``, ``text``, ``stats``) of either backend."""
     response_ids = [int(t) for t in result.token_ids]
-    rec: dict[str, Any] = {
+    return {
         "index": prompt.index,
         "id": prompt.id,
         "messages": prompt.messages + [{"role": "assistant", "content": result.text}],
         "prompt_ids": prompt_ids,
         "response_ids": response_ids,
-        "finished": bool(response_ids) and response_ids[-1] in decoder.eos_ids(),
+        "finished": bool(response_ids) and response_ids[-1] in eos,
         "tokens_per_cycle": result.stats.tokens_per_cycle,
         "cycles": result.stats.cycles,
     }
-    if top_k > 0:
-        rec["topk_ids"], rec["topk_logprobs"] = top_k_logprobs(decoder.model, prompt_ids, response_ids, top_k)
-    return rec
 
 
 @torch.no_grad()
@@ -363,6 +379,103 @@ def answer_batch(
     return records
 
 
+def vllm_slot(
+    rank: int, world_size: int, tensor_parallel_size: int, local_rank: int, local_world_size: int
+) -> tuple[int, int, list[int]] | None:
+    """``(part, parts, local GPUs)`` of this process's vLLM engine under a launcher — it answers prompt i when
+    ``i % parts == part``, on those GPU indices of its node — or ``None`` for a process whose GPUs serve another's
+    engine. One engine per process (``tensor_parallel_size`` 1: each rank its own slice and GPU, as our engine),
+    else one per ``tensor_parallel_size`` consecutive ranks of a node, started by the first (vLLM splits it over
+    its group's GPUs). Without a launcher (``world_size`` 1) vLLM takes the GPUs it is shown: ``(0, 1, [])``."""
+    tp = tensor_parallel_size
+    if world_size == 1:
+        return 0, 1, []
+    if local_world_size % tp:
+        raise ValueError(
+            f"distill.vllm.tensor_parallel_size={tp} must divide the {local_world_size} processes per node: launch "
+            f"a multiple of {tp} GPUs per node, or drop the launcher (one process: vLLM splits the engine itself)"
+        )
+    if local_rank % tp:
+        return None
+    return rank // tp, world_size // tp, list(range(local_rank, local_rank + tp))
+
+
+@contextmanager
+def _visible_gpus(local: Sequence[int]) -> Iterator[None]:
+    """``CUDA_VISIBLE_DEVICES`` narrowed to these of the node's GPUs while vLLM starts its engine processes (they
+    inherit it; vLLM places an engine on the GPUs it sees), restored after."""
+    if not local or not torch.cuda.is_available():
+        yield
+        return
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    shown = before.split(",") if before else [str(i) for i in range(torch.cuda.device_count())]
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(shown[i] for i in local)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES")
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
+def load_vllm_proposer(cfg: TrainConfig, gpus: Sequence[int] = ()) -> Any:
+    """The proposer as a :class:`prove.decode.vllm_backend.VllmDecoder` (``distill.method``, K, the generation
+    dtype, ``distill.vllm``'s knobs) on ``gpus`` of this node (:func:`vllm_slot`). vLLM returns 20 log-probs a token
+    at most unless told: ``distill.top_k`` above that raises its ``max_logprobs``."""
+    from prove.decode.vllm_backend import VllmDecoder
+
+    d = cfg.distill
+    options = d.vllm
+    if d.top_k > 20 and "max_logprobs" not in options.engine_args:
+        options = dataclasses.replace(options, engine_args={**options.engine_args, "max_logprobs": d.top_k})
+    with _visible_gpus(gpus):
+        return VllmDecoder(
+            str(d.proposer),
+            method=d.method,
+            device=_device(cfg),
+            dtype=generation_dtype(cfg),
+            options=options,
+            block_size=d.block_size,
+        )
+
+
+def answer_vllm(
+    decoder: Any, prompts: Sequence[Prompt], max_new_tokens: int, top_k: int
+) -> Generator[dict[str, Any]]:
+    """Shard records for every prompt, handed to vLLM at once and yielded as each finishes (so a killed run keeps
+    what is written): the same records as :func:`answer`, the top-k read off the generating pass (vLLM's raw
+    log-probs). Every prompt's length is checked before any is decoded."""
+    ids = []
+    for prompt in prompts:
+        prompt_ids = decoder.encode(prompt.messages)
+        try:
+            decoder.check_length(len(prompt_ids), max_new_tokens)
+        except ValueError as e:
+            raise ValueError(f"distill prompt {prompt.id!r}: {e}") from None
+        ids.append(prompt_ids)
+    eos = decoder.eos_ids()
+    with closing(decoder.generate_many(ids, max_new_tokens, logprobs=top_k)) as results:
+        for j, result in results:
+            rec = _record(prompts[j], ids[j], result, eos)
+            if top_k > 0:
+                rec["topk_ids"] = [[i for i, _ in position] for position in result.top_logprobs]
+                rec["topk_logprobs"] = [[lp for _, lp in position] for position in result.top_logprobs]
+            yield rec
+
+
+def _engine_answers(
+    decoder: Any, prompts: Sequence[Prompt], max_new_tokens: int, top_k: int, batch_size: int
+) -> Generator[dict[str, Any]]:
+    """Shard records from our engine: one request at a time, or ``batch_size`` at once (:func:`answer_batch`)."""
+    for start in range(0, len(prompts), batch_size):
+        batch = prompts[start : start + batch_size]
+        if batch_size == 1:
+            yield answer(decoder, batch[0], max_new_tokens, top_k)
+        else:
+            yield from answer_batch(decoder, batch, max_new_tokens, top_k)
+
+
 def generate_responses(
     cfg: TrainConfig,
     *,
@@ -374,7 +487,8 @@ def generate_responses(
     """Step 1a: this process's share of the responses, appended to its shard. Returns ``generated_dir``.
 
     Joins the process group first (:func:`init_distributed`) unless ``rank``/``world_size`` are given. Prompt i
-    goes to rank ``i % world_size``, one request at a time (the decode engine is single-request). Prompts
+    goes to rank ``i % world_size``, one request at a time (the decode engine is single-request), or with
+    ``distill.backend=vllm`` to the vLLM engine of its slice (:func:`vllm_slot`), all at once. Prompts
     already in any shard are skipped, so a rerun resumes; a finished set (``dataset/`` with matching settings)
     is not touched. ``on_record`` is called after each record is flushed (progress reporting).
     """
@@ -398,14 +512,28 @@ def generate_responses(
         _write_json(out / GENERATION_JSON, {**settings, "complete": False})
     own = shard_dir / f"part-{rank:05d}.jsonl"
     done = read_shards(shard_dir, own)
-    todo = [p for p in prompts if p.index % world_size == rank and p.index not in done]
-    decoder = load_proposer(cfg)
+    part, parts = rank, world_size
+    gpus: list[int] = []
+    if d.backend == "vllm":
+        # processes on this node: torchrun's LOCAL_WORLD_SIZE, the deepspeed launcher's LOCAL_SIZE
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or world_size)
+        local_rank = int(os.environ.get("LOCAL_RANK", rank % local_world))
+        slot = vllm_slot(rank, world_size, d.vllm.tensor_parallel_size, local_rank, local_world)
+        if slot is None:
+            log.info("rank %d: its GPUs serve the vLLM engine of a lower rank", rank)
+            return out
+        part, parts, gpus = slot
+    todo = [p for p in prompts if p.index % parts == part and p.index not in done]
+    if not todo:  # a rerun after this slice finished: no model to load
+        log.info("rank %d: every prompt of its slice is answered in %s", rank, shard_dir)
+        return out
+    decoder = load_proposer(cfg) if d.backend == "engine" else load_vllm_proposer(cfg, gpus)
     if decoder.method.needs_mask and decoder.params.block_size != settings["block_size"]:
         raise AssertionError(f"block size {decoder.params.block_size} != {settings['block_size']} recorded")
     log.info(
         "generating %d responses (%d already done) with %s on %s", len(todo), len(done), d.method, d.proposer
     )
-    mine = sum(1 for p in prompts if p.index % world_size == rank)
+    mine = sum(1 for p in prompts if p.index % parts == part)
     bar = tqdm(
         total=mine,
         initial=mine - len(todo),
@@ -414,13 +542,12 @@ def generate_responses(
         unit="prompt",
         desc=f"distill generation (rank {rank})",
     )
-    with own.open("a") as f:
-        for start in range(0, len(todo), d.batch_size):
-            batch = todo[start : start + d.batch_size]
-            if d.batch_size == 1:
-                records = [answer(decoder, batch[0], d.max_new_tokens, d.top_k)]
-            else:
-                records = answer_batch(decoder, batch, d.max_new_tokens, d.top_k)
+    if d.backend == "vllm":
+        records = answer_vllm(decoder, todo, d.max_new_tokens, d.top_k)
+    else:
+        records = _engine_answers(decoder, todo, d.max_new_tokens, d.top_k, d.batch_size)
+    try:
+        with own.open("a") as f:
             for rec in records:
                 f.write(json.dumps(rec) + "\n")
                 f.flush()
@@ -428,7 +555,11 @@ def generate_responses(
                 bar.update()
                 if on_record is not None:
                     on_record(rec)
-    bar.close()
+    finally:
+        records.close()  # vLLM: requests still in flight are aborted
+        bar.close()
+        if d.backend == "vllm":
+            decoder.close()  # its engine processes stop, their memory goes back
     del decoder
     gc.collect()
     if torch.cuda.is_available():

@@ -125,7 +125,8 @@ def test_distill_config_and_the_tiny_recipe():
 
 def test_the_32b_recipe_distills_proves_3b_verifier_in_bf16():
     """`prove-train --cfg job recipe=qwen2.5-32b stage=distill`: the verifier fine-tuned is ProVe's 3B (was the 32B
-    itself), the proposer generates in bf16 (was fp32: 131 GB per GPU) on a day-sized sample (was all ~2.15M)."""
+    itself), the proposer generates in bf16 (was fp32: 131 GB per GPU) on a sample (was all ~2.15M), batched on
+    vLLM with an engine per 2 GPUs."""
     import subprocess as sp
 
     cfg = train_config(["recipe=qwen2.5-32b", "stage=distill"])
@@ -140,7 +141,9 @@ def test_the_32b_recipe_distills_proves_3b_verifier_in_bf16():
         cfg.distill.proposer == "runs/qwen2.5-32b/mars"
         and cfg.output_dir == "runs/qwen2.5-32b/verifier-distill"
     )
-    assert cfg.distill.method == "prove-lossless" and cfg.deepspeed["zero_optimization"]["stage"] == 3
+    assert cfg.distill.backend == "vllm" and cfg.distill.method == "ar"
+    assert cfg.distill.vllm.tensor_parallel_size == 2 and cfg.distill.vllm.max_num_seqs == 256
+    assert cfg.deepspeed["zero_optimization"]["stage"] == 3
     seven = train_config(["recipe=qwen2.5-32b", "stage=distill", "stage.init_from=Qwen/Qwen2.5-7B-Instruct"])
     assert seven.stage.init_from == "Qwen/Qwen2.5-7B-Instruct"
     # the recipe's verifier and output folder do not leak into the proposer's stages
@@ -171,6 +174,7 @@ def test_the_32b_recipe_distills_proves_3b_verifier_in_bf16():
         "init_from: Qwen/Qwen2.5-3B-Instruct",
         "dtype: bfloat16",
         "num_prompts: 16000",
+        "backend: vllm",
         "output_dir: runs/qwen2.5-32b/verifier-distill",
     ):
         assert line in out.stdout, line
@@ -201,6 +205,18 @@ def test_generation_dtype_defaults_to_bf16_on_gpu_fp32_on_cpu(monkeypatch):
         (["stage=distill", "stage.init_from=v", "stage.role=proposer"], "trains the verifier"),
         (["stage=distill", "stage.init_from=v", "distill.batch_size=0"], "batch_size=0"),
         (["stage=distill", "stage.init_from=v", "distill.batch_size=8"], "set distill.method=ar"),
+        (["stage=distill", "stage.init_from=v", "distill.backend=vLLM"], "pick one of engine, vllm"),
+        (
+            [
+                "stage=distill",
+                "stage.init_from=v",
+                "distill.backend=vllm",
+                "distill.method=ar",
+                "distill.batch_size=8",
+            ],
+            "vLLM batches every prompt by itself: drop distill.batch_size",
+        ),
+        (["stage=distill", "stage.init_from=v", "distill.vllm.max_num_seqs=0"], "max_num_seqs=0"),
         (["stage=mars", "stage.role=verifier"], "block proposer"),
         (
             ["peft=lora"],
@@ -211,6 +227,20 @@ def test_generation_dtype_defaults_to_bf16_on_gpu_fp32_on_cpu(monkeypatch):
 def test_distill_config_errors(overrides, match):
     with pytest.raises(ValueError, match=match):
         train_config(overrides)
+
+
+def test_vllm_slot_gives_each_engine_its_slice_and_gpus():
+    """distill.backend=vllm under a launcher: one engine per rank, or one per tensor-parallel group of a node's
+    consecutive ranks (its first rank starts it on the group's GPUs), each answering i ≡ part (mod parts)."""
+    from prove.train.distill import vllm_slot
+
+    assert vllm_slot(0, 1, 4, 0, 1) == (0, 1, [])  # no launcher: vLLM splits the engine over the GPUs it sees
+    assert [vllm_slot(r, 4, 1, r, 4) for r in range(4)] == [(r, 4, [r]) for r in range(4)]
+    # 2 nodes x 4 GPUs, engines of 2 GPUs: ranks 0, 2, 4, 6 start them (local GPUs 0-1 and 2-3 of their node)
+    slots = [vllm_slot(r, 8, 2, r % 4, 4) for r in range(8)]
+    assert slots == [(0, 4, [0, 1]), None, (1, 4, [2, 3]), None, (2, 4, [0, 1]), None, (3, 4, [2, 3]), None]
+    with pytest.raises(ValueError, match="tensor_parallel_size=4 must divide the 2 processes per node"):
+        vllm_slot(0, 4, 4, 0, 2)
 
 
 # -- generation ----------------------------------------------------------------------------------------------------
