@@ -79,7 +79,7 @@ def check_vllm_method(
     if name not in VLLM_METHODS:
         why = _WHY_NOT.get(name, "vLLM has no such verification")
         raise ValueError(
-            f"method={name} runs on backend=engine only ({why}): drop backend=vllm, or pick one of "
+            f"method={name} runs on our engine only, backend=engine ({why}): on vLLM pick one of "
             f"{', '.join(VLLM_METHODS)}"
         )
     if params.fuse:

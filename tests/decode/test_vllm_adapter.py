@@ -66,7 +66,10 @@ def test_engine_arguments_carry_the_knobs_and_any_engine_argument_wins(checkpoin
 
 @pytest.mark.parametrize("name", ["prove", "mars", "nsd", "asd"])
 def test_a_method_vllm_cannot_express_is_refused_naming_the_engine(checkpoints, name):
-    with pytest.raises(ValueError, match=rf"method={name} runs on backend=engine only .*drop backend=vllm"):
+    with pytest.raises(
+        ValueError,
+        match=rf"method={name} runs on our engine only, backend=engine .*on vLLM pick one of ar, prove-lossless, sd, pard",
+    ):
         plan(checkpoints["mars"], method=name)
 
 
@@ -182,7 +185,7 @@ def test_prove_serve_builds_the_server_command_and_refuses_what_vllm_cannot_run(
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert spec == args["speculative_config"] and spec["parallel_drafting"] is True
     assert spec["num_speculative_tokens"] == 4 and argv[argv.index("--dtype") + 1] == "float32"
-    with pytest.raises(ValueError, match="method=prove runs on backend=engine only"):
+    with pytest.raises(ValueError, match="method=prove runs on our engine only, backend=engine"):
         server_argv(ServeConfig(model=checkpoints["mars"], method="prove"))
     with pytest.raises(ValueError, match="port=0 must lie in 1..65535"):
         ServeConfig(model="m", port=0)
