@@ -10,7 +10,9 @@ use), proposer SFT → MARS (K = 8), a 2-layer verifier SFT'd from scratch → d
 outputs, then every method over the held-out prompts: ar, mars, prove (a θ sweep), prove-lossless (unfused
 and fused, one model pass a cycle), and the
 speculative-decoding family (sd, nsd, asd) with the tiny verifier as the draft, beside transformers' own
-greedy and assisted generation.
+greedy and assisted generation. With vLLM installed, vLLM's ar, prove-lossless and sd run in the same bench over
+the concurrency sweep (``prove-bench backend=vllm``, docs/vllm.md), up to as many requests in flight as there are
+prompts (``--n-prompts 64`` for the whole sweep); ``--no-vllm`` (and ``--smoke``) leave them out.
 
 A stage whose checkpoint is complete (its ``prove.json`` is written last) is skipped, so a rerun goes
 straight to the bench; delete ``runs/tiny/<stage>`` to retrain one. Training runs the ``prove-train`` CLI in
@@ -125,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--train-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="an extra prove-train override for every stage (repeatable)")  # fmt: skip
+    p.add_argument("--no-vllm", action="store_true", help="no vLLM rows, even with vLLM installed")
     args = p.parse_args(argv)
 
     run_dir, data, out = Path(args.run_dir), Path(args.data), Path(args.out)
@@ -145,8 +148,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"   {stage.title}: {time.perf_counter() - t0:.0f} s", flush=True)
 
     # 2) bench every method on the held-out prompts
-    from prove.decode.bench.config import BenchConfig
+    import importlib.util
+
+    from prove.decode.bench.config import VLLM_CONCURRENCY, BenchConfig
     from prove.decode.bench.run import run_bench
+    from prove.decode.config import VllmOptions
     from prove.decode.methods import METHODS as REGISTERED
 
     methods = [m for m in METHODS if m in REGISTERED]
@@ -161,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
         method_params["prove-lossless"] = {"fuse": [False, True], "fuse_groups": list(FUSE_GROUPS)}
     if "sd" in methods:
         method_params["sd"] = {"draft_threshold": list(DRAFT_THRESHOLDS)}
+    n_prompts = 2 if args.smoke else args.n_prompts
+    # the smoke run's head size of 16 is below what vLLM's CPU attention takes (32)
+    with_vllm = not (args.no_vllm or args.smoke) and importlib.util.find_spec("vllm") is not None
+    concurrency = [c for c in VLLM_CONCURRENCY if c <= n_prompts]
     cfg = BenchConfig(
         model=str(run_dir / "mars"),
         verifier=verifier,
@@ -168,12 +178,16 @@ def main(argv: list[str] | None = None) -> int:
         prompts=str(data.parent / "test.jsonl"),
         methods=methods,
         method_params=method_params,
-        n_prompts=2 if args.smoke else args.n_prompts,
+        n_prompts=n_prompts,
         max_new_tokens=24 if args.smoke else args.max_new_tokens,
         repeats=1 if args.smoke else args.repeats,
         pass_cost_widths=8 if args.smoke else pass_cost_widths(run_dir / "mars"),
         output_dir=str(out),
         device=args.device,
+        backend="vllm" if with_vllm else "engine",
+        vllm_concurrency=concurrency,
+        # three engines at once: 0.5 GiB of KV cache each
+        vllm=VllmOptions(kv_cache_gb=0.5, max_model_len=1024),
     )
     sweep = ",".join(f"{t:g}" for t in THETAS)
     groups = ",".join(map(str, FUSE_GROUPS))
@@ -185,6 +199,12 @@ def main(argv: list[str] | None = None) -> int:
         f"sd:{{draft_threshold:[{cuts}]}}}}' "
         f"n_prompts={cfg.n_prompts} max_new_tokens={cfg.max_new_tokens} repeats={cfg.repeats} "
         f"pass_cost_widths={cfg.pass_cost_widths} output_dir={out}"
+        + (
+            f" backend=vllm vllm_concurrency=[{','.join(map(str, concurrency))}] vllm.kv_cache_gb=0.5 "
+            "vllm.max_model_len=1024"
+            if with_vllm
+            else ""
+        )
     )
     report = run_bench(cfg)
     print()

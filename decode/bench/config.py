@@ -9,6 +9,7 @@ from typing import Any
 
 from prove.data.loading import check_dtype
 from prove.decode.bench.rows import as_values
+from prove.decode.config import BACKENDS, VllmOptions
 
 SWEEP_KEYS = ("theta", "tau", "block_size", "k", "draft_threshold", "fuse", "fuse_groups")
 """Parameters that take a list (one row per value) from the command line: ``theta=[0.05,0.1]``."""
@@ -18,6 +19,11 @@ DEFAULT_METHODS = ("ar", "mars", "prove", "prove-lossless")
 
 
 HF_COMPARE_METHODS = ("ar", "sd")
+
+
+VLLM_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
+"""Requests in flight at once of the vLLM rows (``backend=vllm``): one request, as our engine decodes, up to a
+loaded server's batch."""
 
 
 @dataclass
@@ -115,6 +121,18 @@ class BenchConfig:
     deep_scale: float = 1.0
     """``hf_compare``: scale of the output projections of the layers the draft skips (< 1: the draft agrees
     with the target more often, like a trained layer-skip draft; ``random_models.random_target_and_draft``)."""
+    backend: str = "engine"
+    """``engine``: our rows (and transformers'); ``vllm``: vLLM's rows too, in the same run and report
+    (:mod:`prove.decode.bench.vllm_rows`): each of ``vllm_methods`` decoding every prompt at each concurrency of
+    ``vllm_concurrency``, checked token for token against our ``ar``."""
+    vllm_methods: list[str] = field(default_factory=lambda: ["ar", "prove-lossless", "sd"])
+    """The methods vLLM runs with ``backend=vllm`` (``prove.decode.vllm_backend.VLLM_METHODS``); ``sd`` and
+    ``pard`` only where a ``draft`` is given. K and k are the first values of ``block_size`` and ``k``."""
+    vllm_concurrency: list[int] = field(default_factory=lambda: list(VLLM_CONCURRENCY))
+    """Requests kept in flight by the vLLM rows: one row per method and value."""
+    vllm: VllmOptions = field(default_factory=VllmOptions)
+    """The vLLM engines' knobs (``vllm.kv_cache_gb``, ``vllm.max_model_len``, ``vllm.engine_args``, ...): every
+    engine of the run is started once and kept while the rows run, interleaved like ours."""
 
     def __post_init__(self) -> None:
         check_dtype(self.dtype, "dtype")
@@ -166,6 +184,10 @@ class BenchConfig:
             )
         if not self.methods:
             raise ValueError("methods is empty: give e.g. methods=[ar,prove-lossless]")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend={self.backend!r}: pick one of {', '.join(BACKENDS)}")
+        if self.backend == "vllm":
+            self._check_vllm()
         for key in SWEEP_KEYS:
             as_values(getattr(self, key))
         mp = self.method_params or {}
@@ -173,6 +195,25 @@ class BenchConfig:
             raise ValueError(
                 f"method_params={mp!r} must map a method to its params, e.g. method_params={{prove:{{theta:[0.05,0.1]}}}}"
             )
+
+    def _check_vllm(self) -> None:
+        from prove.decode.vllm_backend import VLLM_METHODS
+
+        if self.hf_compare is not None:
+            raise ValueError("hf_compare compares ours with transformers' generate: drop backend=vllm")
+        unknown = [m for m in self.vllm_methods if m not in VLLM_METHODS]
+        if unknown or not self.vllm_methods:
+            raise ValueError(
+                f"vllm_methods={list(self.vllm_methods)}: vLLM runs {', '.join(VLLM_METHODS)} (the others: our rows)"
+            )
+        if not self.vllm_concurrency or min(self.vllm_concurrency) < 1:
+            raise ValueError(f"vllm_concurrency={list(self.vllm_concurrency)}: give requests in flight ≥ 1")
+        if max(self.vllm_concurrency) > self.vllm.max_num_seqs:
+            raise ValueError(
+                f"vllm_concurrency reaches {max(self.vllm_concurrency)} but vllm.max_num_seqs="
+                f"{self.vllm.max_num_seqs} caps a step: raise vllm.max_num_seqs"
+            )
+        self.vllm_concurrency = sorted(set(self.vllm_concurrency))
 
     def sweeps(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in SWEEP_KEYS}

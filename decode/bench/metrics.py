@@ -270,3 +270,85 @@ def roc_table(points: Mapping[str, Sequence[Any]]) -> dict[str, dict[str, Any]]:
             "thresholds": thr.tolist(),
         }
     return out
+
+
+def vllm_summary(
+    token_ids: Sequence[Sequence[int]],
+    stats: Sequence[Mapping[str, Any]],
+    texts: Sequence[str],
+    wall_s: float,
+    reference: Sequence[PromptRun],
+    answers: Sequence[str | None] | None = None,
+    *,
+    scorer: Callable[[str, str], bool] | None = None,
+) -> dict[str, Any]:
+    """The numbers of one vLLM row (one method at one concurrency, every prompt decoded with that many requests in
+    flight in ``wall_s`` seconds), from its per-request outputs and stats (``VllmStats.to_dict()``) and our AR's runs
+    on the same prompts (same order).
+
+    - ``tokens_per_s`` = Σ new tokens / ``wall_s``: the throughput of the whole batch (not a per-request speed).
+    - ``mean_acceptance_length``: vLLM's own figure, 1 + Σ accepted draft tokens / Σ drafting steps, over the steps
+      that drafted (``None`` without drafts). It is not our ``tokens_per_cycle``, which divides every committed
+      token by every step (the prefill step's token and the bonus tokens included, no draft cut).
+    - ``tokens_per_cycle`` = Σ new tokens / Σ engine steps each request took part in (AR: 1.0).
+    - ``agreement``, ``first_divergence``, ``accuracy`` as in :func:`summarize`; ``acceptance_by_depth`` over the
+      committed tokens.
+    """
+    n = len(token_ids)
+    if not n or n != len(stats) or n != len(texts) or n != len(reference):
+        raise ValueError(
+            f"{n} outputs, {len(stats)} stats, {len(texts)} texts, {len(reference)} reference runs"
+        )
+    tokens = sum(len(t) for t in token_ids)
+    cycles = sum(int(s["cycles"]) for s in stats)
+    drafts = sum(int(s.get("drafts", 0)) for s in stats)
+    accepted = sum(int(s.get("accepted_tokens", 0)) for s in stats)
+    divergence = [first_divergence(t, r.token_ids) for t, r in zip(token_ids, reference, strict=True)]
+    diverged = [d for d in divergence if d is not None]
+    correct: list[bool] = []
+    if answers is not None:
+        if scorer is None:
+            from prove.data.synthetic import score
+
+            scorer = score
+        correct = [bool(scorer(text, a)) for text, a in zip(texts, answers, strict=True) if a is not None]
+    return {
+        "n_prompts": n,
+        "new_tokens": tokens,
+        "wall_s": wall_s,
+        "tokens_per_s": tokens / wall_s if wall_s > 0 else math.nan,
+        "tokens_per_cycle": tokens / cycles if cycles else math.nan,
+        "drafts": drafts,
+        "accepted_tokens": accepted,
+        "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+        "agreement": 1 - len(diverged) / n,
+        "first_divergence": divergence,
+        "mean_first_divergence": statistics.fmean(diverged) if diverged else None,
+        "accuracy": statistics.fmean(correct) if correct else None,
+        "acceptance_by_depth": rate_by_depth(
+            (s.get("accepted_by_depth", []) for s in stats), (s.get("proposed_by_depth", []) for s in stats)
+        ),
+    }
+
+
+def crossover(
+    concurrency: Sequence[int], speculative: Sequence[float], baseline: Sequence[float]
+) -> dict[str, Any] | None:
+    """Where speculation stops paying along a concurrency sweep: the first concurrency whose tokens/s is at or
+    below the baseline's (``first_loss``), the one before it (``last_win``), and ``estimate``, the concurrency where
+    the ratio crosses 1 between them by linear interpolation in log2(concurrency). ``None`` when it pays at every
+    point; ``last_win`` is ``None`` when it pays at none. ``concurrency`` ascending; NaN points are skipped."""
+    points = [
+        (c, s / b)
+        for c, s, b in zip(concurrency, speculative, baseline, strict=True)
+        if b and b > 0 and not math.isnan(s) and not math.isnan(b)
+    ]
+    for i, (c, ratio) in enumerate(points):
+        if ratio <= 1:
+            if i == 0:
+                return {"last_win": None, "first_loss": c, "estimate": None}
+            c0, r0 = points[i - 1]
+            x0, x1 = math.log2(c0), math.log2(c)
+            x = x0 + (x1 - x0) * (r0 - 1) / (r0 - ratio) if r0 != ratio else x1
+            return {"last_win": c0, "first_loss": c, "estimate": 2**x}
+    return None

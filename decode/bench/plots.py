@@ -6,6 +6,8 @@
 - ``tokens_per_cycle.png``: mean tokens committed per cycle along the response.
 - ``roc.png``: ROC curves and AUC of p̃, q and p̃·q for predicting "matches greedy".
 - ``speed_accuracy.png``: speedup over AR against accuracy (or agreement with AR), sweeps joined by lines.
+- ``vllm_concurrency.png`` (``backend=vllm``): vLLM's tokens/s against requests in flight, one line per method, our
+  engine's rows (one request in flight) as horizontal lines, each speculative method's crossover with vLLM ar marked.
 """
 
 from __future__ import annotations
@@ -165,6 +167,43 @@ def plot_speed_accuracy(report: Mapping[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
+def plot_vllm_concurrency(report: Mapping[str, Any], path: Path) -> Path:
+    vllm = report["vllm"]
+    fig, ax = _figure("Throughput against requests in flight (vLLM) beside our engine (one request)")
+    lines: dict[str, Any] = {}
+    for row in vllm["rows"]:
+        lines.setdefault(row["name"], []).append((row["in_flight"], row["tokens_per_s"]))
+    colors = {}
+    for name, pts in lines.items():
+        pts.sort()
+        (line,) = ax.plot([p[0] for p in pts], _finite([p[1] for p in pts]), marker="o", ms=4, label=name)
+        colors[name] = line.get_color()
+    ours = [r for r in report["rows"] if r["method"] in ("ar", "prove-lossless")]
+    for r in ours:
+        ax.axhline(r["tokens_per_s"], lw=1, ls="--", color="0.5" if r["method"] == "ar" else "0.2")
+        ax.annotate(f"ours: {r['name']}", (1, r["tokens_per_s"]), textcoords="offset points", xytext=(2, 2),
+                    fontsize=7, color="0.3")  # fmt: skip
+    for name, cross in (vllm.get("crossover") or {}).items():
+        if cross and cross.get("estimate"):
+            ax.axvline(cross["estimate"], color=colors.get(name, "k"), lw=1, ls=":")
+            ax.annotate(
+                f"{name} = vllm ar at ≈ {cross['estimate']:.1f}",
+                (cross["estimate"], 0),
+                textcoords="offset points",
+                xytext=(3, 10),
+                rotation=90,
+                fontsize=7,
+                color=colors.get(name, "k"),
+            )
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("requests in flight")
+    ax.set_ylabel("tokens/s (all requests)")
+    ax.set_ylim(bottom=0)
+    if ax.lines:
+        _legend(ax)
+    return _save(fig, path)
+
+
 PLOTS = {
     "acceptance_by_position": plot_acceptance,
     "tokens_per_cycle": plot_tokens_per_cycle,
@@ -177,4 +216,7 @@ def write_plots(report: Mapping[str, Any], output_dir: str | Path) -> dict[str, 
     """Every plot of :data:`PLOTS` as ``<name>.png`` in ``output_dir``."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return {name: fn(report, out / f"{name}.png") for name, fn in PLOTS.items()}
+    plots = {name: fn(report, out / f"{name}.png") for name, fn in PLOTS.items()}
+    if report.get("vllm"):
+        plots["vllm_concurrency"] = plot_vllm_concurrency(report, out / "vllm_concurrency.png")
+    return plots

@@ -63,6 +63,63 @@ def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_vllm_table(vllm: Mapping[str, Any]) -> str:
+    """bench.md's section for vLLM's rows (``backend=vllm``): one line per method and concurrency, its engines'
+    start-up, and where each speculative method stops paying."""
+    head = [
+        "vLLM method", "params", "in flight", "tok/s", "× vLLM ar", "acceptance length⁴", "tok/step⁵", "= AR²",
+        "accuracy",
+    ]  # fmt: skip
+    lines = [
+        "",
+        "## vLLM (backend=vllm): every prompt at each concurrency",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join(["---", "---"] + ["---:"] * (len(head) - 2)) + "|",
+    ]
+    for r in vllm["rows"]:
+        agree = f"{100 * r['agreement']:.0f}%" + (" ⚠" if r["agreement"] < 1 else "")
+        cells = [
+            r["name"],
+            " ".join(param_label(k, v) for k, v in (r.get("params") or {}).items()) or "–",
+            str(r["in_flight"]),
+            _num(r["tokens_per_s"], ".1f"),
+            _num(r.get("vs_vllm_ar")) + ("×" if r.get("vs_vllm_ar") is not None else ""),
+            _num(r["mean_acceptance_length"]),
+            _num(r["tokens_per_cycle"]),
+            agree,
+            _num(None if r["accuracy"] is None else 100 * r["accuracy"], ".1f", "n/a")
+            + ("%" if r["accuracy"] is not None else ""),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "In flight: requests kept in flight (at most the prompts); tok/s: every prompt's new tokens over the batch's "
+        "wall time. ² as above, against our ar.",
+        "⁴ vLLM's mean acceptance length, 1 + accepted draft tokens / drafting steps (over the steps that drafted): "
+        "vLLM's figure, not our tok/cycle.",
+        "⁵ new tokens / engine steps each request took part in (its prefill step included): our tok/cycle's "
+        "counterpart.",
+        "",
+    ]
+    for name, rec in vllm["engines"].items():
+        if "skipped" in rec:
+            lines.append(f"- {name}: skipped ({rec['skipped']})")
+        else:
+            lines.append(f"- {name}: engine start-up {rec['startup_s']:.1f} s")
+    for name, cross in (vllm.get("crossover") or {}).items():
+        if cross is None:
+            lines.append(f"- {name} beats vLLM ar at every concurrency of the sweep")
+        elif cross["last_win"] is None:
+            lines.append(f"- {name} is at or below vLLM ar already at {cross['first_loss']} in flight")
+        else:
+            lines.append(
+                f"- {name} stops paying between {cross['last_win']} and {cross['first_loss']} requests in flight "
+                f"(crossover ≈ {cross['estimate']:.1f})"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def environment(device: Any, dtype: str) -> dict[str, Any]:
     """Versions, hardware and the git commit, for bench.json."""
     import os
@@ -148,7 +205,10 @@ def write_report(report: dict[str, Any], output_dir: str | Path, *, plots: bool 
     table = render_table(report["rows"])
     header = _md_header(report)
     cost = report.get("pass_cost")
-    (out / "bench.md").write_text(header + table + (render_pass_cost(cost) if cost else ""))
+    vllm = report.get("vllm")
+    (out / "bench.md").write_text(
+        header + table + (render_vllm_table(vllm) if vllm else "") + (render_pass_cost(cost) if cost else "")
+    )
     (out / "bench.json").write_text(json.dumps(_jsonable(report), indent=1, ensure_ascii=False) + "\n")
     return report
 

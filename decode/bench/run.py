@@ -142,7 +142,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
 
     The steps, in order: check every row's parameters (before any model loads) → load the prompts and
     models → build a Decoder per row (and transformers' rows) → check every prompt fits every model →
-    warm up → the timed rounds → the untimed trace pass → the pass cost curve → the report.
+    warm up → the timed rounds → the untimed trace pass → the pass cost curve → vLLM's rows
+    (``backend=vllm``) → the report.
     """
     specs = check_rows(cfg)
     inputs = load_inputs(cfg)
@@ -171,7 +172,13 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             cfg.pass_cost_context,
             cfg.pass_cost_repeats,
         )
-    report = build_report(cfg, specs, decoders, runs, inputs, trace, cost, hf_rows)
+    vllm = None
+    if cfg.backend == "vllm":  # vLLM's rows over the concurrency sweep, checked against our ar
+        from prove.decode.bench.vllm_rows import run_vllm_rows
+
+        has_answers = any(a is not None for a in inputs.answers)
+        vllm = run_vllm_rows(cfg, inputs.prompts, runs[REFERENCE], inputs.answers if has_answers else None)
+    report = build_report(cfg, specs, decoders, runs, inputs, trace, cost, hf_rows, vllm)
     write_report(report, cfg.output_dir, plots=cfg.plots)
     check_identical(report, cfg.output_dir)
     return report
@@ -310,8 +317,10 @@ def build_report(
     trace: dict[str, Any] | None,
     cost: dict[str, Any] | None,
     hf_rows: Mapping[str, HFRow] | None = None,
+    vllm: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """bench.json's content: one summary per row (with its per-prompt records), the environment, the inputs."""
+    """bench.json's content: one summary per row (with its per-prompt records), the environment, the inputs, and
+    vLLM's rows (``vllm``, ``backend=vllm``)."""
     has_answers = any(a is not None for a in inputs.answers)
     spec_by_name = {s.name: s for s in specs}
     rows = []
@@ -361,8 +370,10 @@ def build_report(
         },
         "reference": REFERENCE,
         "rows": rows,
-        "lossless_violations": [r["name"] for r in rows if r["lossless"] and r["agreement"] < 1],
+        "lossless_violations": [r["name"] for r in rows if r["lossless"] and r["agreement"] < 1]
+        + (vllm["violations"] if vllm else []),
         "trace": trace,
+        "vllm": vllm,
         "pass_cost": cost,
         "plots": {},
     }
