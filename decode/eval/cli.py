@@ -7,6 +7,8 @@ Two front doors:
   one process and prints ProVe's results table: rows = task metrics, columns AR accuracy, method accuracy,
   Δ points, tokens per cycle, wall time and speedup. It writes ``DIR/<method>/results.json`` (lm-eval's
   results), ``DIR/prove_stats.json`` (decode statistics) and ``DIR/comparison.{json,md}``.
+* ``prove-eval ... backend=vllm`` runs both through lm-eval's own ``vllm`` model instead, with the method's
+  speculative config (``prove.decode.vllm_backend``): every request batched, for accuracy at scale.
 * ``prove-eval lm-eval <lm-eval arguments>`` is lm-eval's own CLI with the ``prove`` model registered:
   ``prove-eval lm-eval --model prove --model_args model=PATH,method=ar --tasks gsm8k``. (The stock
   ``lm_eval`` command cannot find plugin models: lm-eval 0.4.13 has no discovery hook for them.)
@@ -18,7 +20,7 @@ import sys
 from dataclasses import dataclass, field
 
 from prove.data.loading import check_dtype
-from prove.decode.config import DecodeParams
+from prove.decode.config import BACKENDS, DecodeParams, VllmOptions
 
 
 @dataclass
@@ -68,9 +70,18 @@ class EvalConfig(DecodeParams):
     """torch device, e.g. ``cuda``."""
     dtype: str = "float32"
     """Weights dtype: float32, bfloat16, float16, or auto (the checkpoint's)."""
+    backend: str = "engine"
+    """``engine``: the ``prove`` model (our Decoder, one request at a time, our decode stats); ``vllm``: lm-eval's own
+    ``vllm`` model with the method's ``speculative_config`` (ar, prove-lossless, sd, pard), every request batched
+    (:func:`prove.decode.eval.model.vllm_model_args`); ``vllm.*`` are its knobs."""
+    vllm: VllmOptions = field(default_factory=VllmOptions)
+    """``backend=vllm``'s engine knobs (``vllm.max_num_seqs``, ``vllm.kv_cache_gb``, ``vllm.tensor_parallel_size``,
+    ``vllm.engine_args``, ...)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend={self.backend!r}: pick one of {', '.join(BACKENDS)}")
         if not self.tasks:
             raise ValueError("tasks is empty; name at least one lm-eval task, e.g. tasks=[prove_arith]")
         check_dtype(self.dtype, "dtype")

