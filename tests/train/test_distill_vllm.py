@@ -149,3 +149,37 @@ def test_each_data_parallel_rank_answers_its_own_slice(
         rows = [json.loads(x) for x in (shards / f"part-{rank:05d}.jsonl").read_text().splitlines()]
         assert sorted(r["index"] for r in rows) == list(range(rank, N_PROMPTS, 2))
     _assert_same_set([dict(r) for r in build_generated_set(shards.parent)], engine_set)
+
+
+def test_the_smollm2_recipes_self_distillation_on_vllm_from_a_gguf_file(
+    tmp_path, stock_tokenizer, monkeypatch
+):
+    """recipes/smollm2-135m.yaml's step 1 as written (backend=vllm, ar) on a tiny Llama read from a GGUF file:
+    vLLM loads the folder the file converts to, the one our engine loads, and answers with its greedy tokens."""
+    pytest.importorskip("gguf")
+    from prove.data import gguf
+    from prove.data.synthetic import main as write_tasks
+    from prove.decode import Decoder
+
+    from tests.gguf_helpers import tiny_llama, write_tiny_gguf
+
+    monkeypatch.setenv(gguf.CACHE_ENV, str(tmp_path / "cache"))
+    llama = tiny_llama(stock_tokenizer, hidden=64, heads=2, kv_heads=1, intermediate=128)  # head size 32
+    base = write_tiny_gguf(tmp_path / "base.gguf", llama, stock_tokenizer)
+    write_tasks(["--out", str(tmp_path / "data"), "--n", "16", "--test-size", "2", "--tasks", "arithmetic,lists", "--instruct"])  # fmt: skip
+    cfg = train_config(
+        [
+            "recipe=smollm2-135m", "stage=distill", "stage.role=proposer", "logger=none", f"run_dir={tmp_path / 'run'}",
+            f"model.name_or_path={base}", f"stages.proposer.distill.data={tmp_path / 'data' / 'train.jsonl'}",
+            "stages.proposer.distill.num_prompts=6", "distill.max_new_tokens=16", *(f"{k}={v}" for k, v in KNOBS.items()),
+        ]
+    )  # fmt: skip
+    assert cfg.distill.backend == "vllm" and cfg.distill.method == "ar" and cfg.distill.proposer == str(base)
+    out = generate_responses(cfg, progress=False, rank=0, world_size=1)
+    rows = [dict(r) for r in build_generated_set(out)]
+    ours = Decoder(str(base), method="ar")
+    assert len(rows) == 6
+    for row in rows:
+        prompt = row["messages"][:-1]
+        assert row["prompt_ids"] == ours.encode(prompt)
+        assert row["response_ids"] == ours.generate(prompt, max_new_tokens=16).token_ids

@@ -44,7 +44,12 @@ def recipe(tmp_path_factory, stock_tokenizer):
         "stages.proposer.distill.num_prompts=12",
         "stages.verifier.distill.num_prompts=6",
         "stages.verifier.layers=1",
-        "stages.proposer.distill.batch_size=5",  # 12 prompts: batches of 5, 5, 2
+        # the recipe generates on vLLM, whose CPU attention needs a head size ≥ 32 (this base's is 8): its engine
+        # path on a GGUF base is tests/train/test_distill_vllm.py's; here transformers' batched generate
+        "stages.proposer.distill.backend=engine",
+        "stages.verifier.distill.backend=engine",
+        "+stages.proposer.distill.batch_size=5",  # 12 prompts: batches of 5, 5, 2
+        "+stages.verifier.distill.batch_size=4",
         "trainer.per_device_train_batch_size=4",
         "trainer.save_steps=2",
         "trainer.seed=0",
