@@ -196,6 +196,8 @@ def plot_vllm_concurrency(report: Mapping[str, Any], path: Path) -> Path:
                 color=colors.get(name, "k"),
             )
     ax.set_xscale("log", base=2)
+    ticks = sorted({row["in_flight"] for row in vllm["rows"]})
+    ax.set_xticks(ticks, [str(t) for t in ticks])
     ax.set_xlabel("requests in flight")
     ax.set_ylabel("tokens/s (all requests)")
     ax.set_ylim(bottom=0)
