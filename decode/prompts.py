@@ -18,8 +18,9 @@ from prove.data.prompts import PromptRecord, finished_ids, read_prompts, render
 if TYPE_CHECKING:
     from prove.decode.config import DecodeConfig
     from prove.decode.decoder import Decoder
+    from prove.decode.vllm_backend import VllmDecoder
 
-__all__ = ["decode_prompts", "run"]
+__all__ = ["decode_prompts", "decode_records", "run"]
 
 
 def decode_prompts(
@@ -121,7 +122,7 @@ def _run_vllm(cfg: DecodeConfig, records: list[PromptRecord]) -> Path:
     """``backend=vllm``: every prompt to vLLM at once (``prove.decode.vllm_backend``), the same records."""
     import warnings
 
-    from prove.decode.vllm_backend import VllmDecoder, decode_records
+    from prove.decode.vllm_backend import VllmDecoder
 
     if cfg.verifier is not None:
         warnings.warn(
@@ -150,3 +151,50 @@ def _run_vllm(cfg: DecodeConfig, records: list[PromptRecord]) -> Path:
         )
     finally:
         decoder.close()
+
+
+def decode_records(
+    decoder: VllmDecoder,
+    records: list[Any],
+    output: str | Path,
+    *,
+    max_new_tokens: int,
+    stop: list[str] | None = None,
+    chat: bool = False,
+    seed: int = 0,
+    progress: bool = True,
+) -> Path:
+    """``prove-decode backend=vllm``: ``prove.decode.prompts.decode_prompts`` with every unfinished prompt handed to
+    vLLM at once (``options.concurrency`` in flight), one record appended and flushed per prompt as it finishes —
+    the same records, resumed the same way, prompt i seeded with ``seed + i``."""
+    from tqdm import tqdm
+
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    done = finished_ids(output)
+    todo = [(i, r) for i, r in enumerate(records) if repr(r.id) not in done]
+    encoded = []
+    for _, rec in todo:  # every prompt checked before any is decoded
+        ids = decoder.encode(render(rec, chat))
+        try:
+            decoder.check_length(len(ids), max_new_tokens)
+        except ValueError as e:
+            raise ValueError(f"prompt {rec.id!r}: {e}") from None
+        encoded.append(ids)
+    bar = tqdm(
+        total=len(records),
+        initial=len(records) - len(todo),
+        file=sys.stderr,
+        disable=not progress,
+        unit="prompt",
+    )
+    with output.open("a") as f:
+        seeds = [seed + i for i, _ in todo]
+        for j, result in decoder.generate_many(encoded, max_new_tokens, stop, seeds=seeds):
+            row = output_record(todo[j][1], result, decoder.method.name)
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            f.flush()
+            bar.set_postfix(tok_per_cycle=f"{result.stats.tokens_per_cycle:.2f}")
+            bar.update()
+    bar.close()
+    return output

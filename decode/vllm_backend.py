@@ -4,7 +4,7 @@ and output records as our engine (docs/vllm.md).
 
 One thin adapter: our method and parameters → vLLM's engine arguments and ``speculative_config``
 (:func:`speculative_config`, :func:`engine_args`); vLLM's per-request speculative metrics → our stats' names
-(:func:`vllm_stats`). No rule is copied and no vLLM class is patched: vLLM verifies by its own rule, which for these
+(:func:`prove.decode.vllm_stats.vllm_stats`). No rule is copied and no vLLM class is patched: vLLM verifies by its own rule, which for these
 methods is ours (greedy: the longest prefix equal to the target's greedy tokens + the correction or bonus token;
 sampling ``sd``: speculative sampling, refused on vLLM's CPU build, whose sampler does not keep the distribution:
 :func:`check_sampling`).
@@ -34,7 +34,6 @@ import dataclasses
 import warnings
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +48,7 @@ from prove.decode.checkpoint import (
 )
 from prove.decode.config import DecodeParams, VllmOptions
 from prove.decode.methods import Method, resolve_params
+from prove.decode.vllm_stats import VllmResult, vllm_stats
 
 VLLM_METHODS = ("ar", "prove-lossless", "sd", "pard")
 """The methods vLLM's verification expresses (greedy match + bonus, or speculative sampling, by the target)."""
@@ -271,90 +271,6 @@ def allowed_token_ids(tokenizer: Any, rows: Sequence[int], masks: Sequence[int |
 
     limit, excluded = allowed_ids(rows, tokenizer, masks)
     return [i for i in range(limit) if i not in excluded]
-
-
-# -- stats -----------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class VllmStats:
-    """Per-request statistics of a vLLM decode, under our ``Stats`` names where the meaning is the same.
-
-    ``cycles``: the engine steps that produced this request's tokens: its prefill step (one token) and one step per
-    verification (AR: one a token). ``committed_per_cycle``, ``accepted_by_depth``, ``proposed_by_depth``: as ours,
-    counting only committed tokens (vLLM's own counts include drafts accepted past a stop string or
-    ``max_new_tokens``; they are cut here). vLLM's own figures keep their names: ``drafts`` (its verification steps
-    that carried drafts), ``draft_tokens``, ``accepted_tokens`` (accepted draft tokens, before that cut) and
-    ``mean_acceptance_length`` = 1 + accepted_tokens / drafts, over drafting steps only — not our
-    ``tokens_per_cycle``, which divides every committed token by every cycle."""
-
-    new_tokens: int
-    cycles: int
-    tokens_per_cycle: float
-    committed_per_cycle: list[int]
-    accepted_by_depth: list[int]
-    proposed_by_depth: list[int]
-    drafts: int
-    draft_tokens: int
-    accepted_tokens: int
-    mean_acceptance_length: float
-    wall_s: float
-    """Arrival to last token of this request in vLLM (with others batched beside it)."""
-    backend: str = "vllm"
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def vllm_stats(new_tokens: int, spec: Mapping[str, Any] | None, wall_s: float) -> VllmStats:
-    """Our stats from vLLM's per-request speculative metrics (``RequestSpecDecodeMetrics.to_dict()`` at the
-    ``detailed`` level: ``per_step_accepted`` / ``per_step_drafted``), or from the token count alone (AR)."""
-    if spec is None:
-        return VllmStats(new_tokens, new_tokens, 1.0, [1] * new_tokens, [], [], 0, 0, 0, 1.0, wall_s)
-    accepted = list(spec.get("per_step_accepted", []))
-    drafted = list(spec.get("per_step_drafted", []))
-    commits = [1] + [a + 1 for a in accepted]  # the prefill step's token, then each step's accepted + bonus
-    taken = list(accepted)
-    excess = sum(commits) - new_tokens  # committed beyond the output: cut by a stop or max_new_tokens
-    while excess > 0 and len(commits) > 1:
-        cut = min(excess, commits[-1])
-        commits[-1] -= cut
-        taken[-1] = max(0, min(taken[-1], commits[-1]))
-        excess -= cut
-        if commits[-1] == 0:
-            commits.pop(), taken.pop(), drafted.pop()
-    depth = max(drafted, default=0)
-    proposed = [sum(d > i for d in drafted) for i in range(depth)]
-    accepted_by = [sum(a > i for a in taken) for i in range(depth)]
-    cycles = len(commits)
-    return VllmStats(
-        new_tokens=new_tokens,
-        cycles=cycles,
-        tokens_per_cycle=new_tokens / cycles if cycles else 0.0,
-        committed_per_cycle=commits,
-        accepted_by_depth=accepted_by,
-        proposed_by_depth=proposed,
-        drafts=int(spec.get("num_spec_steps", 0)),
-        draft_tokens=int(spec.get("num_draft_tokens", 0)),
-        accepted_tokens=int(spec.get("num_accepted_draft_tokens", 0)),
-        mean_acceptance_length=float(spec.get("mean_acceptance_length", 1.0)),
-        wall_s=wall_s,
-    )
-
-
-@dataclass(frozen=True)
-class VllmResult:
-    """What ``VllmDecoder.generate`` returns: ``GenerationResult``'s fields, with vLLM's stats."""
-
-    token_ids: list[int]
-    """The new tokens only (EOS included when generation ended on it)."""
-    text: str
-    """Their decoding with special tokens skipped."""
-    stats: VllmStats
-    top_logprobs: list[list[tuple[int, float]]] | None = None
-    """With ``logprobs=k``: per new token, the k most likely ids and their log-probabilities, most likely first —
-    vLLM's raw log-probs (a log-softmax of the model's logits over every row, before ``allowed_token_ids``: the
-    distribution a teacher-forced forward gives)."""
 
 
 # -- the decoder ----------------------------------------------------------------------------------------------------
@@ -600,55 +516,3 @@ def _generation_eos(model: str, config: Any) -> Any:
         return GenerationConfig.from_pretrained(model).eos_token_id
     except OSError:
         return GenerationConfig.from_model_config(config).eos_token_id
-
-
-def decode_records(
-    decoder: VllmDecoder,
-    records: list[Any],
-    output: str | Path,
-    *,
-    max_new_tokens: int,
-    stop: list[str] | None = None,
-    chat: bool = False,
-    seed: int = 0,
-    progress: bool = True,
-) -> Path:
-    """``prove-decode backend=vllm``: ``prove.decode.prompts.decode_prompts`` with every unfinished prompt handed to
-    vLLM at once (``options.concurrency`` in flight), one record appended and flushed per prompt as it finishes —
-    the same records, resumed the same way, prompt i seeded with ``seed + i``."""
-    import json
-    import sys
-
-    from prove.data.prompts import finished_ids, render
-    from prove.decode.prompts import output_record
-    from tqdm import tqdm
-
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    done = finished_ids(output)
-    todo = [(i, r) for i, r in enumerate(records) if repr(r.id) not in done]
-    encoded = []
-    for _, rec in todo:  # every prompt checked before any is decoded
-        ids = decoder.encode(render(rec, chat))
-        try:
-            decoder.check_length(len(ids), max_new_tokens)
-        except ValueError as e:
-            raise ValueError(f"prompt {rec.id!r}: {e}") from None
-        encoded.append(ids)
-    bar = tqdm(
-        total=len(records),
-        initial=len(records) - len(todo),
-        file=sys.stderr,
-        disable=not progress,
-        unit="prompt",
-    )
-    with output.open("a") as f:
-        seeds = [seed + i for i, _ in todo]
-        for j, result in decoder.generate_many(encoded, max_new_tokens, stop, seeds=seeds):
-            row = output_record(todo[j][1], result, decoder.method.name)
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-            f.flush()
-            bar.set_postfix(tok_per_cycle=f"{result.stats.tokens_per_cycle:.2f}")
-            bar.update()
-    bar.close()
-    return output

@@ -11,11 +11,11 @@ cycle at the same error rate. The stage has two steps:
    slice of the prompts (prompt i → rank ``i % world_size``) request by request — or, with ``distill.batch_size``
    > 1 and method ``ar``, that many at once through transformers' batched greedy ``generate``
    (:func:`answer_batch`: an order of magnitude faster on a CPU, where one request at a time is bound by reading
-   the weights for every token). With ``distill.backend=vllm`` (:func:`answer_vllm`) each process hands its whole
+   the weights for every token). With ``distill.backend=vllm`` (:func:`prove.train.distill_vllm.answer_vllm`) each process hands its whole
    slice to one vLLM engine (``prove.decode.vllm_backend.VllmDecoder``: continuous batching, a paged KV cache,
    ``ar`` or ``prove-lossless`` as vLLM parallel drafting — the same greedy tokens) and writes each response as it
    finishes; an engine split over ``distill.vllm.tensor_parallel_size`` GPUs is started by the first rank of each
-   group of that many, which answers the group's slice (:func:`vllm_slot`). Each finished response is
+   group of that many, which answers the group's slice (:func:`prove.train.distill_vllm.vllm_slot`). Each finished response is
    appended to that rank's JSONL shard and flushed (``shards/part-<rank>.jsonl``); a rerun — with any number
    of processes — skips every prompt already in any shard and drops a half-written last line, so a killed
    generation resumes where it stopped, nothing lost or repeated, and ends with the same set as an
@@ -54,8 +54,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Generator, Iterator, Sequence
-from contextlib import closing, contextmanager
+from collections.abc import Callable, Generator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,6 +68,7 @@ from prove.data.prompts import read_prompts, render
 from prove.decode import Decoder
 from prove.decode.checkpoint import read_prove_json
 from prove.decode.methods import get_method
+from prove.train import distill_vllm
 from prove.train.rows import load_rows
 from tqdm import tqdm
 
@@ -379,91 +379,6 @@ def answer_batch(
     return records
 
 
-def vllm_slot(
-    rank: int, world_size: int, tensor_parallel_size: int, local_rank: int, local_world_size: int
-) -> tuple[int, int, list[int]] | None:
-    """``(part, parts, local GPUs)`` of this process's vLLM engine under a launcher — it answers prompt i when
-    ``i % parts == part``, on those GPU indices of its node — or ``None`` for a process whose GPUs serve another's
-    engine. One engine per process (``tensor_parallel_size`` 1: each rank its own slice and GPU, as our engine),
-    else one per ``tensor_parallel_size`` consecutive ranks of a node, started by the first (vLLM splits it over
-    its group's GPUs). Without a launcher (``world_size`` 1) vLLM takes the GPUs it is shown: ``(0, 1, [])``."""
-    tp = tensor_parallel_size
-    if world_size == 1:
-        return 0, 1, []
-    if local_world_size % tp:
-        raise ValueError(
-            f"distill.vllm.tensor_parallel_size={tp} must divide the {local_world_size} processes per node: launch "
-            f"a multiple of {tp} GPUs per node, or drop the launcher (one process: vLLM splits the engine itself)"
-        )
-    if local_rank % tp:
-        return None
-    return rank // tp, world_size // tp, list(range(local_rank, local_rank + tp))
-
-
-@contextmanager
-def _visible_gpus(local: Sequence[int]) -> Iterator[None]:
-    """``CUDA_VISIBLE_DEVICES`` narrowed to these of the node's GPUs while vLLM starts its engine processes (they
-    inherit it; vLLM places an engine on the GPUs it sees), restored after."""
-    if not local or not torch.cuda.is_available():
-        yield
-        return
-    before = os.environ.get("CUDA_VISIBLE_DEVICES")
-    shown = before.split(",") if before else [str(i) for i in range(torch.cuda.device_count())]
-    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(shown[i] for i in local)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES")
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = before
-
-
-def load_vllm_proposer(cfg: TrainConfig, gpus: Sequence[int] = ()) -> Any:
-    """The proposer as a :class:`prove.decode.vllm_backend.VllmDecoder` (``distill.method``, K, the generation
-    dtype, ``distill.vllm``'s knobs) on ``gpus`` of this node (:func:`vllm_slot`). vLLM returns 20 log-probs a token
-    at most unless told: ``distill.top_k`` above that raises its ``max_logprobs``."""
-    from prove.decode.vllm_backend import VllmDecoder
-
-    d = cfg.distill
-    options = d.vllm
-    if d.top_k > 20 and "max_logprobs" not in options.engine_args:
-        options = dataclasses.replace(options, engine_args={**options.engine_args, "max_logprobs": d.top_k})
-    with _visible_gpus(gpus):
-        return VllmDecoder(
-            str(d.proposer),
-            method=d.method,
-            device=_device(cfg),
-            dtype=generation_dtype(cfg),
-            options=options,
-            block_size=d.block_size,
-        )
-
-
-def answer_vllm(
-    decoder: Any, prompts: Sequence[Prompt], max_new_tokens: int, top_k: int
-) -> Generator[dict[str, Any]]:
-    """Shard records for every prompt, handed to vLLM at once and yielded as each finishes (so a killed run keeps
-    what is written): the same records as :func:`answer`, the top-k read off the generating pass (vLLM's raw
-    log-probs). Every prompt's length is checked before any is decoded."""
-    ids = []
-    for prompt in prompts:
-        prompt_ids = decoder.encode(prompt.messages)
-        try:
-            decoder.check_length(len(prompt_ids), max_new_tokens)
-        except ValueError as e:
-            raise ValueError(f"distill prompt {prompt.id!r}: {e}") from None
-        ids.append(prompt_ids)
-    eos = decoder.eos_ids()
-    with closing(decoder.generate_many(ids, max_new_tokens, logprobs=top_k)) as results:
-        for j, result in results:
-            rec = _record(prompts[j], ids[j], result, eos)
-            if top_k > 0:
-                rec["topk_ids"] = [[i for i, _ in position] for position in result.top_logprobs]
-                rec["topk_logprobs"] = [[lp for _, lp in position] for position in result.top_logprobs]
-            yield rec
-
-
 def _engine_answers(
     decoder: Any, prompts: Sequence[Prompt], max_new_tokens: int, top_k: int, batch_size: int
 ) -> Generator[dict[str, Any]]:
@@ -488,7 +403,7 @@ def generate_responses(
 
     Joins the process group first (:func:`init_distributed`) unless ``rank``/``world_size`` are given. Prompt i
     goes to rank ``i % world_size``, one request at a time (the decode engine is single-request), or with
-    ``distill.backend=vllm`` to the vLLM engine of its slice (:func:`vllm_slot`), all at once. Prompts
+    ``distill.backend=vllm`` to the vLLM engine of its slice (:func:`prove.train.distill_vllm.vllm_slot`), all at once. Prompts
     already in any shard are skipped, so a rerun resumes; a finished set (``dataset/`` with matching settings)
     is not touched. ``on_record`` is called after each record is flushed (progress reporting).
     """
@@ -518,7 +433,7 @@ def generate_responses(
         # processes on this node: torchrun's LOCAL_WORLD_SIZE, the deepspeed launcher's LOCAL_SIZE
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or world_size)
         local_rank = int(os.environ.get("LOCAL_RANK", rank % local_world))
-        slot = vllm_slot(rank, world_size, d.vllm.tensor_parallel_size, local_rank, local_world)
+        slot = distill_vllm.vllm_slot(rank, world_size, d.vllm.tensor_parallel_size, local_rank, local_world)
         if slot is None:
             log.info("rank %d: its GPUs serve the vLLM engine of a lower rank", rank)
             return out
@@ -527,7 +442,7 @@ def generate_responses(
     if not todo:  # a rerun after this slice finished: no model to load
         log.info("rank %d: every prompt of its slice is answered in %s", rank, shard_dir)
         return out
-    decoder = load_proposer(cfg) if d.backend == "engine" else load_vllm_proposer(cfg, gpus)
+    decoder = load_proposer(cfg) if d.backend == "engine" else distill_vllm.load_vllm_proposer(cfg, gpus)
     if decoder.method.needs_mask and decoder.params.block_size != settings["block_size"]:
         raise AssertionError(f"block size {decoder.params.block_size} != {settings['block_size']} recorded")
     log.info(
@@ -543,7 +458,7 @@ def generate_responses(
         desc=f"distill generation (rank {rank})",
     )
     if d.backend == "vllm":
-        records = answer_vllm(decoder, todo, d.max_new_tokens, d.top_k)
+        records = distill_vllm.answer_vllm(decoder, todo, d.max_new_tokens, d.top_k)
     else:
         records = _engine_answers(decoder, todo, d.max_new_tokens, d.top_k, d.batch_size)
     try:

@@ -17,8 +17,8 @@ from prove.decode.vllm_backend import (
     check_vllm_method,
     engine_args,
     start_llm,
-    vllm_stats,
 )
+from prove.decode.vllm_stats import vllm_stats
 
 pytestmark = pytest.mark.filterwarnings("ignore:checkpoint .* records no trained block size")
 

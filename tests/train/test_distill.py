@@ -232,7 +232,7 @@ def test_distill_config_errors(overrides, match):
 def test_vllm_slot_gives_each_engine_its_slice_and_gpus():
     """distill.backend=vllm under a launcher: one engine per rank, or one per tensor-parallel group of a node's
     consecutive ranks (its first rank starts it on the group's GPUs), each answering i ≡ part (mod parts)."""
-    from prove.train.distill import vllm_slot
+    from prove.train.distill_vllm import vllm_slot
 
     assert vllm_slot(0, 1, 4, 0, 1) == (0, 1, [])  # no launcher: vLLM splits the engine over the GPUs it sees
     assert [vllm_slot(r, 4, 1, r, 4) for r in range(4)] == [(r, 4, [r]) for r in range(4)]

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="distill.backend=vllm needs vLLM (`make install` installs it)")
 
-from prove.train import distill  # noqa: E402
+from prove.train import distill, distill_vllm  # noqa: E402
 from prove.train.distill import build_generated_set, generate_responses, read_shards  # noqa: E402
 
 from tests.train.helpers import tiny_overrides, train_config, write_checkpoint  # noqa: E402
@@ -66,7 +66,7 @@ def _cfg(run_dir, data, proposer, backend: str, **kw):
 def engine(request, tmp_path_factory, arithmetic_jsonl, proposer):
     """The stage's vLLM proposer (``load_vllm_proposer``, prove-lossless with K = 4), built once."""
     cfg = _cfg(tmp_path_factory.mktemp("cfg"), arithmetic_jsonl, proposer, "vllm")
-    dec = distill.load_vllm_proposer(cfg)
+    dec = distill_vllm.load_vllm_proposer(cfg)
     request.addfinalizer(dec.close)
     assert dec.spec["parallel_drafting"] and dec.spec["num_speculative_tokens"] == 4
     assert dec.engine_args["kv_cache_memory_bytes"] == 2**28 and dec.engine_args["max_num_seqs"] == 8
@@ -76,7 +76,7 @@ def engine(request, tmp_path_factory, arithmetic_jsonl, proposer):
 @pytest.fixture()
 def shared(engine, monkeypatch):
     """Every generation of a test runs on the module's engine (the stage closes its own when done)."""
-    monkeypatch.setattr(distill, "load_vllm_proposer", lambda cfg, gpus=(): engine)
+    monkeypatch.setattr(distill_vllm, "load_vllm_proposer", lambda cfg, gpus=(): engine)
     monkeypatch.setattr(engine, "close", lambda: None)
     return engine
 

@@ -1,0 +1,91 @@
+"""What a vLLM decode returns (:class:`VllmResult`) and its statistics under our names (:class:`VllmStats`), read off
+vLLM's per-request speculative metrics (:func:`vllm_stats`); the adapter itself is :mod:`prove.decode.vllm_backend`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class VllmStats:
+    """Per-request statistics of a vLLM decode, under our ``Stats`` names where the meaning is the same.
+
+    ``cycles``: the engine steps that produced this request's tokens: its prefill step (one token) and one step per
+    verification (AR: one a token). ``committed_per_cycle``, ``accepted_by_depth``, ``proposed_by_depth``: as ours,
+    counting only committed tokens (vLLM's own counts include drafts accepted past a stop string or
+    ``max_new_tokens``; they are cut here). vLLM's own figures keep their names: ``drafts`` (its verification steps
+    that carried drafts), ``draft_tokens``, ``accepted_tokens`` (accepted draft tokens, before that cut) and
+    ``mean_acceptance_length`` = 1 + accepted_tokens / drafts, over drafting steps only — not our
+    ``tokens_per_cycle``, which divides every committed token by every cycle."""
+
+    new_tokens: int
+    cycles: int
+    tokens_per_cycle: float
+    committed_per_cycle: list[int]
+    accepted_by_depth: list[int]
+    proposed_by_depth: list[int]
+    drafts: int
+    draft_tokens: int
+    accepted_tokens: int
+    mean_acceptance_length: float
+    wall_s: float
+    """Arrival to last token of this request in vLLM (with others batched beside it)."""
+    backend: str = "vllm"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def vllm_stats(new_tokens: int, spec: Mapping[str, Any] | None, wall_s: float) -> VllmStats:
+    """Our stats from vLLM's per-request speculative metrics (``RequestSpecDecodeMetrics.to_dict()`` at the
+    ``detailed`` level: ``per_step_accepted`` / ``per_step_drafted``), or from the token count alone (AR)."""
+    if spec is None:
+        return VllmStats(new_tokens, new_tokens, 1.0, [1] * new_tokens, [], [], 0, 0, 0, 1.0, wall_s)
+    accepted = list(spec.get("per_step_accepted", []))
+    drafted = list(spec.get("per_step_drafted", []))
+    commits = [1] + [a + 1 for a in accepted]  # the prefill step's token, then each step's accepted + bonus
+    taken = list(accepted)
+    excess = sum(commits) - new_tokens  # committed beyond the output: cut by a stop or max_new_tokens
+    while excess > 0 and len(commits) > 1:
+        cut = min(excess, commits[-1])
+        commits[-1] -= cut
+        taken[-1] = max(0, min(taken[-1], commits[-1]))
+        excess -= cut
+        if commits[-1] == 0:
+            commits.pop(), taken.pop(), drafted.pop()
+    depth = max(drafted, default=0)
+    proposed = [sum(d > i for d in drafted) for i in range(depth)]
+    accepted_by = [sum(a > i for a in taken) for i in range(depth)]
+    cycles = len(commits)
+    return VllmStats(
+        new_tokens=new_tokens,
+        cycles=cycles,
+        tokens_per_cycle=new_tokens / cycles if cycles else 0.0,
+        committed_per_cycle=commits,
+        accepted_by_depth=accepted_by,
+        proposed_by_depth=proposed,
+        drafts=int(spec.get("num_spec_steps", 0)),
+        draft_tokens=int(spec.get("num_draft_tokens", 0)),
+        accepted_tokens=int(spec.get("num_accepted_draft_tokens", 0)),
+        mean_acceptance_length=float(spec.get("mean_acceptance_length", 1.0)),
+        wall_s=wall_s,
+    )
+
+
+@dataclass(frozen=True)
+class VllmResult:
+    """What ``VllmDecoder.generate`` returns: ``GenerationResult``'s fields, with vLLM's stats."""
+
+    token_ids: list[int]
+    """The new tokens only (EOS included when generation ended on it)."""
+    text: str
+    """Their decoding with special tokens skipped."""
+    stats: VllmStats
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    """With ``logprobs=k``: per new token, the k most likely ids and their log-probabilities, most likely first —
+    vLLM's raw log-probs (a log-softmax of the model's logits over every row, before ``allowed_token_ids``: the
+    distribution a teacher-forced forward gives)."""
