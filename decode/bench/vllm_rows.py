@@ -65,9 +65,10 @@ def start_engines(cfg: BenchConfig) -> tuple[dict[str, Any], dict[str, Any]]:
             )
             name = f"vllm {method}"
             engines[name] = dec
+            key = {"prove-lossless": "block_size", "pard": "block_size", "sd": "k"}.get(method)
             resolved = (
-                {"block_size": dec.params.block_size} if method in ("prove-lossless", "pard") else params
-            )
+                {key: getattr(dec.params, key)} if key else {}
+            )  # what the engine runs, defaults included
             spec = dec.engine_args.get("speculative_config") or {}
             schedule = spec.get("num_speculative_tokens_per_batch_size")
             records[name] = {
