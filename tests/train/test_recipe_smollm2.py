@@ -67,7 +67,7 @@ def pipeline(recipe):
     """Steps 1–3 of the recipe's header: self-distillation set, MARS (full FT), the cut verifier distilled."""
     run, run_dir, _ = recipe
     generated = run("stage=distill", "stage.role=proposer")
-    mars = run("stage=mars", "max_steps=3", "lr=1e-3")
+    mars = run("stage=mars", "peft.kind=none", "max_steps=3", "lr=1e-3")  # full fine-tuning
     verifier = run("stage=distill", "max_steps=2")
     return generated, mars, verifier
 
@@ -129,10 +129,15 @@ def test_lora_trains_the_new_mask_row_and_merges_into_the_contract(pipeline, rec
     from safetensors.torch import load_file
 
     run, run_dir, base = recipe
-    lora = run("stage=mars", "peft=lora", "stages.proposer.mars.dir=mars-lora", "max_steps=3", "lr=5e-2")
+    lora = run(
+        "stage=mars", "stages.proposer.mars.dir=mars-lora", "max_steps=3", "lr=5e-2"
+    )  # the recipe's LoRA
     v = len(stock_tokenizer)
     meta = read_prove_json(lora.output_dir)
     assert meta.mask_token_id == v and meta.block_size == 8 and meta.extra["peft"] == "lora"
+    assert (
+        read_prove_json(pipeline[2].output_dir).extra["peft"] == "none"
+    )  # LoRA is the MARS stage's choice only
     adapter = load_file(lora.output_dir / "adapter" / "adapter_model.safetensors")
     deltas = {
         k.split(".token_adapter")[0].rsplit(".", 1)[-1]: t for k, t in adapter.items() if "tokens_delta" in k
