@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,20 +40,42 @@ def decode_prompts(
     Each prompt is seeded with ``seed`` + its position in the file, so a resumed run samples as an
     uninterrupted one would.
     """
+
+    def one_at_a_time(encoded: list[list[int]], seeds: list[int]) -> Iterator[tuple[int, Any]]:
+        for j, (ids, s) in enumerate(zip(encoded, seeds, strict=True)):
+            yield j, decoder.generate(ids, max_new_tokens=max_new_tokens, stop=stop, seed=s)
+
+    return _decode_file(decoder, records, output, one_at_a_time, max_new_tokens, chat, seed, progress)
+
+
+def _decode_file(
+    decoder: Any,
+    records: list[PromptRecord],
+    output: str | Path,
+    generate: Callable[[list[list[int]], list[int]], Iterator[tuple[int, Any]]],
+    max_new_tokens: int,
+    chat: bool,
+    seed: int,
+    progress: bool,
+) -> Path:
+    """The file loop both decoders share: skip the records already in ``output``, encode and length-check every
+    other one before any is decoded, then append one flushed record per result of ``generate(encoded, seeds)``
+    (``(index into the unfinished prompts, result)``, in any order), prompt i seeded with ``seed + i``."""
     from tqdm import tqdm
 
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     done = finished_ids(output)
     todo = [(i, r) for i, r in enumerate(records) if repr(r.id) not in done]
-    encoded: dict[int, list[int]] = {}  # each prompt's ids, encoded once
-    for i, rec in todo:  # a prompt too long for the models, or empty, fails here, before anything is decoded
-        encoded[i] = decoder.encode(render(rec, chat))
+    encoded = []
+    for _, rec in todo:  # a prompt too long for the models, or empty, fails here, before anything is decoded
+        ids = decoder.encode(render(rec, chat))
         try:
-            decoder.check_length(len(encoded[i]), max_new_tokens)
+            decoder.check_length(len(ids), max_new_tokens)
         except ValueError as e:
             where = f" (line {rec.line} of the prompt file)" if rec.line is not None else ""
             raise ValueError(f"prompt {rec.id!r}{where}: {e}") from None
+        encoded.append(ids)
     bar = tqdm(
         total=len(records),
         initial=len(records) - len(todo),
@@ -61,9 +84,8 @@ def decode_prompts(
         unit="prompt",
     )
     with output.open("a") as f:
-        for i, rec in todo:
-            result = decoder.generate(encoded.pop(i), max_new_tokens=max_new_tokens, stop=stop, seed=seed + i)
-            row = output_record(rec, result, decoder.method.name)
+        for j, result in generate(encoded, [seed + i for i, _ in todo]):
+            row = output_record(todo[j][1], result, decoder.method.name)
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
             f.flush()
             bar.set_postfix(tok_per_cycle=f"{result.stats.tokens_per_cycle:.2f}")
@@ -167,34 +189,8 @@ def decode_records(
     """``prove-decode backend=vllm``: ``prove.decode.prompts.decode_prompts`` with every unfinished prompt handed to
     vLLM at once (``options.concurrency`` in flight), one record appended and flushed per prompt as it finishes —
     the same records, resumed the same way, prompt i seeded with ``seed + i``."""
-    from tqdm import tqdm
 
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    done = finished_ids(output)
-    todo = [(i, r) for i, r in enumerate(records) if repr(r.id) not in done]
-    encoded = []
-    for _, rec in todo:  # every prompt checked before any is decoded
-        ids = decoder.encode(render(rec, chat))
-        try:
-            decoder.check_length(len(ids), max_new_tokens)
-        except ValueError as e:
-            raise ValueError(f"prompt {rec.id!r}: {e}") from None
-        encoded.append(ids)
-    bar = tqdm(
-        total=len(records),
-        initial=len(records) - len(todo),
-        file=sys.stderr,
-        disable=not progress,
-        unit="prompt",
-    )
-    with output.open("a") as f:
-        seeds = [seed + i for i, _ in todo]
-        for j, result in decoder.generate_many(encoded, max_new_tokens, stop, seeds=seeds):
-            row = output_record(todo[j][1], result, decoder.method.name)
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-            f.flush()
-            bar.set_postfix(tok_per_cycle=f"{result.stats.tokens_per_cycle:.2f}")
-            bar.update()
-    bar.close()
-    return output
+    def batched(encoded: list[list[int]], seeds: list[int]) -> Iterator[tuple[int, Any]]:
+        return decoder.generate_many(encoded, max_new_tokens, stop, seeds=seeds)
+
+    return _decode_file(decoder, records, output, batched, max_new_tokens, chat, seed, progress)

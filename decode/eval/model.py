@@ -267,13 +267,40 @@ def task_manager(cfg: EvalConfig) -> Any:
     return TaskManager(include_path=paths or None)
 
 
+def _set_params(cfg: EvalConfig) -> dict[str, Any]:
+    """The decode parameters the config sets (the unset ones left to the method's defaults)."""
+    return {k: v for k, v in dataclasses.asdict(cfg.params()).items() if v is not None}
+
+
+def _simple_evaluate(cfg: EvalConfig, tasks: Any, **model: Any) -> dict[str, Any]:
+    """lm-eval's ``simple_evaluate`` over ``cfg``'s tasks and generation settings for ``model`` (an lm-eval model
+    object, or a registered name with its ``model_args``)."""
+    from lm_eval import simple_evaluate
+
+    results = simple_evaluate(
+        **model,
+        tasks=list(cfg.tasks),
+        task_manager=tasks if tasks is not None else task_manager(cfg),
+        num_fewshot=cfg.num_fewshot,
+        limit=cfg.limit,
+        apply_chat_template=cfg.apply_chat_template,
+        system_instruction=cfg.system_instruction,
+        fewshot_as_multiturn=cfg.fewshot_as_multiturn,
+        gen_kwargs={"max_gen_toks": cfg.max_gen_toks} if cfg.max_gen_toks else None,
+        log_samples=cfg.log_samples,
+        confirm_run_unsafe_code=cfg.confirm_run_unsafe_code,
+    )
+    if results is None:
+        raise RuntimeError("lm-eval returned no results (non-zero rank?)")
+    return results
+
+
 def vllm_model_args(cfg: EvalConfig, method: str) -> dict[str, Any]:
     """lm-eval's ``vllm`` model arguments for ``method``: the engine arguments ``backend=vllm`` resolves (every
     check of ``prove-decode backend=vllm`` run, no engine started), under lm-eval's names; requests batched
     (``batch_size=auto``)."""
     from prove.decode.vllm_backend import VllmDecoder
 
-    params = {k: v for k, v in dataclasses.asdict(cfg.params()).items() if v is not None}
     plan = VllmDecoder(
         cfg.model,
         method=method,
@@ -282,7 +309,7 @@ def vllm_model_args(cfg: EvalConfig, method: str) -> dict[str, Any]:
         dtype=cfg.dtype,
         options=cfg.vllm,
         start=False,
-        **params,
+        **_set_params(cfg),
     )
     args = dict(plan.engine_args)
     for key in ("disable_log_stats", "per_request_spec_decode_metrics"):  # our records' stats, not lm-eval's
@@ -313,27 +340,10 @@ def evaluate_vllm(cfg: EvalConfig, method: str, tasks: Any = None) -> tuple[dict
     carrying the engine arguments and the run's wall time (lm-eval's vLLM model keeps no decode statistics)."""
     import time
 
-    from lm_eval import simple_evaluate
-
     check_lm_eval_vllm()
     args = vllm_model_args(cfg, method)
     t0 = time.perf_counter()
-    results = simple_evaluate(
-        model="vllm",
-        model_args=args,
-        tasks=list(cfg.tasks),
-        task_manager=tasks if tasks is not None else task_manager(cfg),
-        num_fewshot=cfg.num_fewshot,
-        limit=cfg.limit,
-        apply_chat_template=cfg.apply_chat_template,
-        system_instruction=cfg.system_instruction,
-        fewshot_as_multiturn=cfg.fewshot_as_multiturn,
-        gen_kwargs={"max_gen_toks": cfg.max_gen_toks} if cfg.max_gen_toks else None,
-        log_samples=cfg.log_samples,
-        confirm_run_unsafe_code=cfg.confirm_run_unsafe_code,
-    )
-    if results is None:
-        raise RuntimeError("lm-eval returned no results (non-zero rank?)")
+    results = _simple_evaluate(cfg, tasks, model="vllm", model_args=args)
     summary = {
         "method": method,
         "model": cfg.model,
@@ -352,9 +362,6 @@ def evaluate_method(
 
     ``model`` / ``tokenizer``: the already loaded ``cfg.model`` (and its tokenizer), so a second method reuses it.
     """
-    from lm_eval import simple_evaluate
-
-    params = {k: v for k, v in dataclasses.asdict(cfg.params()).items() if v is not None}
     lm = ProveLM(
         model=cfg.model if model is None else model,
         tokenizer=tokenizer,
@@ -364,23 +371,9 @@ def evaluate_method(
         batch_size=cfg.batch_size,
         device=cfg.device,
         dtype=cfg.dtype,
-        **params,
+        **_set_params(cfg),
     )
-    results = simple_evaluate(
-        model=lm,
-        tasks=list(cfg.tasks),
-        task_manager=tasks if tasks is not None else task_manager(cfg),
-        num_fewshot=cfg.num_fewshot,
-        limit=cfg.limit,
-        apply_chat_template=cfg.apply_chat_template,
-        system_instruction=cfg.system_instruction,
-        fewshot_as_multiturn=cfg.fewshot_as_multiturn,
-        gen_kwargs={"max_gen_toks": cfg.max_gen_toks} if cfg.max_gen_toks else None,
-        log_samples=cfg.log_samples,
-        confirm_run_unsafe_code=cfg.confirm_run_unsafe_code,
-    )
-    if results is None:
-        raise RuntimeError("lm-eval returned no results (non-zero rank?)")
+    results = _simple_evaluate(cfg, tasks, model=lm)
     return results, lm
 
 
