@@ -28,12 +28,14 @@ if TYPE_CHECKING:
 
 DRAFTED = ("sd", "pard")
 """vLLM methods that need ``draft``."""
+SIZE_KEY = {"prove-lossless": "block_size", "pard": "block_size", "sd": "k"}
+"""The config key that sizes a vLLM method's drafts: K for the block drafters, k for a draft model."""
 
 
 def vllm_params(cfg: BenchConfig, method: str) -> dict[str, Any]:
     """K (prove-lossless, pard) or k (sd) of a vLLM row: the first value of ``block_size`` / ``k``, else the
     method's default (the trained block size for K)."""
-    key = {"prove-lossless": "block_size", "pard": "block_size", "sd": "k"}.get(method)
+    key = SIZE_KEY.get(method)
     if key is None:
         return {}
     value = as_values(getattr(cfg, key))[0]
@@ -65,7 +67,7 @@ def start_engines(cfg: BenchConfig) -> tuple[dict[str, Any], dict[str, Any]]:
             )
             name = f"vllm {method}"
             engines[name] = dec
-            key = {"prove-lossless": "block_size", "pard": "block_size", "sd": "k"}.get(method)
+            key = SIZE_KEY.get(method)
             resolved = (
                 {key: getattr(dec.params, key)} if key else {}
             )  # what the engine runs, defaults included
