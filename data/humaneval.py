@@ -14,9 +14,9 @@ vLLM's batched one included::
 
 Scoring takes a reply's first fenced code block, or cuts a raw continuation at the first line that leaves the
 function (the original harness's stop sequences), then runs it after the stub, with the problem's tests and
-``check(entry_point)``, in a fresh Python process with a time limit. That runs model-written code on this machine: hence the explicit flag. For
-lm-eval's own ``humaneval`` task through ``prove-eval`` (which needs the dataset and ``code_eval`` cached
-locally) see docs/eval.md.
+``check(entry_point)``, in a fresh Python process with a time limit. That runs model-written code on this machine:
+hence the explicit flag. For lm-eval's own ``humaneval`` task through ``prove-eval`` (which needs the dataset and
+``code_eval`` cached locally) see docs/eval.md.
 """
 
 from __future__ import annotations
@@ -144,8 +144,9 @@ def main(argv: list[str] | None = None) -> None:
     sc.add_argument("--confirm-run-unsafe-code", action="store_true", help="run the model-written code here")
     args = parser.parse_args(argv)
     if args.cmd == "prompts":
-        out = write_prompts(load_problems(args.source)[: args.limit], args.out, chat=args.chat)
-        print(f"wrote {sum(1 for _ in out.open())} HumanEval prompts to {out}")
+        problems = load_problems(args.source)[: args.limit]
+        out = write_prompts(problems, args.out, chat=args.chat)
+        print(f"wrote {len(problems)} HumanEval prompts to {out}")
         return
     if not args.confirm_run_unsafe_code:
         raise SystemExit("scoring runs the model's code on this machine: add --confirm-run-unsafe-code")
