@@ -1,0 +1,93 @@
+"""Acceptance simulated from teacher-forced predictions (prove.train.acceptance) on hand-made predictions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from prove.train.acceptance import AcceptanceSums, allowed_argmax, block_acceptance
+
+K, L, P, EOT = 4, 16, 4, 99
+
+
+def _case(eot_at: int = L - 1, prompt: int = P):
+    """Labels with a response from ``prompt`` to ``eot_at`` (the end of turn), EOS padding after it, and a clean
+    argmax that is on-policy everywhere (ĝ_j = x_{j+1})."""
+    labels = torch.full((1, L), -100)
+    resp = torch.arange(prompt, L)
+    labels[0, prompt:] = 10 + resp
+    labels[0, eot_at:] = EOT  # the end of turn, then its block padding (EOS = the end-of-turn id here)
+    clean = torch.zeros(1, L, dtype=torch.long)
+    clean[0, :-1] = labels[0, 1:].clamp(min=0)
+    return labels, clean
+
+
+def _sums(labels, clean, noisy, conf=None, tau=0.95):
+    conf = torch.zeros(noisy.shape) if conf is None else conf
+    return block_acceptance(clean, noisy, conf, labels, K, [EOT], tau).summary()
+
+
+def test_a_depth_that_always_matches_gives_k_plus_one_but_the_end_of_turn_caps_the_last_block():
+    labels, clean = _case()
+    out = _sums(labels, clean, clean.clone())
+    assert out["blocks"] == 3 and out["offpolicy"] == 0  # blocks at 4, 8, 12; the boundary block 0 is not one
+    for k in range(1, K + 1):
+        # blocks 4 and 8 commit K′ + 1; block 12 holds 4 tokens up to the end of turn at 15
+        assert out[f"tpc_k{k}"] == pytest.approx((2 * (k + 1) + min(k + 1, 4)) / 3)
+        assert out[f"accept_d{k}"] == 1.0
+
+
+def test_a_depth_that_never_matches_commits_the_first_token_and_the_correction():
+    labels, clean = _case()
+    out = _sums(labels, clean, clean + 1)
+    assert all(out[f"tpc_k{k}"] == 2.0 for k in range(1, K + 1))
+    assert out["accept_d1"] == 1.0 and out["accept_d2"] == out["accept_d3"] == out["accept_d4"] == 0.0
+
+
+def test_a_run_broken_at_depth_3_stops_there_although_depth_4_matches():
+    labels, clean = _case()
+    noisy = clean.clone()
+    noisy[0, [5, 9, 13]] += 1  # depth 3 of each block is the noisy argmax at s + 1
+    out = _sums(labels, clean, noisy)
+    assert [out[f"tpc_k{k}"] for k in range(1, K + 1)] == [2.0, 3.0, 3.0, 3.0]
+    assert out["accept_d2"] == 1.0 and out["accept_d3"] == 0.0 and out["accept_d4"] == 0.0
+
+
+def test_an_off_policy_label_inside_a_run_cuts_it_and_is_counted():
+    labels, clean = _case()
+    clean[0, 8] += 1  # ĝ_8 is no longer x_9: from depth 3 on, block 8's verification would see another context
+    noisy = clean.clone()  # every proposal matches the clean argmax
+    out = _sums(labels, clean, noisy)
+    assert out["offpolicy"] == pytest.approx(1 / 3)
+    # block 8: depths 1, 2 count (their labels x_8 = ĝ_7 hold), then the label at 9 differs: run 2 → 3 tokens
+    assert out["tpc_k4"] == pytest.approx((5 + 3 + 4) / 3)
+    assert out["tpc_k2"] == pytest.approx(3.0)
+
+
+def test_eos_padding_is_never_counted_and_the_boundary_block_is_left_out():
+    labels, clean = _case(eot_at=9, prompt=5)  # P = 5: block 4 holds the prompt's last token
+    out = _sums(labels, clean, clean.clone())
+    # only block 8 is a cycle (block 12 is EOS padding past the end of turn): 2 tokens up to the end of turn
+    assert out["blocks"] == 1 and out["tpc_k4"] == 2.0 and out["tpc_k1"] == 2.0
+    assert out["accept_d3"] == 0.0  # depth 3 lies past the end of turn: no block counts it
+
+
+def test_the_mars_rule_commits_one_plus_the_confident_run_without_a_bonus():
+    labels, clean = _case()
+    conf = torch.zeros(1, L)
+    conf[0, [4, 8, 9, 12, 13, 14]] = 0.99  # block 4: depth 2; block 8: depths 2, 3; block 12: depths 2..4
+    out = _sums(labels, clean, clean.clone(), conf)
+    assert out["tpc_mars_k4"] == pytest.approx((2 + 3 + 4) / 3)
+    assert out["tpc_mars_k1"] == 1.0 and out["tpc_mars_k2"] == 2.0
+
+
+def test_sums_add_up_over_batches_and_the_argmax_skips_disallowed_ids():
+    labels, clean = _case()
+    a = block_acceptance(clean, clean, torch.zeros(1, L), labels, K, [EOT])
+    both = block_acceptance(
+        clean.repeat(2, 1), clean.repeat(2, 1), torch.zeros(2, L), labels.repeat(2, 1), K, [EOT]
+    )
+    assert torch.equal((a + a).as_tensor(), both.as_tensor())
+    assert AcceptanceSums.from_tensor(both.as_tensor()).summary() == both.summary()
+    logits = torch.tensor([[0.0, 5.0, 1.0, 9.0]])  # id 3: <|mask|> or a spare row
+    idx, conf = allowed_argmax(logits, torch.tensor([True, True, True, False]))
+    assert idx.item() == 1 and conf.item() == pytest.approx(torch.softmax(logits[0, :3], -1)[1].item())

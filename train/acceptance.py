@@ -1,0 +1,162 @@
+"""Acceptance simulated on teacher-forced MARS passes: what prove-lossless (and the MARS rule) would commit per cycle,
+read off one ``[noisy | clean]`` forward of held-out rows, no generation (docs/design.md §2.1, "Acceptance while
+training"). Pure functions of tensors.
+
+For a block that starts at stream index s (every token of it a response token: s ≥ P, the first response position;
+the block holding the prompt/answer boundary is left out) the decode cycle starts at t = s − 1, its context the
+clean tokens before s:
+
+- depth 1 is ĝ_{s−1}, the clean stream's argmax at s − 1 (the proposer's own next token, accepted by construction);
+- depth d = 2..K′ is the noisy argmax at s + d − 2 (placeholder d − 1 of the block), accepted when it equals
+  ĝ_{s+d−2}, the clean argmax there; the noisy in-block index K − 1 (depth K + 1) is trained but never decoded;
+- ĝ_{s+d−2} is what verification computes only if the tokens before it are the ones committed, so a leading run
+  counts only while the labels inside it are the clean argmax (x_{j+1} = ĝ_j); a block whose labels differ from the
+  clean argmax within its reach is *off-policy* (counted apart: their share says how far the data is from the
+  model's own outputs);
+- prove-lossless commits run + 1 tokens (the run of accepted depths, then the correction or bonus token), never past
+  the end-of-turn token (EOS block padding is never counted: a block that starts past it is no cycle); the MARS rule
+  commits 1 + the run of depths 2.. whose confidence p̃ (the noisy argmax's probability) reaches τ, no bonus token.
+
+Every K′ ≤ K is read from the same pass: decoding at K′ uses the first K′ depths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from prove.data.chat import IGNORE_INDEX
+
+
+@dataclass(frozen=True)
+class AcceptanceSums:
+    """Counts over blocks (sums, so batches and ranks add up: :meth:`as_tensor` / :meth:`from_tensor`)."""
+
+    blocks: torch.Tensor
+    """``()`` blocks counted (cycles simulated)."""
+    offpolicy: torch.Tensor
+    """``()`` of them whose labels within reach differ from the clean argmax."""
+    depth_blocks: torch.Tensor
+    """``(K,)`` blocks in which depth d = 1..K lies before the end of turn."""
+    depth_hits: torch.Tensor
+    """``(K,)`` of them whose run reaches depth d."""
+    tokens: torch.Tensor
+    """``(K,)`` prove-lossless tokens committed, summed over blocks, decoding at K′ = 1..K."""
+    mars_tokens: torch.Tensor
+    """``(K,)`` the same under the MARS rule (p̃ ≥ τ, no bonus token)."""
+
+    def as_tensor(self) -> torch.Tensor:
+        """One float64 vector ``(2 + 4K,)``."""
+        head = torch.stack([self.blocks, self.offpolicy]).double()
+        rest = [self.depth_blocks, self.depth_hits, self.tokens, self.mars_tokens]
+        return torch.cat([head, *(r.double() for r in rest)])
+
+    @staticmethod
+    def from_tensor(t: torch.Tensor) -> AcceptanceSums:
+        k = (t.numel() - 2) // 4
+        parts = t[2:].view(4, k)
+        return AcceptanceSums(t[0], t[1], parts[0], parts[1], parts[2], parts[3])
+
+    def __add__(self, other: AcceptanceSums) -> AcceptanceSums:
+        return AcceptanceSums.from_tensor(self.as_tensor() + other.as_tensor().to(self.blocks.device))
+
+    def summary(self) -> dict[str, float]:
+        """``accept_d{d}`` (per-depth acceptance), ``tpc_k{K′}`` (simulated prove-lossless tokens per cycle),
+        ``tpc_mars_k{K′}`` (the MARS rule's), ``offpolicy`` (share of blocks) and ``blocks``."""
+        n = float(self.blocks)
+        out: dict[str, float] = {"blocks": n, "offpolicy": float(self.offpolicy) / max(n, 1.0)}
+        k = self.tokens.numel()
+        for d in range(k):
+            out[f"accept_d{d + 1}"] = float(self.depth_hits[d]) / max(float(self.depth_blocks[d]), 1.0)
+        for d in range(k):
+            out[f"tpc_k{d + 1}"] = float(self.tokens[d]) / max(n, 1.0)
+        for d in range(k):
+            out[f"tpc_mars_k{d + 1}"] = float(self.mars_tokens[d]) / max(n, 1.0)
+        return out
+
+
+def allowed_argmax(logits: torch.Tensor, allowed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Argmax and its probability over the ids decoding may output (``allowed`` ``(V,)`` bool: no ``<|mask|>``, no
+    spare embedding rows), as the decode engine restricts them. ``logits`` ``(..., V)`` → two ``(...)`` tensors."""
+    z = logits.float()
+    if allowed is not None:
+        z = z.masked_fill(~allowed.to(z.device), float("-inf"))
+    probs = torch.softmax(z, dim=-1)
+    conf, idx = probs.max(dim=-1)
+    return idx, conf
+
+
+def block_acceptance(
+    clean_pred: torch.Tensor,
+    noisy_pred: torch.Tensor,
+    noisy_conf: torch.Tensor,
+    labels: torch.Tensor,
+    block_size: int,
+    stop_ids: Sequence[int],
+    tau: float = 0.95,
+) -> AcceptanceSums:
+    """The sums of :class:`AcceptanceSums` for a batch (the rule in the module docstring).
+
+    All ``(B, L)``, indexed by position within the stream (L a multiple of K): ``clean_pred[b, j]`` the clean
+    stream's argmax at j (its guess for j + 1), ``noisy_pred`` / ``noisy_conf`` the noisy stream's argmax and its
+    probability at j (read only at response blocks), ``labels`` −100 on the prompt and batch padding. ``stop_ids``:
+    the end-of-turn ids (the first one in the response ends it; a row without one ends at its last label)."""
+    bsz, length = labels.shape
+    k = block_size
+    assert length % k == 0, f"length {length} is not a multiple of K = {k}"
+    dev = labels.device
+    c = length // k
+    pos = torch.arange(length, device=dev)
+    has = labels != IGNORE_INDEX  # (B, L)
+    first = torch.where(has, pos, length).min(dim=1).values  # (B,) P
+    stop = torch.zeros_like(has)
+    for t in stop_ids:
+        stop |= labels == t
+    stop &= has
+    last = torch.where(has, pos, -1).max(dim=1).values  # (B,) the last label
+    eot = torch.where(stop, pos, length).min(dim=1).values  # (B,)
+    eot = torch.where(eot < length, eot, last)  # (B,) e: the last position a decode may commit
+
+    s = torch.arange(c, device=dev) * k  # (C,) block starts
+    i = torch.arange(k, device=dev)  # (K,) in-block index
+    at = (s[:, None] + i[None, :]).expand(bsz, c, k).reshape(bsz, -1)  # (B, C·K) = positions s + i
+    prev = (at - 1).clamp(min=0)  # s + i − 1
+    g_prev = clean_pred.gather(1, prev).view(bsz, c, k)  # ĝ_{s+i−1}: the greedy guess for s + i
+    g_here = clean_pred.gather(1, at).view(bsz, c, k)  # ĝ_{s+i}
+    lab = labels.gather(1, at).view(bsz, c, k)  # x_{s+i}
+    noisy = noisy_pred.gather(1, at).view(bsz, c, k)  # noisy argmax at s + i: depth i + 2
+    conf = noisy_conf.gather(1, at).view(bsz, c, k)
+
+    ones = torch.ones(bsz, c, 1, dtype=torch.bool, device=dev)
+    # depth d = 1..K: (B, C, K) with index d − 1
+    proposal_ok = torch.cat([ones, (noisy == g_here)[..., : k - 1]], dim=-1)
+    label_ok = labels_on_policy = lab == g_prev  # x_{s+i} = ĝ_{s+i−1}
+    before_ok = torch.cat(
+        [ones, label_ok.cumprod(dim=-1).bool()[..., : k - 1]], dim=-1
+    )  # labels of y_1..y_{d−1}
+    accepted = (proposal_ok & before_ok).cumprod(dim=-1)  # (B, C, K) leading run
+    run = accepted.sum(dim=-1)  # (B, C) ∈ 1..K
+    mars_ok = torch.cat([ones, (conf >= tau)[..., : k - 1]], dim=-1).cumprod(dim=-1)
+    mars_run = mars_ok.sum(dim=-1)  # (B, C)
+
+    starts = s.expand(bsz, c)  # (B, C)
+    cap = eot[:, None] - starts + 1  # (B, C) tokens up to and with the end of turn
+    counted = (starts >= first[:, None]) & (starts >= 1) & (cap >= 1) & lab.ne(IGNORE_INDEX)[..., 0]  # (B, C)
+    within = i[None, None, :] < cap[..., None].clamp(max=k)  # (B, C, K) positions a cycle may commit
+    offpolicy = ((~labels_on_policy) & within).any(dim=-1) & counted
+
+    depth = i + 1  # (K,)
+    reach = (cap[..., None] >= depth) & counted[..., None]  # (B, C, K) depth d before the end of turn
+    kk = depth[None, None, :]  # K′ = 1..K
+    tokens = torch.minimum(torch.minimum(run[..., None], kk) + 1, cap[..., None])  # (B, C, K′)
+    mars_tokens = torch.minimum(torch.minimum(mars_run[..., None], kk), cap[..., None])
+    w = counted[..., None].to(torch.float64)
+    return AcceptanceSums(
+        blocks=counted.sum().double(),
+        offpolicy=offpolicy.sum().double(),
+        depth_blocks=reach.sum(dim=(0, 1)).double(),
+        depth_hits=(reach & accepted.bool()).sum(dim=(0, 1)).double(),
+        tokens=(tokens.double() * w).sum(dim=(0, 1)),
+        mars_tokens=(mars_tokens.double() * w).sum(dim=(0, 1)),
+    )
