@@ -20,6 +20,7 @@ noisy output predicting the first clean token) is not a target.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -47,34 +48,77 @@ def shifted_block_targets(labels: torch.Tensor) -> torch.Tensor:
 
 
 def mars_loss(logits: torch.Tensor, labels: torch.Tensor, ar_weight: float = 1.0) -> MarsLoss:
-    """MARS loss from the 2L logits.
+    """MARS loss from the full 2L logits (the reference layout; training computes the head only at targets,
+    :func:`mars_loss_terms` over :func:`head_cross_entropy`).
 
-    ``logits``: ``(B, 2L, V)`` for the input ``[noisy | clean]``; ``labels``: ``(B, L)``, -100 on the
-    prompt and on padding. Sequences without any target contribute 0 (and are not counted).
+    ``logits``: ``(B, 2L, V)`` for the input ``[noisy | clean]``; ``labels``: ``(B, L)``, -100 on the prompt and on
+    padding. Sequences without any target contribute 0 (and are not counted).
     """
     bsz, two_l, vocab = logits.shape
     length = labels.shape[1]
     assert two_l == 2 * length, f"logits cover {two_l} positions, expected 2 × {length}"
     noisy_t = clean_t = shifted_block_targets(labels)  # (B, L): both streams predict the same next labels
     targets = torch.cat([noisy_t, clean_t], dim=1)  # (B, 2L)
-    ce = F.cross_entropy(
-        logits.reshape(-1, vocab).float(), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none"
-    ).view(bsz, two_l)  # (B, 2L)
-    valid = targets != IGNORE_INDEX  # (B, 2L)
+    rows, cols = (targets != IGNORE_INDEX).nonzero(as_tuple=True)  # (n,) each
+    ce = F.cross_entropy(logits[rows, cols].float(), targets[rows, cols], reduction="none")  # (n,)
+    return mars_loss_terms(ce, rows, cols < length, bsz, ar_weight)
 
-    def per_seq(sl: slice) -> tuple[torch.Tensor, torch.Tensor]:
-        count = valid[:, sl].sum(dim=1)  # (B,)
-        return ce[:, sl].sum(dim=1) / count.clamp(min=1), count > 0
 
-    noisy, has_noisy = per_seq(slice(0, length))
-    clean, has_clean = per_seq(slice(length, two_l))
-    per_sequence = noisy + ar_weight * clean  # (B,)
-    n_seq = (has_noisy | has_clean).sum().clamp(min=1)
+def mars_loss_terms(
+    ce: torch.Tensor, rows: torch.Tensor, noisy: torch.Tensor, batch_size: int, ar_weight: float = 1.0
+) -> MarsLoss:
+    """The MARS loss from the CE of every target, however the targets were laid out.
+
+    ``ce``, ``rows`` (the example of each target), ``noisy`` (True for a noisy-stream target): ``(n,)``.
+    ``loss = mean over sequences with a target of [noisy_sum / noisy_count + ar_weight · clean_sum / clean_count]``.
+    """
+    zeros = torch.zeros(batch_size, dtype=ce.dtype, device=ce.device)
+    sums = torch.stack(
+        [zeros.index_add(0, rows, ce * noisy), zeros.index_add(0, rows, ce * ~noisy)]
+    )  # (2, B)
+    counts = torch.stack(
+        [zeros.index_add(0, rows, noisy.to(ce.dtype)), zeros.index_add(0, rows, (~noisy).to(ce.dtype))]
+    )  # (2, B)
+    means = sums / counts.clamp(min=1)  # (2, B): noisy, clean per sequence
+    per_sequence = means[0] + ar_weight * means[1]  # (B,)
+    n_seq = (counts.sum(dim=0) > 0).sum().clamp(min=1)
     return MarsLoss(
         loss=per_sequence.sum() / n_seq,
-        noisy=noisy.detach().sum() / n_seq,
-        clean=clean.detach().sum() / n_seq,
+        noisy=means[0].detach().sum() / n_seq,
+        clean=means[1].detach().sum() / n_seq,
     )
+
+
+def _head_ce(
+    head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    return F.cross_entropy(head(hidden).float(), targets, reduction="none")
+
+
+def head_cross_entropy(
+    head: Callable[[torch.Tensor], torch.Tensor],
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    chunk_rows: int | None = None,
+) -> torch.Tensor:
+    """Per-target CE ``(n,)`` of ``head(hidden)`` (hidden ``(n, H)``, the final hidden states at the targets only).
+
+    ``head`` is the model's output-embedding *module* (under ZeRO-3 its hooks gather the sharded weight; the weight
+    itself is never read here). With ``chunk_rows`` set and more rows than that, the logits are made ``chunk_rows``
+    at a time and recomputed in the backward pass (activation checkpointing), so at most one chunk's fp32 logits
+    exist at once; the result equals the unchunked one."""
+    n = hidden.shape[0]
+    if chunk_rows is None or n <= chunk_rows:
+        return _head_ce(head, hidden, targets)
+    from torch.utils.checkpoint import checkpoint
+
+    parts = [
+        checkpoint(
+            _head_ce, head, hidden[i : i + chunk_rows], targets[i : i + chunk_rows], use_reentrant=False
+        )
+        for i in range(0, n, chunk_rows)
+    ]
+    return torch.cat(parts)
 
 
 @dataclass(frozen=True)

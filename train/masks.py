@@ -30,6 +30,7 @@ float additive 4D mask that transformers' eager and sdpa attention take
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -139,3 +140,153 @@ def block_inputs(
     pos = torch.arange(input_ids.shape[1], device=input_ids.device)
     position_ids = torch.cat([pos, pos])[None].expand(input_ids.shape[0], -1)  # (B, 2L)
     return ids, position_ids
+
+
+# -- the trimmed input: only the noisy blocks that carry a target -----------------------------------------------
+
+
+def first_target_block(labels: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Per example ``(B,)``: the first noisy block with a target, ``(P - 1) // K``, P the first response position.
+
+    The output at P − 1 predicts the first response token (a depth-1 target), so when P is a multiple of K the
+    block holding P − 1 (the prompt's last block) is kept, not block P // K. An example without a target gets the
+    block past its end (nothing kept)."""
+    has = labels != IGNORE_INDEX  # (B, L)
+    length = labels.shape[1]
+    idx = torch.arange(length, device=labels.device).expand_as(labels)
+    first = torch.where(has, idx, torch.full_like(idx, length)).min(dim=1).values  # (B,) P, or L when none
+    return torch.where(first < length, (first - 1).clamp(min=0) // block_size, -(-length // block_size))
+
+
+@dataclass(frozen=True)
+class TrimmedInputs:
+    """The input ``[noisy blocks from (P − 1) // K on | clean]`` of a batch, right-padded per example.
+
+    Column c < N is noisy stream index ``start_b + c`` of example b (from ``start_b = K · (P_b − 1) // K``); columns
+    N.. are the clean stream (index c − N). Noisy columns past an example's own length are padding: they sit in
+    blocks of their own past its end, so no real query attends them, and carry no target.
+    """
+
+    ids: torch.Tensor
+    """``(B, N + L)`` token ids."""
+    position_ids: torch.Tensor
+    """``(B, N + L)``: each token's index in its stream (a placeholder and the token it stands for share one)."""
+    stream_index: torch.Tensor
+    """``(B, N + L)``: p, the index within its stream the attention rule reads (padding continues past the end)."""
+    noisy_len: int
+    """N, the noisy columns (the longest kept noisy part of the batch, a multiple of K)."""
+    starts: torch.Tensor
+    """``(B,)`` the first kept noisy stream index of each example."""
+
+    @property
+    def is_noisy(self) -> torch.Tensor:
+        """``(B, N + L)`` True on the noisy columns."""
+        cols = torch.arange(self.ids.shape[1], device=self.ids.device)
+        return (cols < self.noisy_len).expand_as(self.ids)
+
+
+def trimmed_inputs(
+    input_ids: torch.Tensor,
+    labels: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    mask_token_id: int,
+    block_size: int,
+) -> TrimmedInputs:
+    """:func:`block_inputs` without the noisy blocks before ``(P − 1) // K``: nothing outside a noisy block attends
+    it and no target lies in it, so every output with a target is unchanged (docs/design.md §2.1).
+
+    ``input_ids``, ``labels``, ``attention_mask``: ``(B, L)`` as :class:`prove.train.collate.Collator` makes them
+    (each example a multiple of K long; ``attention_mask`` None: no batch padding)."""
+    bsz, length = input_ids.shape
+    dev = input_ids.device
+    lengths = (
+        attention_mask.sum(dim=1) if attention_mask is not None else torch.full((bsz,), length, device=dev)
+    )  # (B,) each example's own (block-padded) length
+    starts = (first_target_block(labels, block_size) * block_size).minimum(lengths)  # (B,)
+    n = int((lengths - starts).max().item()) if bsz else 0
+    cols = torch.arange(n, device=dev)
+    p_noisy = starts[:, None] + cols[None, :]  # (B, N) stream index of each noisy column
+    real = p_noisy < lengths[:, None]  # (B, N)
+    gather = p_noisy.clamp(max=length - 1)
+    src_ids = input_ids.gather(1, gather)  # (B, N)
+    src_lab = labels.gather(1, gather)  # (B, N)
+    noisy = torch.where(real & (src_lab != IGNORE_INDEX), torch.full_like(src_ids, mask_token_id), src_ids)
+    noisy = torch.where(real, noisy, torch.full_like(src_ids, mask_token_id))  # padding: any id, never read
+    pos = torch.arange(length, device=dev).expand(bsz, -1)  # (B, L)
+    return TrimmedInputs(
+        ids=torch.cat([noisy, input_ids], dim=1),
+        position_ids=torch.cat([gather, pos], dim=1),
+        stream_index=torch.cat([p_noisy, pos], dim=1),
+        noisy_len=n,
+        starts=starts,
+    )
+
+
+def trimmed_targets(labels: torch.Tensor, inputs: TrimmedInputs) -> torch.Tensor:
+    """``(B, N + L)``: the label each output of :func:`trimmed_inputs` predicts (the next token of its stream), −100
+    where none (the prompt, padding, a stream's last index)."""
+    shifted = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], IGNORE_INDEX)], dim=1)  # (B, L)
+    length = labels.shape[1]
+    p = inputs.stream_index[:, : inputs.noisy_len]
+    noisy_t = shifted.gather(1, p.clamp(max=length - 1))
+    noisy_t = torch.where(p < length, noisy_t, torch.full_like(noisy_t, IGNORE_INDEX))
+    return torch.cat([noisy_t, shifted], dim=1)
+
+
+def trimmed_attention_allowed(inputs: TrimmedInputs, block_size: int) -> torch.Tensor:
+    """Boolean ``(B, T, T)`` (T = N + L), True where query may attend key: the rule of
+    :func:`block_attention_allowed` on each example's stream indices."""
+    p = inputs.stream_index  # (B, T)
+    noisy = inputs.is_noisy  # (B, T)
+    blk = p // block_size
+    pq, pk = p[:, :, None], p[:, None, :]
+    nq, nk = noisy[:, :, None], noisy[:, None, :]
+    bq, bk = blk[:, :, None], blk[:, None, :]
+    causal = pk <= pq
+    nn = nq & nk & causal & (bq == bk)
+    nc = nq & ~nk & (bk < bq)
+    cc = ~nq & ~nk & causal
+    return nn | nc | cc
+
+
+def trimmed_attention_bias(
+    inputs: TrimmedInputs, block_size: int, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Float additive mask ``(B, 1, T, T)`` of :func:`trimmed_attention_allowed` (eager and sdpa)."""
+    allowed = trimmed_attention_allowed(inputs, block_size)
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    bias.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return bias[:, None]
+
+
+def trimmed_mask_mod(inputs: TrimmedInputs, block_size: int) -> Callable[..., torch.Tensor]:
+    """FlexAttention ``mask_mod(b, h, q_idx, kv_idx)`` of the same per-example rule (``create_block_mask(mod,
+    B=batch, H=None, Q_LEN=T, KV_LEN=T)``)."""
+    p, n = inputs.stream_index, inputs.noisy_len
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        pq, pk = p[b, q_idx], p[b, kv_idx]
+        q_noisy, k_noisy = q_idx < n, kv_idx < n
+        bq, bk = pq // block_size, pk // block_size
+        causal = pk <= pq
+        nn = q_noisy & k_noisy & causal & (bq == bk)
+        nc = q_noisy & ~k_noisy & (bk < bq)
+        cc = ~q_noisy & ~k_noisy & causal
+        return nn | nc | cc
+
+    return mask_mod
+
+
+def trimmed_attention_mask(
+    impl: str | None, inputs: TrimmedInputs, block_size: int, dtype: torch.dtype
+) -> Any:
+    """The mask for a model whose attention is ``impl``: a FlexAttention ``BlockMask`` under ``flex_attention``,
+    else :func:`trimmed_attention_bias`."""
+    if impl == "flex_attention":
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        t = inputs.ids.shape[1]
+        return create_block_mask(
+            trimmed_mask_mod(inputs, block_size), inputs.ids.shape[0], None, t, t, device=inputs.ids.device
+        )
+    return trimmed_attention_bias(inputs, block_size, dtype=dtype)

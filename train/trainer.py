@@ -3,14 +3,19 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 from typing import Any
 
 import torch
-from prove.train.losses import distill_loss, mars_loss
-from prove.train.masks import block_inputs, mars_attention_mask
+from prove.data.chat import IGNORE_INDEX
+from prove.train.acceptance import AcceptanceSums, allowed_argmax, block_acceptance
+from prove.train.losses import distill_loss, head_cross_entropy, mars_loss_terms
+from prove.train.masks import TrimmedInputs, trimmed_attention_mask, trimmed_inputs, trimmed_targets
 from transformers import Trainer, TrainerCallback
+
+log = logging.getLogger(__name__)
 
 
 class TermLogTrainer(Trainer):
@@ -46,44 +51,250 @@ class TermLogTrainer(Trainer):
 class MarsTrainer(TermLogTrainer):
     """Trains an ordinary causal LM to fill K placeholders in one pass.
 
-    Batches hold ``input_ids`` / ``labels`` ``(B, L)`` with L a multiple of K (see
-    :class:`prove.train.collate.Collator`). ``compute_loss`` turns them into the 2L input
-    ``[noisy | clean]`` with position ids ``[0..L-1, 0..L-1]`` and the block attention mask, runs the
-    forward and returns :func:`prove.train.losses.mars_loss`.
-    The mask is a float additive 4D tensor for eager/sdpa, or a FlexAttention ``BlockMask`` when the
-    model runs ``attn_implementation="flex_attention"``.
+    Batches hold ``input_ids`` / ``labels`` / ``attention_mask`` ``(B, L)`` with each example a multiple of K long
+    (:class:`prove.train.collate.Collator`). ``compute_loss`` turns them into ``[noisy | clean]`` without the noisy
+    blocks before ``(P − 1) // K`` (:func:`prove.train.masks.trimmed_inputs`: they hold no target and nothing reads
+    them), builds each example's block attention mask (a float additive 4D tensor for eager/sdpa, or a
+    FlexAttention ``BlockMask`` under ``attn_implementation="flex_attention"``), runs the decoder and applies the
+    head and the cross-entropy only at the positions with a target, ``ce_chunk_rows`` at a time
+    (:func:`prove.train.losses.head_cross_entropy`); the loss is :func:`prove.train.losses.mars_loss_terms`.
+
+    With an ``eval_dataset``, :meth:`evaluate` scores it in the same teacher-forced passes and logs the simulated
+    acceptance of :mod:`prove.train.acceptance` (``eval_tpc_k{K′}``, ``eval_accept_d{d}``, ...).
     """
 
     term_names = ("loss_noisy", "loss_clean")
 
     def __init__(
-        self, *args: Any, mask_token_id: int, block_size: int, ar_weight: float = 1.0, **kwargs: Any
+        self,
+        *args: Any,
+        mask_token_id: int,
+        block_size: int,
+        ar_weight: float = 1.0,
+        ce_chunk_rows: int | None = None,
+        eval_batch_size: int | None = None,
+        eval_tau: float = 0.95,
+        **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
         self.mask_token_id = mask_token_id
         self.block_size = block_size
         self.ar_weight = ar_weight
+        self.ce_chunk_rows = ce_chunk_rows
+        self.eval_batch_size = eval_batch_size or self.args.per_device_train_batch_size
+        self.eval_tau = eval_tau
         self._masks: dict[tuple, Any] = {}
+        self._allowed: torch.Tensor | None = None
+
+    # -- the training step ---------------------------------------------------------------------------------------
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        ids, labels = inputs["input_ids"], inputs["labels"]  # (B, L)
-        x, pos = block_inputs(ids, labels, self.mask_token_id)  # (B, 2L) each
-        mask = self._attention_mask(model, ids.shape[1], ids.device)
-        outputs = model(input_ids=x, position_ids=pos, attention_mask=mask, use_cache=False)
-        out = mars_loss(outputs.logits, labels, self.ar_weight)  # logits (B, 2L, V)
+        hidden, targets, rows, cols, x = self._target_hidden(model, inputs)  # hidden (n, H)
+        noisy = cols < x.noisy_len
+        head = self.accelerator.unwrap_model(model).get_output_embeddings()
+        ce = head_cross_entropy(head, hidden, targets, self.ce_chunk_rows)  # (n,)
+        out = mars_loss_terms(ce, rows, noisy, inputs["input_ids"].shape[0], self.ar_weight)
         self._record(out.noisy, out.clean)
-        return (out.loss, outputs) if return_outputs else out.loss
+        return (out.loss, None) if return_outputs else out.loss
 
-    def _attention_mask(self, model, length: int, device: torch.device):
+    def _target_hidden(self, model, inputs):
+        """The final hidden states at the targets of the trimmed ``[noisy | clean]`` pass: ``(hidden (n, H),
+        targets, rows, cols, inputs)``, targets/rows/cols ``(n,)`` (cols index the trimmed inputs)."""
+        ids, labels = inputs["input_ids"], inputs["labels"]  # (B, L)
+        x = trimmed_inputs(ids, labels, inputs.get("attention_mask"), self.mask_token_id, self.block_size)
+        mask = self._attention_mask(model, x)
+        t = trimmed_targets(labels, x)  # (B, T)
+        rows, cols = (t != IGNORE_INDEX).nonzero(as_tuple=True)
+        hidden = final_hidden(model, self.accelerator.unwrap_model(model), x.ids, x.position_ids, mask)
+        return hidden[rows, cols], t[rows, cols], rows, cols, x
+
+    def _attention_mask(self, model, x: TrimmedInputs):
+        """The batch's mask, cached by everything it depends on (attention kind, dtype, device, L, N and where each
+        example's noisy part starts)."""
         unwrapped = self.accelerator.unwrap_model(model)
         impl = getattr(unwrapped.config, "_attn_implementation", None)
         dtype = unwrapped.get_input_embeddings().weight.dtype
-        key = (length, impl, dtype, str(device))
+        key = (impl, dtype, str(x.ids.device), x.ids.shape[1], x.noisy_len, tuple(x.starts.tolist()))
         if key not in self._masks:
             if len(self._masks) > 64:
                 self._masks.clear()
-            self._masks[key] = mars_attention_mask(impl, length, self.block_size, dtype, device)
+            self._masks[key] = trimmed_attention_mask(impl, x, self.block_size, dtype)
         return self._masks[key]
+
+    # -- acceptance while training -------------------------------------------------------------------------------
+
+    def train(self, *args: Any, **kwargs: Any):
+        """Train, then score the eval set once more unless the last step was just scored; with
+        ``metric_for_best_model`` set (``eval.best``), end holding the best-scoring weights: the final ones when
+        they score best, else the best ``checkpoint-N`` loaded back (its adapter, with LoRA)."""
+        out = super().train(*args, **kwargs)
+        if self.eval_dataset is None:
+            return out
+        state = self.state
+        if not any(h.get("step") == state.global_step and "eval_blocks" in h for h in state.log_history):
+            metrics = self.evaluate()
+            self._determine_best_metric(metrics, None)
+        best = state.best_model_checkpoint
+        if (
+            self.args.metric_for_best_model
+            and state.best_global_step != state.global_step
+            and best is not None
+        ):
+            log.info(
+                "eval.best: the stage's output is %s (%s = %s)",
+                best,
+                self.args.metric_for_best_model,
+                state.best_metric,
+            )
+            self._load_best_model()
+        return out
+
+    def evaluate(
+        self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"
+    ) -> dict[str, float]:
+        """Simulated acceptance on the eval set (:mod:`prove.train.acceptance`), logged as ``eval_*``.
+
+        Each rank scores rows ``rank::world`` in the same number of forwards (a rank out of rows runs one whose
+        counts it drops), so ZeRO-3's collectives line up; the counts are summed over ranks."""
+        dataset = self.eval_dataset if eval_dataset is None else eval_dataset
+        assert dataset is not None, "evaluate() needs an eval set (eval.rows)"
+        model = self.model_wrapped
+        was_training = model.training
+        model.eval()
+        world, rank = self.args.world_size, self.args.process_index
+        mine = list(range(rank, len(dataset), world))
+        per_rank = -(-len(dataset) // world)
+        bs = self.eval_batch_size
+        total: torch.Tensor | None = None
+        losses = torch.zeros(
+            4, dtype=torch.float64, device=self.args.device
+        )  # (loss, noisy, clean, 1) · seqs
+        with torch.no_grad():
+            for start in range(0, per_rank, bs):
+                idx = mine[start : start + bs]
+                batch = self._prepare_inputs(self.data_collator([dataset[i] for i in (idx or [0])]))
+                sums, terms = self._eval_batch(model, batch)
+                vec = sums.as_tensor().to(self.args.device)
+                if (
+                    not idx
+                ):  # a rank out of rows: its forward ran for the collectives, its counts do not count
+                    vec, terms = vec * 0, terms * 0
+                total = vec if total is None else total + vec
+                losses += terms
+        assert total is not None
+        total = self.accelerator.reduce(total, reduction="sum")
+        losses = self.accelerator.reduce(losses, reduction="sum")
+        if was_training:
+            model.train()
+        summary = AcceptanceSums.from_tensor(total.cpu()).summary()
+        n_seq = max(float(losses[3]), 1.0)
+        metrics = {f"{metric_key_prefix}_{k}": round(v, 4) for k, v in summary.items()}
+        metrics[f"{metric_key_prefix}_loss"] = round(float(losses[0]) / n_seq, 4)
+        metrics[f"{metric_key_prefix}_loss_noisy"] = round(float(losses[1]) / n_seq, 4)
+        metrics[f"{metric_key_prefix}_loss_clean"] = round(float(losses[2]) / n_seq, 4)
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+    def _eval_batch(self, model, batch) -> tuple[AcceptanceSums, torch.Tensor]:
+        """One teacher-forced pass: the acceptance sums, and the loss terms and 1, × the batch's sequences with a
+        target ``(4,)``."""
+        labels = batch["labels"]
+        bsz, length = labels.shape
+        hidden, targets, rows, cols, x = self._target_hidden(model, batch)
+        noisy = cols < x.noisy_len
+        head = self.accelerator.unwrap_model(model).get_output_embeddings()
+        chunk = self.ce_chunk_rows or max(1, hidden.shape[0])
+        ce, pred, conf = [], [], []
+        for i in range(0, hidden.shape[0], chunk):
+            logits = head(hidden[i : i + chunk]).float()  # (n_chunk, V)
+            ce.append(torch.nn.functional.cross_entropy(logits, targets[i : i + chunk], reduction="none"))
+            p, c = allowed_argmax(logits, self._allowed_ids(logits.shape[-1], logits.device))
+            pred.append(p)
+            conf.append(c)
+        ce_t, pred_t, conf_t = torch.cat(ce), torch.cat(pred), torch.cat(conf)
+        terms = mars_loss_terms(ce_t, rows, noisy, bsz, self.ar_weight)
+        n_seq = int((labels != IGNORE_INDEX).any(dim=1).sum())
+        # back to stream positions: clean column N + j is clean j, noisy column c is noisy stream index p
+        p = x.stream_index[rows, cols]  # (n,) < L: only real positions carry targets
+        clean_pred = torch.full((bsz, length), -1, dtype=torch.long, device=labels.device)
+        noisy_pred, noisy_conf = clean_pred.clone(), torch.zeros((bsz, length), device=labels.device)
+        clean_pred[rows[~noisy], p[~noisy]] = pred_t[~noisy]
+        noisy_pred[rows[noisy], p[noisy]] = pred_t[noisy]
+        noisy_conf[rows[noisy], p[noisy]] = conf_t[noisy]
+        sums = block_acceptance(
+            clean_pred,
+            noisy_pred,
+            noisy_conf,
+            labels,
+            self.block_size,
+            self._stop_ids(),
+            self.eval_tau,
+        )
+        vec = (
+            torch.stack([terms.loss, terms.noisy, terms.clean, torch.ones_like(terms.loss)]).double() * n_seq
+        )
+        return sums, vec.to(self.args.device)
+
+    def _allowed_ids(self, vocab: int, device) -> torch.Tensor:
+        """``(V,)`` True on the ids decoding may output (:func:`prove.decode.decoder.allowed_ids`)."""
+        if self._allowed is None or self._allowed.numel() != vocab:
+            from prove.decode.decoder import allowed_ids
+
+            limit, excluded = allowed_ids([vocab], self.processing_class, [self.mask_token_id])
+            allowed = torch.zeros(vocab, dtype=torch.bool)
+            allowed[:limit] = True
+            allowed[list(excluded)] = False
+            self._allowed = allowed
+        return self._allowed.to(device)
+
+    def _stop_ids(self) -> list[int]:
+        """The end-of-turn ids: the model's generation config's EOS ids and the tokenizer's EOS, as decoding stops."""
+        model = self.accelerator.unwrap_model(self.model)
+        ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        out = [ids] if isinstance(ids, int) else list(ids or [])
+        tok = getattr(self.processing_class, "eos_token_id", None)
+        return sorted({int(t) for t in [*out, *([tok] if tok is not None else [])]})
+
+
+def final_hidden(model, unwrapped, input_ids, position_ids, attention_mask) -> torch.Tensor:
+    """``(B, T, H)``: the decoder's last hidden state (after the final norm) in a forward of ``model`` (the
+    DeepSpeed engine or DDP wrapper when there is one), read by a forward hook on ``unwrapped.get_decoder()``.
+
+    The model runs whole, so ZeRO-3's hooks gather and release each layer as in any step; ``logits_to_keep=1`` keeps
+    its own head to one position (a ``(B, 1, V)`` output that nothing reads), the head at the targets being applied
+    by the caller."""
+    captured: list[torch.Tensor] = []
+
+    def keep(module, args, output):
+        captured.append(output[0] if isinstance(output, tuple) else output.last_hidden_state)
+
+    handle = unwrapped.get_decoder().register_forward_hook(keep)
+    try:
+        model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            use_cache=False,
+            logits_to_keep=1,
+        )
+    finally:
+        handle.remove()
+    assert len(captured) == 1, f"the decoder ran {len(captured)} times in one forward"
+    return captured[0]
+
+
+class EvalCallback(TrainerCallback):
+    """Scores the eval set every ``steps`` optimizer steps (MarsTrainer.evaluate; the Trainer's own eval strategy
+    stays off, so a stage without an eval set needs no eval arguments)."""
+
+    def __init__(self, steps: int):
+        self.steps = steps
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.steps == 0:
+            control.should_evaluate = True
+        return control
 
 
 class DistillTrainer(TermLogTrainer):
