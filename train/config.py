@@ -183,6 +183,77 @@ class StageConfig:
     """Weight of the clean-stream (AR) CE added to the noisy-stream CE (mars)."""
     mask_token: str = MASK_TOKEN
     """The placeholder token added to the tokenizer (mars)."""
+    ce_chunk_rows: int | None = 4096
+    """Targets whose logits are made at once (mars): the head and the CE run only at positions with a target,
+    this many at a time, each chunk recomputed in the backward pass, so at most one chunk's fp32 logits exist
+    (4096 rows × V = 152k: 2.5 GB). ``None``: all at once (no recompute; under ZeRO-3 each chunk gathers the head
+    again)."""
+
+    def __post_init__(self) -> None:
+        if self.ce_chunk_rows is not None and self.ce_chunk_rows < 1:
+            raise ValueError(f"stage.ce_chunk_rows={self.ce_chunk_rows}: use ≥ 1, or null for one chunk")
+
+
+AUTO_EVAL_ROWS = 256
+"""``eval.rows=null`` holds out this many rows, where the data has at least ``AUTO_EVAL_MIN_DATA`` rows."""
+AUTO_EVAL_MIN_DATA = 20 * AUTO_EVAL_ROWS
+
+
+@dataclass
+class EvalConfig:
+    """Acceptance measured while stage mars trains (:meth:`prove.train.trainer.MarsTrainer.evaluate`): rows held out
+    from the stage's own data, scored in teacher-forced ``[noisy | clean]`` passes (no generation) for per-depth
+    acceptance and simulated tokens per cycle at every K′ ≤ K (:mod:`prove.train.acceptance`)."""
+
+    rows: int | None = None
+    """Rows held out (a seeded sample; the same on resume). ``None``: 256 where the data has ≥ 5120 rows, else no eval
+    set; 0: none."""
+    steps: int | None = None
+    """Score every this many optimizer steps, and at the end. ``None``: at every save (``trainer.save_steps``)."""
+    best: bool = False
+    """The stage's output is the checkpoint that scored the highest ``eval_tpc_k{block_size}`` (the final weights
+    when they score best): its weights, with LoRA its adapter merged. ``save_total_limit`` keeps it."""
+    block_size: int | None = None
+    """K′ whose simulated tokens per cycle ``eval.best`` maximises; ``None``: the trained K. At most K."""
+    batch_size: int | None = None
+    """Rows per eval forward; ``None``: ``trainer.per_device_train_batch_size``."""
+    tau: float = 0.95
+    """τ of the simulated MARS confidence rule (``eval_tpc_mars_k*``)."""
+
+    def __post_init__(self) -> None:
+        if self.rows is not None and self.rows < 0:
+            raise ValueError(f"eval.rows={self.rows}: use 0 (no eval set), a positive count, or null (auto)")
+        for name in ("steps", "block_size", "batch_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"eval.{name}={value}: use ≥ 1, or null for the default")
+        if self.rows == 0 and (self.steps is not None or self.best):
+            key = "eval.steps" if self.steps is not None else "eval.best"
+            raise ValueError(
+                f"{key} scores an eval set, but eval.rows=0 holds none out: set eval.rows=<N> or drop {key}"
+            )
+
+    def resolve_rows(self, data_rows: int) -> int:
+        """The rows held out of ``data_rows``; a ``ValueError`` naming the fix when they cannot be."""
+        rows = self.rows
+        if rows is None:
+            rows = AUTO_EVAL_ROWS if data_rows >= AUTO_EVAL_MIN_DATA else 0
+        if rows >= data_rows and rows > 0:
+            raise ValueError(
+                f"eval.rows={rows} holds out every one of the stage's {data_rows} rows: lower eval.rows "
+                f"(at most {max(data_rows - 1, 0)}), or eval.rows=0 for no eval set"
+            )
+        if rows == 0 and (self.steps is not None or self.best):
+            key = "eval.steps" if self.steps is not None else "eval.best"
+            raise ValueError(
+                f"{key} needs an eval set, but {'eval.rows=0' if self.rows == 0 else f'the data has {data_rows} rows (the automatic eval set needs {AUTO_EVAL_MIN_DATA})'}: "
+                f"set eval.rows=<N> below {data_rows}, or drop {key}"
+            )
+        return rows
+
+    def metric(self, trained_k: int) -> str:
+        """The logged value ``eval.best`` maximises."""
+        return f"eval_tpc_k{self.block_size or trained_k}"
 
 
 @dataclass
@@ -288,6 +359,9 @@ class TrainerConfig:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     optim: str = "adamw_torch"
+    group_by_length: bool = False
+    """Batch rows of similar length together (transformers' length-grouped sampler, still shuffled): less batch
+    padding, so fewer positions computed; the sampler reads every row's length once at start."""
     bf16: bool = False
     activation_checkpointing: bool = False
     """Recompute activations in the backward pass (transformers' new name for gradient checkpointing)."""
@@ -360,6 +434,8 @@ class TrainConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
     """Stage distill's generation and loss settings (ignored by sft and mars)."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Stage mars's held-out acceptance (``eval.rows``, ``eval.steps``, ``eval.best``; ignored by sft and distill)."""
 
     run_name: str = "default"
     """Names the run: outputs go to ``runs/<run_name>/<stage>``."""
@@ -414,6 +490,18 @@ class TrainConfig:
                 raise ValueError(
                     f"distill.method={self.distill.method!r}: the responses must be the proposer's own greedy "
                     f"output; use one of {exact} (prove-lossless is the fast one)"
+                )
+        if self.eval.block_size is not None and self.eval.block_size > k:
+            raise ValueError(
+                f"eval.block_size={self.eval.block_size} is above the trained K = {k}: decoding never uses more; "
+                f"set eval.block_size ≤ {k} (or null for K)"
+            )
+        if self.eval.best:
+            steps, save = self.eval.steps or self.trainer.save_steps, self.trainer.save_steps
+            if steps % save:
+                raise ValueError(
+                    f"eval.best picks among saved checkpoints, but eval.steps={steps} scores steps that "
+                    f"trainer.save_steps={save} does not save: set eval.steps to a multiple of {save} (or drop it)"
                 )
         if self.stage.name == Stage.mars and self.stage.role == Role.verifier:
             raise ValueError(

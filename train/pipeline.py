@@ -68,6 +68,7 @@ def _run(cfg: TrainConfig, tracker: Any) -> StageResult:
     tokenizer, model, base_model = build_model_and_tokenizer(cfg, args)  # 2)
     mask_id = mask_token_id(model, tokenizer, cfg.stage.mask_token, add=unit.adds_mask_token)  # 3)
     dataset = unit.dataset(cfg, tokenizer, args)  # 4)
+    dataset, eval_set = unit.split_eval(cfg, dataset)  # the held-out rows (stage mars's eval.rows), or None
     if cfg.peft.kind == PeftKind.lora:  # 5)
         model = apply_lora(model, cfg, mask_id if unit.lora_trains_mask_token else None)
     wall = None
@@ -79,13 +80,16 @@ def _run(cfg: TrainConfig, tracker: Any) -> StageResult:
         model=model,
         args=args,
         train_dataset=dataset,
+        eval_dataset=eval_set,
         data_collator=unit.collator(cfg, tokenizer),
         processing_class=tokenizer,
         callbacks=[wall] if wall else [],
     )
     result = trainer.train(resume_from_checkpoint=resume_checkpoint(cfg))
     stopped_early = wall.stopped_early if wall else None
-    meta = prove_meta(cfg, unit, base_model, mask_id, stopped_early=stopped_early)
+    meta = prove_meta(
+        cfg, unit, base_model, mask_id, stopped_early=stopped_early, evaluation=unit.eval_record(trainer)
+    )
     save_checkpoint(trainer, cfg, Path(cfg.trainer.output_dir), meta)  # 7)
     barrier()  # every rank returns after rank 0 has written prove.json
     return StageResult(
@@ -117,7 +121,8 @@ def training_arguments(cfg: TrainConfig, report_to: list[str]) -> TrainingArgume
         import deepspeed  # an optional dependency (prove[deepspeed]): imported only when a run asks for it
 
         deepspeed.init_distributed(dist_backend="gloo")
-    known = {f.name for f in dataclasses.fields(t)} - {"max_minutes", "extra", "activation_checkpointing"}
+    own = {"max_minutes", "extra", "activation_checkpointing", "group_by_length"}  # mapped below, or ours
+    known = {f.name for f in dataclasses.fields(t)} - own
     kwargs = {name: getattr(t, name) for name in known}
     # transformers 5.24 calls gradient checkpointing activation checkpointing (the old name a deprecated alias);
     # vLLM pins transformers < 5.20, which knows only the old one: pass the name this TrainingArguments declares.
@@ -125,6 +130,16 @@ def training_arguments(cfg: TrainConfig, report_to: list[str]) -> TrainingArgume
     ckpt = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
     kwargs[ckpt] = t.activation_checkpointing
     kwargs[f"{ckpt}_kwargs"] = {"use_reentrant": False} if t.activation_checkpointing else None
+    if t.group_by_length:
+        # transformers 5.24 names it train_sampling_strategy; older ones (vLLM's pin) take group_by_length=True
+        if "train_sampling_strategy" in names:
+            kwargs["train_sampling_strategy"] = "group_by_length"
+        else:
+            kwargs["group_by_length"] = True
+    if cfg.eval.best and str(cfg.stage.name) == "mars":
+        # the Trainer then tracks the best checkpoint, and its rotation (save_total_limit) keeps it
+        kwargs["metric_for_best_model"] = cfg.eval.metric(cfg.stage.block_size)
+        kwargs["greater_is_better"] = True
     kwargs.update(t.extra)
     return TrainingArguments(
         **kwargs,

@@ -28,14 +28,17 @@ def prove_meta(
     mask_id: int | None,
     *,
     stopped_early: dict[str, Any] | None = None,
+    evaluation: dict[str, Any] | None = None,
 ) -> ProveMeta:
     """The checkpoint's prove.json: the common fields, and the stage unit's block size and extra entries.
 
     ``stopped_early``: the wall-clock cap's record when it ended training before its last step (None: every
-    step ran), so a checkpoint says itself that it is under-trained."""
+    step ran), so a checkpoint says itself that it is under-trained. ``evaluation``: stage mars's held-out
+    acceptance (``MarsTrainer.eval_record``), None without an eval set."""
     extra = {
         "role": str(cfg.stage.role),
         "stopped_early": stopped_early,
+        "eval": evaluation,
         "ar_weight": None,
         "init_from": cfg.stage.init_from,
         "peft": str(cfg.peft.kind),

@@ -24,7 +24,7 @@ from prove.train.collate import Collator, DistillCollator
 from prove.train.config import Stage, TrainConfig
 from prove.train.modeling import check_source, load_tokenizer, tokenizer_source
 from prove.train.rows import tokenized_dataset
-from prove.train.trainer import DistillTrainer, MarsTrainer
+from prove.train.trainer import DistillTrainer, EvalCallback, MarsTrainer
 from transformers import Trainer
 
 
@@ -48,6 +48,14 @@ class StageUnit:
         """The tokenized training rows; each node's main process tokenizes first (the cache is per node)."""
         with args.main_process_first(local=True, desc="tokenizing"):
             return tokenized_dataset(cfg, tokenizer)
+
+    def split_eval(self, cfg: TrainConfig, dataset: Any) -> tuple[Any, Any | None]:
+        """``(training rows, held-out eval rows or None)``; only stage mars scores an eval set."""
+        return dataset, None
+
+    def eval_record(self, trainer: Trainer) -> dict[str, Any] | None:
+        """prove.json's ``eval`` entry (None: the stage scored no eval set)."""
+        return None
 
     def collator(self, cfg: TrainConfig, tokenizer: Any) -> Any:
         return Collator(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
@@ -82,10 +90,32 @@ class MarsStage(StageUnit):
             block_size=cfg.stage.block_size,
         )
 
+    def split_eval(self, cfg: TrainConfig, dataset: Any) -> tuple[Any, Any | None]:
+        """``eval.rows`` rows held out of the stage's data (a sample seeded by ``trainer.seed``: the same split on
+        resume); a ``ValueError`` naming the fix when the data cannot spare them."""
+        rows = cfg.eval.resolve_rows(len(dataset))
+        if rows == 0:
+            return dataset, None
+        split = dataset.train_test_split(test_size=rows, seed=cfg.trainer.seed, shuffle=True)
+        return split["train"], split["test"]
+
+    def eval_record(self, trainer: Trainer) -> dict[str, Any] | None:
+        assert isinstance(trainer, MarsTrainer)
+        return trainer.eval_record()
+
     def trainer(self, cfg: TrainConfig, mask_id: int | None, **common: Any) -> Trainer:
         assert mask_id is not None, "stage mars adds the mask token before building its trainer"
+        if common.get("eval_dataset") is not None:
+            every = cfg.eval.steps or cfg.trainer.save_steps
+            common["callbacks"] = [*common.get("callbacks", []), EvalCallback(every)]
         return MarsTrainer(
-            **common, mask_token_id=mask_id, block_size=cfg.stage.block_size, ar_weight=cfg.stage.ar_weight
+            **common,
+            mask_token_id=mask_id,
+            block_size=cfg.stage.block_size,
+            ar_weight=cfg.stage.ar_weight,
+            ce_chunk_rows=cfg.stage.ce_chunk_rows,
+            eval_batch_size=cfg.eval.batch_size,
+            eval_tau=cfg.eval.tau,
         )
 
     def block_size(self, cfg: TrainConfig) -> int | None:

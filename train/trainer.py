@@ -149,6 +149,25 @@ class MarsTrainer(TermLogTrainer):
             self._load_best_model()
         return out
 
+    def eval_record(self) -> dict[str, Any] | None:
+        """What prove.json keeps of the eval (None without one): ``history`` (every ``eval_*`` log, with its step),
+        ``output`` (the scores of the weights the stage writes) and ``best`` (``eval.best``'s pick, or None)."""
+        history = [h for h in self.state.log_history if "eval_blocks" in h]
+        if not history:
+            return None
+        output = history[-1]
+        best = None
+        if self.args.metric_for_best_model:
+            step = self.state.best_global_step
+            output = next((h for h in history if h.get("step") == step), output)
+            best = {
+                "metric": self.args.metric_for_best_model,
+                "value": self.state.best_metric,
+                "step": step,
+                "checkpoint": self.state.best_model_checkpoint if step != self.state.global_step else None,
+            }
+        return {"history": history, "output": output, "best": best}
+
     def evaluate(
         self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"
     ) -> dict[str, float]:
