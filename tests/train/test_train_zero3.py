@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from tests.train.helpers import tiny_overrides, torchrun, write_checkpoint
+from tests.train.helpers import tiny_overrides, torchrun, train_config, write_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -45,15 +45,39 @@ def _zero3_mars(tmp_path, tokenizer, qwen2_factory, data, *, max_steps: int, lr:
     return torch.load(out)
 
 
+def _eval_blocks(tmp_path, data, rows: int) -> float:
+    """The blocks the eval set of ``rows`` rows holds (they depend on the rows only, not on the model): each row once,
+    whatever the ranks."""
+    from prove.train.acceptance import block_acceptance
+    from prove.train.collate import Collator
+    from prove.train.rows import tokenized_dataset
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tmp_path / "mars")
+    cfg = train_config(
+        tiny_overrides(tmp_path, data, model="hf", stage="mars", **{"model.name_or_path": "x"})
+    )
+    held = tokenized_dataset(cfg, tok).train_test_split(test_size=rows, seed=cfg.trainer.seed, shuffle=True)[
+        "test"
+    ]
+    batch = Collator(pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, block_size=4)(list(held))
+    zeros = torch.zeros(batch["labels"].shape, dtype=torch.long)
+    return float(block_acceptance(zeros, zeros, zeros.float(), batch["labels"], 4, [tok.eos_token_id]).blocks)
+
+
 def test_zero3_two_process_mars_checkpoint_matches_in_memory_model(
     tmp_path, tokenizer, qwen2_factory, arithmetic_jsonl
 ):
     pytest.importorskip("deepspeed")
     from transformers import AutoModelForCausalLM
 
-    ref = _zero3_mars(tmp_path, tokenizer, qwen2_factory, arithmetic_jsonl, max_steps=4, lr=1e-3)
+    # eval: 9 held-out rows over 2 ranks in batches of 2 (rank 1's third forward has no row of its own)
+    evals = {"eval.rows": 9, "eval.steps": 2, "eval.batch_size": 2}
+    ref = _zero3_mars(tmp_path, tokenizer, qwen2_factory, arithmetic_jsonl, max_steps=4, lr=1e-3, **evals)
     sft = tmp_path / "sft"
     assert ref["world_size"] == 2 and ref["global_step"] == 4
+    assert [h["step"] for h in ref["evals"]] == [2, 4]
+    assert all(h["eval_blocks"] == _eval_blocks(tmp_path, arithmetic_jsonl, rows=9) for h in ref["evals"])
     assert ref["logs"] and all(math.isfinite(h["loss"]) for h in ref["logs"])
     # The logged loss is noisy + ar_weight × clean (ar_weight 1), not that times the number of processes
     # (what transformers does to a compute_loss_func loss). Terms are rank 0's, the loss the ranks' mean.

@@ -30,6 +30,7 @@ def main() -> None:
                 "global_step": res.global_step,
                 "world_size": torch.distributed.get_world_size(),
                 "logs": [h for h in res.log_history if "loss" in h],
+                "evals": [h for h in res.log_history if "eval_blocks" in h],
             },
             out,
         )
