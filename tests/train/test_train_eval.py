@@ -108,7 +108,8 @@ def _eval_steps(history):
 def test_a_resumed_run_keeps_its_eval_history(tmp_path, arithmetic_jsonl):
     over = tiny_overrides(
         tmp_path, arithmetic_jsonl, stage="mars",
-        **{"stage.init_from": "null", "eval.rows": 16, "eval.steps": 2, "trainer.save_steps": 2},
+        **{"stage.init_from": "null", "eval.rows": 16, "eval.steps": 2, "trainer.save_steps": 2,
+           "trainer.group_by_length": "true"},  # grouped batches exercised too
     )  # fmt: skip
     first = train(train_config([*over, "max_steps=4"]))
     assert _eval_steps(first.log_history) == [2, 4]
@@ -182,3 +183,21 @@ def test_eval_best_with_lora_writes_the_best_checkpoints_merged_adapter(
     assert adapter.keys() == best.keys() and all(torch.equal(adapter[n], best[n]) for n in adapter)
     lora_a = sorted(n for n in adapter if "lora_A" in n)[0]
     assert not torch.equal(adapter[lora_a], ended[_param_name(lora_a)])
+
+
+def test_eval_best_and_group_by_length_reach_the_training_arguments(tmp_path, arithmetic_jsonl):
+    from prove.train.pipeline import training_arguments
+
+    over = tiny_overrides(tmp_path, arithmetic_jsonl, stage="mars", block_size=8, max_len=128)
+    cfg = train_config(
+        [*over, "eval.best=true", "eval.rows=8", "eval.block_size=6", "trainer.group_by_length=true"]
+    )
+    args = training_arguments(cfg, report_to=[])
+    assert args.metric_for_best_model == "eval_tpc_k6" and args.greater_is_better is True
+    # transformers 5.24's train_sampling_strategy; older ones' group_by_length
+    assert getattr(args, "train_sampling_strategy", None) == "group_by_length" or vars(args).get(
+        "group_by_length"
+    )
+    plain = training_arguments(train_config(over), report_to=[])
+    assert plain.metric_for_best_model is None
+    assert getattr(plain, "train_sampling_strategy", "random") == "random"
