@@ -503,6 +503,11 @@ class TrainConfig:
                     f"eval.best picks among saved checkpoints, but eval.steps={steps} scores steps that "
                     f"trainer.save_steps={save} does not save: set eval.steps to a multiple of {save} (or drop it)"
                 )
+            if self.deepspeed is not None and self.trainer.save_only_model:
+                raise ValueError(
+                    "eval.best reloads the best checkpoint-N into the DeepSpeed engine, which needs its engine state: "
+                    "set trainer.save_only_model=false (or drop eval.best)"
+                )
         if self.stage.name == Stage.mars and self.stage.role == Role.verifier:
             raise ValueError(
                 "stage=mars trains the block proposer: drop stage.role=verifier (the verifier is a plain AR "

@@ -82,6 +82,8 @@ def test_bad_eval_settings_fail_when_the_config_is_composed(tmp_path, arithmetic
         train_config([*base, "eval.rows=0", "eval.steps=2"])
     with pytest.raises(ValueError, match=r"eval.best picks among saved checkpoints.*multiple of 2"):
         train_config([*base, "eval.best=true", "eval.rows=8", "eval.steps=3", "trainer.save_steps=2"])
+    with pytest.raises(ValueError, match=r"eval.best reloads.*trainer.save_only_model=false"):
+        train_config([*base, "eval.best=true", "deepspeed=zero3", "trainer.save_only_model=true"])
 
 
 def test_eval_rows_beyond_the_data_or_eval_steps_without_an_eval_set_fail_before_training(
