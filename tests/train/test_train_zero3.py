@@ -13,7 +13,9 @@ from tests.train.helpers import tiny_overrides, torchrun, train_config, write_ch
 pytestmark = pytest.mark.slow
 
 
-def _zero3_mars(tmp_path, tokenizer, qwen2_factory, data, *, max_steps: int, lr: float, **extra) -> dict:
+def _zero3_mars(
+    tmp_path, tokenizer, qwen2_factory, data, *, max_steps: int, lr: float, driver_args=(), **extra
+) -> dict:
     """An sft checkpoint written to ``tmp_path/sft``, then a 2-process ZeRO-3 mars run from it (torchrun,
     ``zero3_driver.py``) into ``tmp_path/mars``; returns the driver's in-memory reference (``torch.load``)."""
     sft = tmp_path / "sft"
@@ -40,7 +42,7 @@ def _zero3_mars(tmp_path, tokenizer, qwen2_factory, data, *, max_steps: int, lr:
         },
     )
     out = tmp_path / "inmemory.pt"
-    proc = torchrun("zero3_driver.py", [str(out), *overrides])
+    proc = torchrun("zero3_driver.py", [str(out), *driver_args, *overrides])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return torch.load(out)
 
@@ -99,9 +101,11 @@ def test_zero3_two_process_mars_checkpoint_matches_in_memory_model(
 def test_zero3_two_process_lora_leaves_a_merged_checkpoint_that_decodes(tmp_path, tokenizer, qwen2_factory,
                                                                        arithmetic_jsonl):  # fmt: skip
     """LoRA under DeepSpeed used to leave only ``adapter/``: the output dir must hold the merged model + tokenizer +
-    prove.json (rank 0 rebuilds it on the CPU from the base + adapter), equal to the in-memory adapted model."""
+    prove.json (rank 0 rebuilds it on the CPU from the base + adapter), equal to the in-memory adapted model; with
+    eval.best (scores scripted to peak at step 1) that model is checkpoint-1's, reloaded into the engine."""
     pytest.importorskip("deepspeed")
     from prove.decode import Decoder
+    from prove.train.saving import merge_adapter
     from transformers import AutoModelForCausalLM
 
     ref = _zero3_mars(
@@ -109,10 +113,15 @@ def test_zero3_two_process_lora_leaves_a_merged_checkpoint_that_decodes(tmp_path
         tokenizer,
         qwen2_factory,
         arithmetic_jsonl,
-        max_steps=3,
+        max_steps=2,
         lr=1e-2,
         peft="lora",
+        driver_args=["--best-at=1"],  # eval.best: the engine reloads checkpoint-1, whose adapter is merged
         **{
+            "eval.rows": 8,
+            "eval.steps": 1,
+            "trainer.save_steps": 1,
+            "eval.best": "true",
             "peft.r": 4,
             "peft.alpha": 8,
             "peft.dropout": 0.0,
@@ -134,6 +143,20 @@ def test_zero3_two_process_lora_leaves_a_merged_checkpoint_that_decodes(tmp_path
         )
         before = AutoModelForCausalLM.from_pretrained(sft).eval()(input_ids=ref["input_ids"]).logits
     assert not torch.allclose(before, ref["logits"], atol=1e-4)  # the adapter trained: not the base model
+    meta_eval = meta["eval"]
+    assert meta_eval["best"]["step"] == 1 and meta_eval["output"]["step"] == 1
+    # the written model is checkpoint-1's adapter merged, not the step-2 one training ended with
+    x = ref["input_ids"]
+    best = AutoModelForCausalLM.from_pretrained(merge_adapter(sft, mars / "checkpoint-1", tmp_path / "b"))
+    last = AutoModelForCausalLM.from_pretrained(merge_adapter(sft, mars / "checkpoint-2", tmp_path / "l"))
+    with torch.no_grad():
+        want, other, got = (
+            best.eval()(input_ids=x).logits,
+            last.eval()(input_ids=x).logits,
+            merged(input_ids=x).logits,
+        )
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got, other, atol=1e-4)
     dec = Decoder.from_pretrained(str(mars), method="prove-lossless")
     res = dec.generate([{"role": "user", "content": "Ana has 3 apples. How many?"}], max_new_tokens=6)
     ar = Decoder.from_pretrained(str(mars), method="ar").generate(
