@@ -79,6 +79,10 @@ def test_tiny_run_needs_only_torch_and_transformers(tmp_path):
 def test_tiny_run_with_flex_attention_matches_dense_mask(tmp_path):
     """--tiny --flex: the FlexAttention BlockMask path (compiled; forward only on CPU) gives the dense mask's loss."""
     pytest.importorskip("torch.nn.attention.flex_attention")
+    # compile from a clean cache: after another test's shapes torch recompiles flex_attention with dynamic shapes,
+    # and inductor's dynamic CPU template fails on a mask_mod that reads a captured tensor (torch 2.13; the GPU
+    # path is Triton's)
+    torch._dynamo.reset()
     cfg = gc.tiny_config(out=str(tmp_path), flex=True, dense_attn="sdpa", parts=("train",))
     checks: list = []
     result = gc.run_train(cfg, checks)

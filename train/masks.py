@@ -261,16 +261,19 @@ def trimmed_attention_bias(
 
 def trimmed_mask_mod(inputs: TrimmedInputs, block_size: int) -> Callable[..., torch.Tensor]:
     """FlexAttention ``mask_mod(b, h, q_idx, kv_idx)`` of the same per-example rule (``create_block_mask(mod,
-    B=batch, H=None, Q_LEN=T, KV_LEN=T)``)."""
-    p, n = inputs.stream_index, inputs.noisy_len
+    B=batch, H=None, Q_LEN=T, KV_LEN=T)``).
+
+    Written on column indices: inside the noisy part, blocks and causality read the same on columns as on stream
+    indices (each example's part starts on a block boundary), so only noisy → clean needs the example's first kept
+    block, one captured ``(B,)`` tensor (``starts // K``)."""
+    n, k = inputs.noisy_len, block_size
+    first_block = inputs.starts // k  # (B,)
 
     def mask_mod(b, h, q_idx, kv_idx):
-        pq, pk = p[b, q_idx], p[b, kv_idx]
         q_noisy, k_noisy = q_idx < n, kv_idx < n
-        bq, bk = pq // block_size, pk // block_size
-        causal = pk <= pq
-        nn = q_noisy & k_noisy & causal & (bq == bk)
-        nc = q_noisy & ~k_noisy & (bk < bq)
+        causal = kv_idx <= q_idx
+        nn = q_noisy & k_noisy & causal & (q_idx // k == kv_idx // k)
+        nc = q_noisy & ~k_noisy & ((kv_idx - n) // k < first_block[b] + q_idx // k)
         cc = ~q_noisy & ~k_noisy & causal
         return nn | nc | cc
 

@@ -13,6 +13,7 @@ from prove.data.chat import IGNORE_INDEX
 from prove.train.acceptance import AcceptanceSums, allowed_argmax, block_acceptance
 from prove.train.losses import distill_loss, head_cross_entropy, mars_loss_terms
 from prove.train.masks import TrimmedInputs, trimmed_attention_mask, trimmed_inputs, trimmed_targets
+from prove.train.step import final_hidden
 from transformers import Trainer, TrainerCallback
 
 log = logging.getLogger(__name__)
@@ -274,33 +275,6 @@ class MarsTrainer(TermLogTrainer):
         out = [ids] if isinstance(ids, int) else list(ids or [])
         tok = getattr(self.processing_class, "eos_token_id", None)
         return sorted({int(t) for t in [*out, *([tok] if tok is not None else [])]})
-
-
-def final_hidden(model, unwrapped, input_ids, position_ids, attention_mask) -> torch.Tensor:
-    """``(B, T, H)``: the decoder's last hidden state (after the final norm) in a forward of ``model`` (the
-    DeepSpeed engine or DDP wrapper when there is one), read by a forward hook on ``unwrapped.get_decoder()``.
-
-    The model runs whole, so ZeRO-3's hooks gather and release each layer as in any step; ``logits_to_keep=1`` keeps
-    its own head to one position (a ``(B, 1, V)`` output that nothing reads), the head at the targets being applied
-    by the caller."""
-    captured: list[torch.Tensor] = []
-
-    def keep(module, args, output):
-        captured.append(output[0] if isinstance(output, tuple) else output.last_hidden_state)
-
-    handle = unwrapped.get_decoder().register_forward_hook(keep)
-    try:
-        model(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            attention_mask=attention_mask,
-            use_cache=False,
-            logits_to_keep=1,
-        )
-    finally:
-        handle.remove()
-    assert len(captured) == 1, f"the decoder ran {len(captured)} times in one forward"
-    return captured[0]
 
 
 class EvalCallback(TrainerCallback):

@@ -1,6 +1,7 @@
 """Part 1, train: MARS steps on a real shape, FlexAttention ``BlockMask`` against the dense float mask.
 
-The inputs, mask and loss are ``prove.train.masks`` / ``prove.train.losses``, as ``MarsTrainer`` uses them; the
+The inputs, mask and loss are ``prove.train.masks`` / ``prove.train.step`` / ``prove.train.losses``, as
+``MarsTrainer.compute_loss`` uses them (the noisy blocks from (P − 1) // K on, the head and the CE at targets only); the
 model is a random-weight one of ``train_shape`` (``prove.decode.random_models``). Both attention paths start from
 the same weights and read the same batches: the first step's losses must agree to the dtype's tolerance, and every
 gradient must be finite.
@@ -36,8 +37,9 @@ def train_batches(cfg: CheckConfig, vocab: int, mask_id: int, device: str) -> li
 def train_one(cfg: CheckConfig, impl: str, batches: list[tuple[Any, Any]], mask_id: int) -> dict[str, Any]:
     """``train_steps`` AdamW steps of the MARS loss with attention ``impl``; losses, grad norms, speed, memory."""
     import torch
-    from prove.train.losses import mars_loss
-    from prove.train.masks import block_inputs, mars_attention_mask
+    from prove.train.losses import head_cross_entropy, mars_loss_terms
+    from prove.train.masks import IGNORE_INDEX, trimmed_attention_mask, trimmed_inputs, trimmed_targets
+    from prove.train.step import final_hidden
 
     dtype = getattr(torch, cfg.train_dtype)
     # FlexAttention has no backward on CPU (torch raises): there the --tiny run checks its forward only.
@@ -45,7 +47,7 @@ def train_one(cfg: CheckConfig, impl: str, batches: list[tuple[Any, Any]], mask_
     config = shape_config(SHAPES[cfg.train_shape], attn=impl, pad_token_id=0)
     model = random_model(config, cfg.device, dtype, seed=cfg.seed).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
-    mask = mars_attention_mask(impl, cfg.train_len, cfg.block_size, dtype, cfg.device)
+    mask = None
     losses: list[float] = []
     grad_norms: list[float] = []
     finite = True
@@ -54,10 +56,15 @@ def train_one(cfg: CheckConfig, impl: str, batches: list[tuple[Any, Any]], mask_
     for ids, labels in batches:
         sync(cfg.device)
         t0 = time.perf_counter()
-        x, pos = block_inputs(ids, labels, mask_id)  # (B, 2L) each
+        x = trimmed_inputs(ids, labels, None, mask_id, cfg.block_size)  # (B, N + L)
+        mask = trimmed_attention_mask(impl, x, cfg.block_size, dtype)
+        t = trimmed_targets(labels, x)  # (B, N + L)
+        rows, cols = (t != IGNORE_INDEX).nonzero(as_tuple=True)
         with torch.set_grad_enabled(backward):
-            out = model(input_ids=x, position_ids=pos, attention_mask=mask, use_cache=False)
-            loss = mars_loss(out.logits, labels).loss
+            hidden = final_hidden(model, model, x.ids, x.position_ids, mask)[rows, cols]  # (n, H)
+            ce = head_cross_entropy(model.get_output_embeddings(), hidden, t[rows, cols], 4096)
+            loss = mars_loss_terms(ce, rows, cols < x.noisy_len, ids.shape[0]).loss
+            out = hidden
         losses.append(loss.item())
         if backward:
             loss.backward()
