@@ -245,9 +245,9 @@ class EvalConfig:
             )
         if rows == 0 and (self.steps is not None or self.best):
             key = "eval.steps" if self.steps is not None else "eval.best"
+            why = f"the data has {data_rows} rows (the automatic eval set needs {AUTO_EVAL_MIN_DATA})"
             raise ValueError(
-                f"{key} needs an eval set, but {'eval.rows=0' if self.rows == 0 else f'the data has {data_rows} rows (the automatic eval set needs {AUTO_EVAL_MIN_DATA})'}: "
-                f"set eval.rows=<N> below {data_rows}, or drop {key}"
+                f"{key} needs an eval set, but {why}: set eval.rows=<N> below {data_rows}, or drop {key}"
             )
         return rows
 
