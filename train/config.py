@@ -20,7 +20,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 from prove.data.gguf import is_gguf, locate, package_file
 from prove.data.loading import MASK_TOKEN, check_dtype
-from prove.decode.config import BACKENDS, VllmOptions
+from prove.decode.config import BACKENDS, VllmOptions, schema_node
 
 
 def greedy_exact_methods() -> list[str]:
@@ -219,7 +219,7 @@ class DistillConfig:
     vllm: VllmOptions = field(default_factory=VllmOptions)
     """``backend=vllm``'s knobs: ``distill.vllm.max_num_seqs`` (sequences batched per step), ``kv_cache_gb``,
     ``max_model_len``, ``tensor_parallel_size`` (GPUs per engine), ``engine_args`` (any other vLLM engine argument,
-    e.g. ``{gpu_memory_utilization: 0.9}``)."""
+    one override a key: ``distill.vllm.engine_args.gpu_memory_utilization=0.9``)."""
     dtype: str | None = None
     """Dtype of the proposer while generating: ``None`` = ``bfloat16`` on a GPU, ``float32`` on the CPU; or
     ``float32``, ``bfloat16``, ``float16``."""
@@ -457,7 +457,7 @@ def register_configs() -> None:
     an installed package, :func:`prove.data.gguf.package_file`) with Hydra (idempotent)."""
     OmegaConf.register_new_resolver("package_file", package_file, replace=True)
     cs = ConfigStore.instance()
-    cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="train_schema", node=schema_node(TrainConfig))
     for name, node in recipe_nodes().items():
         cs.store(group="recipe", name=name, node=node, package="_global_")
 

@@ -81,6 +81,7 @@ def load_vllm_proposer(cfg: TrainConfig, gpus: Sequence[int] = ()) -> Any:
             dtype=distill.generation_dtype(cfg),
             options=options,
             block_size=d.block_size,
+            knob_prefix="distill.vllm.",
         )
 
 

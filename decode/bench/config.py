@@ -9,7 +9,7 @@ from typing import Any
 
 from prove.data.loading import check_dtype
 from prove.decode.bench.rows import as_values
-from prove.decode.config import BACKENDS, VllmOptions
+from prove.decode.config import BACKENDS, VllmOptions, schema_node
 
 SWEEP_KEYS = ("theta", "tau", "block_size", "k", "draft_threshold", "fuse", "fuse_groups")
 """Parameters that take a list (one row per value) from the command line: ``theta=[0.05,0.1]``."""
@@ -223,4 +223,4 @@ def register_configs() -> None:
     """Register the schema that ``conf/bench.yaml`` extends (idempotent)."""
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name="bench_schema", node=BenchConfig)
+    ConfigStore.instance().store(name="bench_schema", node=schema_node(BenchConfig))

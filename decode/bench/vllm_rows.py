@@ -7,8 +7,9 @@ requests kept in flight, timed from the first request to the last token; its tok
 checked token for token against our ``ar``'s outputs of the same prompts. Every engine starts once (its start-up
 is reported apart) and stays up; the rows then run round-robin — for each concurrency, each repeat, every engine in
 turn — so a slow period of a shared machine hits them alike, as the bench's own rows are timed; the fastest repeat
-counts. The engines hold their weights and KV caches together (``vllm.kv_cache_gb`` each): on a GPU leave them room
-beside our models (``vllm.engine_args={gpu_memory_utilization: ...}``).
+counts. The engines hold their weights and KV caches together: each is sized when it starts, from the memory the
+ones before it left free (``vllm.kv_cache_gb`` each when set; on a GPU leave them room beside our models with
+``vllm.engine_args.gpu_memory_utilization=...``).
 
 Where speculation stops paying, :func:`prove.decode.bench.metrics.crossover` reads it off the sweep: each speculative
 method's tokens/s against vLLM ``ar``'s at the same concurrency.

@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass, field
 
 from prove.data.loading import check_dtype
-from prove.decode.config import BACKENDS, DecodeParams, VllmOptions
+from prove.decode.config import BACKENDS, DecodeParams, VllmOptions, schema_node
 
 
 @dataclass
@@ -94,7 +94,7 @@ class EvalConfig(DecodeParams):
 def register_configs() -> None:
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name="eval_schema", node=EvalConfig)
+    ConfigStore.instance().store(name="eval_schema", node=schema_node(EvalConfig))
 
 
 def run(cfg: EvalConfig) -> dict:

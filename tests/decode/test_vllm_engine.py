@@ -10,6 +10,7 @@ start on a 2-core CPU: each is built once per module and shared.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -70,7 +71,23 @@ def _engine(request, model, **kw) -> VllmDecoder:
 
 @pytest.fixture(scope="module")
 def lossless(request, ckpts):
-    return _engine(request, ckpts["mars"], method="prove-lossless")
+    """The default start-up path: no ``kv_cache_gb``, so prove sizes the KV cache from the free memory
+    (``prove.decode.vllm_memory``) — here the 16 sequences of 512 tokens of the target and its self-drafter."""
+    options = dataclasses.replace(OPTIONS, kv_cache_gb=None)
+    dec = VllmDecoder(ckpts["mars"], method="prove-lossless", options=options)
+    request.addfinalizer(dec.close)
+    return dec
+
+
+def test_the_default_start_up_gets_an_explicit_kv_cache_sized_for_its_sequences(lossless, ckpts):
+    from prove.decode.vllm_memory import footprint
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(ckpts["mars"])
+    fp = footprint([(ckpts["mars"], config)] * 2, dtype="float32", max_model_len=512, max_num_seqs=16)
+    # vLLM's own CPU default (no kv_cache_memory_bytes) would have demanded 92% of the machine free
+    assert lossless.engine_args["kv_cache_memory_bytes"] == fp.max_kv_bytes
+    assert "gpu_memory_utilization" not in lossless.engine_args
 
 
 @pytest.fixture(scope="module")
