@@ -274,7 +274,7 @@ def test_prove_serve_answers_completions_with_our_ar_tokens(ckpts, prompts, ours
     ``/v1/completions`` with our ``ar``'s tokens at temperature 0, then stops cleanly on SIGINT."""
     port = _free_port()
     cmd = [sys.executable, "-m", "prove.decode.serve", f"model={ckpts['mars']}", "method=prove-lossless"]
-    cmd += [f"port={port}", "max_num_seqs=8", "kv_cache_gb=0.25", "max_model_len=512"]
+    cmd += [f"port={port}", "max_num_seqs=8", "max_model_len=512"]  # KV cache sized by prove (no kv_cache_gb)
     server = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ
     )
