@@ -34,9 +34,13 @@ class ServeConfig(DecodeParams, VllmOptions):
     """Checkpoint directory (or hub id) of the model served: the MARS checkpoint for prove-lossless, the target for
     sd and pard."""
     draft: str | None = None
-    """sd: the small AR draft; pard: the small MARS checkpoint that drafts blocks."""
+    """sd, nsd, asd: the small AR draft; pard: the small MARS checkpoint that drafts blocks."""
+    verifier: str | None = None
+    """prove: ProVe's small verifier (vLLM's target; ``model``, the MARS checkpoint, drafts for it)."""
     method: str = "prove-lossless"
-    """ar, prove-lossless, sd or pard (``prove.decode.vllm_backend.VLLM_METHODS``)."""
+    """ar, prove-lossless, sd, pard, prove, nsd or asd (``prove.decode.vllm_backend.VLLM_METHODS``). prove, nsd and
+    asd take their rule's parameters per request in ``vllm_xargs`` (``{"theta": 0.2}``; ASD's budget, gate,
+    max_mismatches) and are greedy (``"temperature": 0``)."""
     host: str = "127.0.0.1"
     """Address to listen on (``0.0.0.0``: every interface)."""
     port: int = 8000
@@ -63,6 +67,7 @@ def server_argv(cfg: ServeConfig) -> tuple[list[str], dict[str, Any]]:
         cfg.model,
         method=cfg.method,
         draft=cfg.draft,
+        verifier=cfg.verifier,
         device=cfg.device,
         dtype=cfg.dtype,
         options=cfg,
@@ -74,6 +79,17 @@ def server_argv(cfg: ServeConfig) -> tuple[list[str], dict[str, Any]]:
     args.pop("disable_log_stats", None)  # the server logs its stats by default
     if cfg.served_model_name is not None:
         args["served_model_name"] = cfg.served_model_name
+    elif (
+        plan.verifier_name is not None
+    ):  # prove: clients name the MARS checkpoint, not the verifier vLLM loads
+        args["served_model_name"] = cfg.model
+    if (
+        plan.plugin
+    ):  # our rule's requests checked before vLLM sees them (a method this engine does not run: 400)
+        from prove.decode import vllm_plugin
+
+        vllm_plugin.check_vllm_version(plan.method.name)
+        args["middleware"] = [vllm_plugin.middleware(plan.method.name)]
     argv = [
         sys.executable,
         "-m",
@@ -87,6 +103,9 @@ def server_argv(cfg: ServeConfig) -> tuple[list[str], dict[str, Any]]:
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):
             argv.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif key == "middleware":
+            for item in value:
+                argv += [flag, item]
         elif value is not None:
             argv += [flag, json.dumps(value) if isinstance(value, dict | list) else str(value)]
     return argv, args
