@@ -198,13 +198,12 @@ def __getattr__(name: str) -> Any:
 
 def _vllm_classes() -> dict[str, type]:
     import torch
+    from prove.decode.rules.block import prove_rule
+    from prove.decode.rules.speculative import AsdState, asd_greedy, nsd_greedy
     from vllm.v1.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID, RejectionSampler
     from vllm.v1.spec_decode.draft_model import DraftModelProposer
     from vllm.v1.worker.cpu_worker import CPUWorker
     from vllm.v1.worker.gpu_worker import Worker
-
-    from prove.decode.rules.block import prove_rule
-    from prove.decode.rules.speculative import AsdState, asd_greedy, nsd_greedy
 
     class RuleDrafter(DraftModelProposer):
         """vLLM's draft-model drafter, restricted to the ids each request may output (the request's

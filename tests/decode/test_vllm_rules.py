@@ -128,7 +128,11 @@ def test_vllm_prove_equals_our_prove_at_several_thetas(vllm_prove, ours_prove, c
             )  # the verifier's token
             want = ours_prove.generate(list(p) + ids[:1], max_new_tokens=N - 1)
             assert ids == ids[:1] + want.token_ids, (theta, i)
-            scores = [c * q for row in want.stats.trace for c, q in zip(row["conf"], row["verifier_prob"])]
+            scores = [
+                c * q
+                for row in want.stats.trace
+                for c, q in zip(row["conf"], row["verifier_prob"], strict=True)
+            ]
             assert theta == 0 or min(abs(s / theta - 1) for s in scores) > 1e-3, (
                 theta,
                 i,
