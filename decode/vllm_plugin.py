@@ -323,11 +323,11 @@ def _vllm_classes() -> dict[str, type]:
                 verdict = prove_rule(conf[:n].to(q.device), q, params["theta"])
                 return drafts[: verdict.n]  # d₁ always; no verifier token
             n = self._cut(state, drafts, extra=True)
-            z = torch.cat(
-                [rows[:n], bonus[None]]
-            )  # (n+1, V): the target's rows, restricted as our verifier's
+            # (n+1, V): the target's rows over the first n drafts and the one after them (the bonus row only when
+            # n is every draft), restricted as our verifier restricts the target's
+            z = torch.cat([rows, bonus[None]])[: n + 1]
             if banned is not None:
-                z[:n] = z[:n].masked_fill(banned, float("-inf"))
+                z = z.masked_fill(banned, float("-inf"))
             tokens = torch.tensor(drafts[:n], device=z.device)
             if self.method == "nsd":
                 verdict = nsd_greedy(tokens, z, params["theta"])
