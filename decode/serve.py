@@ -79,13 +79,12 @@ def server_argv(cfg: ServeConfig) -> tuple[list[str], dict[str, Any]]:
     args.pop("disable_log_stats", None)  # the server logs its stats by default
     if cfg.served_model_name is not None:
         args["served_model_name"] = cfg.served_model_name
-    elif (
-        plan.verifier_name is not None
-    ):  # prove: clients name the MARS checkpoint, not the verifier vLLM loads
-        args["served_model_name"] = cfg.model
-    if (
-        plan.plugin
-    ):  # our rule's requests checked before vLLM sees them (a method this engine does not run: 400)
+    elif plan.verifier_name is not None:
+        args["served_model_name"] = (
+            cfg.model
+        )  # prove: clients name the MARS checkpoint, not the verifier vLLM loads
+    if plan.plugin:
+        # our rule's requests are checked before vLLM sees them (a method this engine does not run: a 400)
         from prove.decode import vllm_plugin
 
         vllm_plugin.check_vllm_version(plan.method.name)
