@@ -125,9 +125,11 @@ class BenchConfig:
     """``engine``: our rows (and transformers'); ``vllm``: vLLM's rows too, in the same run and report
     (:mod:`prove.decode.bench.vllm_rows`): each of ``vllm_methods`` decoding every prompt at each concurrency of
     ``vllm_concurrency``, checked token for token against our ``ar``."""
-    vllm_methods: list[str] = field(default_factory=lambda: ["ar", "prove-lossless", "sd"])
-    """The methods vLLM runs with ``backend=vllm`` (``prove.decode.vllm_backend.VLLM_METHODS``); ``sd`` and
-    ``pard`` only where a ``draft`` is given. K and k are the first values of ``block_size`` and ``k``."""
+    vllm_methods: list[str] = field(default_factory=lambda: ["ar", "prove-lossless", "sd", "prove"])
+    """The methods vLLM runs with ``backend=vllm`` (``prove.decode.vllm_backend.VLLM_METHODS``); ``sd``, ``pard``,
+    ``nsd`` and ``asd`` only where a ``draft`` is given, ``prove`` where a ``verifier`` is. K, k and the rule's
+    parameters (θ; ASD's budget, gate, max_mismatches) are the first values of their sweeps (``method_params`` first,
+    then the shared key)."""
     vllm_concurrency: list[int] = field(default_factory=lambda: list(VLLM_CONCURRENCY))
     """Requests kept in flight by the vLLM rows: one row per method and value."""
     vllm: VllmOptions = field(default_factory=VllmOptions)

@@ -27,20 +27,36 @@ from prove.decode.bench.rows import as_values
 if TYPE_CHECKING:
     from prove.decode.bench.config import BenchConfig
 
-DRAFTED = ("sd", "pard")
+DRAFTED = ("sd", "pard", "nsd", "asd")
 """vLLM methods that need ``draft``."""
-SIZE_KEY = {"prove-lossless": "block_size", "pard": "block_size", "sd": "k"}
+VERIFIED = ("prove",)
+"""vLLM methods that need ``verifier`` (ProVe's small verifier: vLLM's target, the MARS model its drafter)."""
+SIZE_KEY = {
+    "prove-lossless": "block_size",
+    "pard": "block_size",
+    "prove": "block_size",
+    "sd": "k",
+    "nsd": "k",
+    "asd": "k",
+}
 """The config key that sizes a vLLM method's drafts: K for the block drafters, k for a draft model."""
+RULE_KEYS = {"prove": ("theta",), "nsd": ("theta",), "asd": ("budget", "gate", "max_mismatches")}
+"""The rule parameters of the plugin's methods (``prove.decode.vllm_plugin``): one value a row (the first of a
+sweep), ``method_params`` over the shared keys."""
 
 
 def vllm_params(cfg: BenchConfig, method: str) -> dict[str, Any]:
     """K (prove-lossless, pard) or k (sd) of a vLLM row: the first value of ``block_size`` / ``k``, else the
     method's default (the trained block size for K)."""
-    key = SIZE_KEY.get(method)
-    if key is None:
-        return {}
-    value = as_values(getattr(cfg, key))[0]
-    return {} if value is None else {key: value}
+    out: dict[str, Any] = {}
+    own = (cfg.method_params or {}).get(method, {})
+    for key in (SIZE_KEY.get(method), *RULE_KEYS.get(method, ())):
+        if key is None:
+            continue
+        value = as_values(own[key] if key in own else getattr(cfg, key, None))[0]
+        if value is not None:
+            out[key] = value
+    return out
 
 
 def start_engines(cfg: BenchConfig) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -55,12 +71,16 @@ def start_engines(cfg: BenchConfig) -> tuple[dict[str, Any], dict[str, Any]]:
             if method in DRAFTED and cfg.draft is None:
                 records[f"vllm {method}"] = {"method": method, "skipped": "needs draft="}
                 continue
+            if method in VERIFIED and cfg.verifier is None:
+                records[f"vllm {method}"] = {"method": method, "skipped": "needs verifier="}
+                continue
             params = vllm_params(cfg, method)
             t0 = time.perf_counter()
             dec = VllmDecoder(
                 str(cfg.model),
                 method=method,
                 draft=cfg.draft if method in DRAFTED else None,
+                verifier=cfg.verifier if method in VERIFIED else None,
                 device=cfg.device,
                 dtype=cfg.dtype,
                 options=cfg.vllm,
@@ -68,10 +88,8 @@ def start_engines(cfg: BenchConfig) -> tuple[dict[str, Any], dict[str, Any]]:
             )
             name = f"vllm {method}"
             engines[name] = dec
-            key = SIZE_KEY.get(method)
-            resolved = (
-                {key: getattr(dec.params, key)} if key else {}
-            )  # what the engine runs, defaults included
+            keys = [k for k in (SIZE_KEY.get(method), *RULE_KEYS.get(method, ())) if k]
+            resolved = {k: getattr(dec.params, k) for k in keys}  # what the engine runs, defaults included
             spec = dec.engine_args.get("speculative_config") or {}
             schedule = spec.get("num_speculative_tokens_per_batch_size")
             records[name] = {
@@ -145,8 +163,20 @@ def run_vllm_rows(
         "engines": records,
         "rows": rows,
         "crossover": crossovers(rows, cfg.vllm_concurrency),
-        "violations": [f"{r['name']} c={r['concurrency']}" for r in rows if r["agreement"] < 1],
+        # a lossless row that differs from our ar (prove is lossy; asd with a zero budget is not)
+        "violations": [
+            f"{r['name']} c={r['concurrency']}" for r in rows if r["agreement"] < 1 and _lossless(r)
+        ],
     }
+
+
+def _lossless(row: dict[str, Any]) -> bool:
+    from prove.decode.methods import resolve_params
+
+    method, params = resolve_params(
+        row["method"], **{k: v for k, v in row["params"].items() if k != "k_schedule"}
+    )
+    return method.is_lossless(vars(params))
 
 
 def crossovers(rows: Sequence[dict[str, Any]], concurrency: Sequence[int]) -> dict[str, Any]:
