@@ -146,15 +146,17 @@ def _run_vllm(cfg: DecodeConfig, records: list[PromptRecord]) -> Path:
 
     from prove.decode.vllm_backend import VllmDecoder
 
-    if cfg.verifier is not None:
+    if cfg.verifier is not None and cfg.method != "prove":
         warnings.warn(
-            "backend=vllm runs no separate verifier (nor a trace probe); ignoring verifier=", stacklevel=2
+            f"backend=vllm runs no separate verifier for method={cfg.method} (nor a trace probe); ignoring verifier=",
+            stacklevel=2,
         )
     decoder = VllmDecoder(
         cfg.model,
         method=cfg.method,
         proposer=cfg.proposer,
         draft=cfg.draft,
+        verifier=cfg.verifier if cfg.method == "prove" else None,
         device=cfg.device,
         dtype=cfg.dtype,
         options=cfg.vllm,

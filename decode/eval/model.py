@@ -304,7 +304,8 @@ def vllm_model_args(cfg: EvalConfig, method: str) -> dict[str, Any]:
     plan = VllmDecoder(
         cfg.model,
         method=method,
-        draft=cfg.draft if method in ("sd", "pard") else None,
+        draft=cfg.draft if method in ("sd", "pard", "nsd", "asd") else None,
+        verifier=cfg.verifier if method == "prove" else None,  # prove: the verifier is vLLM's target
         device=cfg.device,
         dtype=cfg.dtype,
         options=cfg.vllm,
