@@ -123,7 +123,7 @@ class DecodeParams:
 
 BACKENDS = ("engine", "vllm")
 """``engine``: ours (every method, one request at a time, exact stats); ``vllm``: vLLM (the methods it can express,
-batched, paged KV, tensor parallel; ``prove.decode.vllm_backend``)."""
+batched, paged KV, tensor parallel; ``prove.decode.vllm.backend``)."""
 
 
 @dataclass
@@ -137,7 +137,7 @@ class VllmOptions:
     """vLLM's cap on the sequences it batches in one step."""
     kv_cache_gb: float | None = None
     """GiB of KV cache (vLLM's ``kv_cache_memory_bytes``), checked against the free memory before the engine starts.
-    ``None`` = sized by prove (``prove.decode.vllm_memory``): on the CPU the free memory less the weights of the
+    ``None`` = sized by prove (``prove.decode.vllm.memory``): on the CPU the free memory less the weights of the
     target and drafter and a 2 GiB margin, half of that at most, no more than ``max_num_seqs`` sequences of
     ``max_model_len`` tokens fill and no less than one (vLLM's own CPU default would demand 92% of the machine free
     and take it); on a GPU what vLLM's ``gpu_memory_utilization`` leaves, that utilization lowered to the GPU's

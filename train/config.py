@@ -212,7 +212,7 @@ class DistillConfig:
     (only the batched matmuls' rounding differs: ``prove.train.distill.answer_batch``). ``backend=vllm`` batches
     by itself (``vllm.concurrency``, ``vllm.max_num_seqs``): leave it at 1."""
     backend: str = "engine"
-    """``engine``: our decode engine (above); ``vllm``: vLLM (``prove.decode.vllm_backend``) — every prompt of the
+    """``engine``: our decode engine (above); ``vllm``: vLLM (``prove.decode.vllm.backend``) — every prompt of the
     process's slice handed to one engine at once (paged KV cache, continuous batching, ``vllm.tensor_parallel_size``),
     method ``ar`` or ``prove-lossless`` (the MARS checkpoint as its own parallel drafter: the same greedy tokens),
     the top-k log-probs read off the generating pass. ``prove.train.distill.generate_vllm``."""

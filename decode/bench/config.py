@@ -126,7 +126,7 @@ class BenchConfig:
     (:mod:`prove.decode.bench.vllm_rows`): each of ``vllm_methods`` decoding every prompt at each concurrency of
     ``vllm_concurrency``, checked token for token against our ``ar``."""
     vllm_methods: list[str] = field(default_factory=lambda: ["ar", "prove-lossless", "sd", "prove"])
-    """The methods vLLM runs with ``backend=vllm`` (``prove.decode.vllm_backend.VLLM_METHODS``); ``sd``, ``pard``,
+    """The methods vLLM runs with ``backend=vllm`` (``prove.decode.vllm.backend.VLLM_METHODS``); ``sd``, ``pard``,
     ``nsd`` and ``asd`` only where a ``draft`` is given, ``prove`` where a ``verifier`` is. K, k and the rule's
     parameters (θ; ASD's budget, gate, max_mismatches) are the first values of their sweeps (``method_params`` first,
     then the shared key)."""
@@ -199,7 +199,7 @@ class BenchConfig:
             )
 
     def _check_vllm(self) -> None:
-        from prove.decode.vllm_backend import VLLM_METHODS
+        from prove.decode.vllm.backend import VLLM_METHODS
 
         if self.hf_compare is not None:
             raise ValueError("hf_compare compares ours with transformers' generate: drop backend=vllm")

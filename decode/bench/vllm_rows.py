@@ -2,7 +2,7 @@
 parallel drafter) and ``sd`` / ``pard`` (with ``draft``), each decoding every prompt at each concurrency of
 ``vllm_concurrency``, beside our rows in the same run and report.
 
-A row is one method at one concurrency c: every prompt handed to one engine (``prove.decode.vllm_backend``) with c
+A row is one method at one concurrency c: every prompt handed to one engine (``prove.decode.vllm.backend``) with c
 requests kept in flight, timed from the first request to the last token; its tokens/s is the batch's throughput,
 checked token for token against our ``ar``'s outputs of the same prompts. Every engine starts once (its start-up
 is reported apart) and stays up; the rows then run round-robin — for each concurrency, each repeat, every engine in
@@ -41,7 +41,7 @@ SIZE_KEY = {
 }
 """The config key that sizes a vLLM method's drafts: K for the block drafters, k for a draft model."""
 RULE_KEYS = {"prove": ("theta",), "nsd": ("theta",), "asd": ("budget", "gate", "max_mismatches")}
-"""The rule parameters of the plugin's methods (``prove.decode.vllm_plugin``): one value a row (the first of a
+"""The rule parameters of the plugin's methods (``prove.decode.vllm.plugin``): one value a row (the first of a
 sweep), ``method_params`` over the shared keys."""
 
 
@@ -62,7 +62,7 @@ def vllm_params(cfg: BenchConfig, method: str) -> dict[str, Any]:
 def start_engines(cfg: BenchConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     """(name → started ``VllmDecoder``, name → its record: method, params, start-up seconds, engine arguments) for
     every method of ``vllm_methods`` that can run here (``sd`` / ``pard`` need ``draft``)."""
-    from prove.decode.vllm_backend import VllmDecoder
+    from prove.decode.vllm.backend import VllmDecoder
 
     engines: dict[str, Any] = {}
     records: dict[str, Any] = {}

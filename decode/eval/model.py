@@ -299,7 +299,7 @@ def vllm_model_args(cfg: EvalConfig, method: str) -> dict[str, Any]:
     """lm-eval's ``vllm`` model arguments for ``method``: the engine arguments ``backend=vllm`` resolves (every
     check of ``prove-decode backend=vllm`` run, no engine started), under lm-eval's names; requests batched
     (``batch_size=auto``)."""
-    from prove.decode.vllm_backend import VllmDecoder
+    from prove.decode.vllm.backend import VllmDecoder
 
     plan = VllmDecoder(
         cfg.model,

@@ -1,4 +1,4 @@
-"""The vLLM adapter's translations and checks, without starting vLLM (``prove.decode.vllm_backend``): our method
+"""The vLLM adapter's translations and checks, without starting vLLM (``prove.decode.vllm.backend``): our method
 and parameters → engine arguments and ``speculative_config``, vLLM's per-request metrics → our stats, and every bad
 input refused at start with the fix. The engine itself is exercised in test_vllm_engine.py."""
 
@@ -9,17 +9,17 @@ import subprocess
 import sys
 
 import pytest
-from prove.decode import vllm_backend
 from prove.decode.checkpoint import CONFIG_MASK_KEY, config_mask_id
 from prove.decode.config import DecodeConfig, DecodeParams, VllmOptions
 from prove.decode.methods import get_method
-from prove.decode.vllm_backend import (
+from prove.decode.vllm import backend as vllm_backend
+from prove.decode.vllm.backend import (
     VllmDecoder,
     check_vllm_method,
     engine_args,
     start_llm,
 )
-from prove.decode.vllm_stats import vllm_stats
+from prove.decode.vllm.stats import vllm_stats
 
 pytestmark = pytest.mark.filterwarnings("ignore:checkpoint .* records no trained block size")
 
@@ -77,7 +77,7 @@ def test_mars_is_refused_on_vllm_saying_why(checkpoints):
 def test_prove_nsd_asd_run_our_rule_in_vllms_step_through_the_worker_class(checkpoints, monkeypatch):
     """prove: the small verifier is vLLM's target, the MARS model its parallel drafter; nsd / asd: the draft drafts
     greedily for the target. The plugin comes with the engine (worker_cls + additional_config), not with vLLM."""
-    from prove.decode import vllm_plugin
+    from prove.decode.vllm import plugin as vllm_plugin
 
     mars, verifier = checkpoints["mars"], checkpoints["verifier"]
     prove = plan(mars, method="prove", verifier=verifier, theta=0.3)
@@ -88,7 +88,7 @@ def test_prove_nsd_asd_run_our_rule_in_vllms_step_through_the_worker_class(check
         "num_speculative_tokens": 4,
         "parallel_drafting": True,
     }
-    assert args["worker_cls"] == "prove.decode.vllm_plugin.RuleCPUWorker"
+    assert args["worker_cls"] == "prove.decode.vllm.plugin.RuleCPUWorker"
     assert args["additional_config"][vllm_plugin.CONFIG_KEY] == {
         "method": "prove",
         "theta": 0.3,
@@ -117,7 +117,7 @@ def test_prove_nsd_asd_run_our_rule_in_vllms_step_through_the_worker_class(check
 
 
 def test_an_untested_vllm_version_is_refused_at_start(checkpoints, monkeypatch):
-    from prove.decode import vllm_plugin
+    from prove.decode.vllm import plugin as vllm_plugin
 
     monkeypatch.setattr(vllm_plugin, "vllm_version", lambda: "0.33.1")
     with pytest.raises(
@@ -147,7 +147,7 @@ def test_a_verifier_with_fewer_rows_is_refused_naming_pad_vocab(checkpoints, tmp
 def test_each_request_is_checked_against_the_engines_method():
     """The per-request parameters (``vllm_xargs`` on the server) resolve over the engine's defaults by the method's
     own checks; the server's middleware refuses, with a 400 saying why, what the engine would not run."""
-    from prove.decode import vllm_plugin
+    from prove.decode.vllm import plugin as vllm_plugin
 
     settings = {"method": "prove", "theta": 0.1}
     assert vllm_plugin.resolve_request(settings, None) == {"theta": 0.1}
@@ -176,7 +176,7 @@ def test_the_plugin_module_imports_no_vllm():
     """vLLM's processes import it by name (the worker class, the middleware); everything of vLLM's it subclasses is
     built on first access, in the engine's process."""
     code = (
-        "import sys, prove.decode.vllm_plugin as p; p.check_prove_requests; assert 'vllm' not in sys.modules"
+        "import sys, prove.decode.vllm.plugin as p; p.check_prove_requests; assert 'vllm' not in sys.modules"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -297,7 +297,7 @@ def test_vllm_stats_count_only_committed_tokens_as_ours():
 
 
 def test_prove_serve_builds_the_server_command_and_refuses_what_vllm_cannot_run(checkpoints):
-    from prove.decode.serve import ServeConfig, server_argv
+    from prove.decode.vllm.serve import ServeConfig, server_argv
 
     argv, args = server_argv(ServeConfig(model=checkpoints["mars"], method="prove-lossless", port=8123))
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"] and "--enforce-eager" in argv
@@ -310,8 +310,8 @@ def test_prove_serve_builds_the_server_command_and_refuses_what_vllm_cannot_run(
     mars, verifier = checkpoints["mars"], checkpoints["verifier"]
     argv, args = server_argv(ServeConfig(model=mars, verifier=verifier, method="prove", theta=0.2))
     assert argv[argv.index("--model") + 1] == verifier and args["served_model_name"] == mars
-    assert argv[argv.index("--worker-cls") + 1] == "prove.decode.vllm_plugin.RuleCPUWorker"
-    assert argv[argv.index("--middleware") + 1] == "prove.decode.vllm_plugin.check_prove_requests"
+    assert argv[argv.index("--worker-cls") + 1] == "prove.decode.vllm.plugin.RuleCPUWorker"
+    assert argv[argv.index("--middleware") + 1] == "prove.decode.vllm.plugin.check_prove_requests"
     assert json.loads(argv[argv.index("--additional-config") + 1])["prove_rule"]["theta"] == 0.2
     with pytest.raises(ValueError, match="port=0 must lie in 1..65535"):
         ServeConfig(model="m", port=0)

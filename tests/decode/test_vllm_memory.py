@@ -1,4 +1,4 @@
-"""Every vLLM engine is sized before it starts (``prove.decode.vllm_memory``): the KV cache computed from a given
+"""Every vLLM engine is sized before it starts (``prove.decode.vllm.memory``): the KV cache computed from a given
 free-memory figure on the CPU, the utilization on a shared GPU, the one-line refusal of an engine that cannot fit
 (before vLLM is asked for anything), and the documented override forms composing as written. No engine starts
 here; the default path's real engine runs in test_vllm_engine.py."""
@@ -9,9 +9,10 @@ import re
 from pathlib import Path
 
 import pytest
-from prove.decode import vllm_backend, vllm_memory
 from prove.decode.config import VllmOptions
-from prove.decode.vllm_memory import (
+from prove.decode.vllm import backend as vllm_backend
+from prove.decode.vllm import memory as vllm_memory
+from prove.decode.vllm.memory import (
     CPU_MARGIN,
     GPU_MARGIN,
     EngineMemoryError,
@@ -149,7 +150,7 @@ def test_the_decoder_plans_before_vllm_is_asked_for_anything(checkpoints, monkey
     with pytest.raises(EngineMemoryError, match=r"1\.00 GiB is free"):
         vllm_backend.VllmDecoder(mars, method="ar", options=options)
     # prove-serve: the same plan, its knobs top-level keys, before it hands over to vLLM's server
-    from prove.decode.serve import ServeConfig, server_argv
+    from prove.decode.vllm.serve import ServeConfig, server_argv
 
     with pytest.raises(EngineMemoryError, match=r"lower max_model_len"):
         server_argv(ServeConfig(model=mars, method="ar", max_model_len=512))
@@ -199,7 +200,7 @@ DOCUMENTED = [
     "docs/vllm.md",
     "docs/decoding.md",
     "conf/decode/serve.yaml",
-    "decode/serve.py",
+    "decode/vllm/serve.py",
     "Makefile",
     "README.md",
 ]
@@ -240,7 +241,7 @@ def test_each_documented_override_composes(override):
     else:
         from hydra.core.config_store import ConfigStore
         from prove.decode.config import schema_node
-        from prove.decode.serve import ServeConfig
+        from prove.decode.vllm.serve import ServeConfig
 
         ConfigStore.instance().store(name="serve_schema", node=schema_node(ServeConfig))
         module, name, base = "prove.conf.decode", "serve", ["model=m"]

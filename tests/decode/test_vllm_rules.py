@@ -1,4 +1,4 @@
-"""Our rules inside vLLM's step (``prove.decode.vllm_plugin``) against our engine on tiny random models (fp32):
+"""Our rules inside vLLM's step (``prove.decode.vllm.plugin``) against our engine on tiny random models (fp32):
 vLLM ``prove`` (the MARS model as vLLM's parallel drafter, the small verifier as its target), greedy ``nsd`` and
 ``asd`` (the small draft drafting for the big target) give our engine's tokens, one request in flight and all at once,
 at several per-request parameters of one engine each; EOS, stop strings and ``max_new_tokens`` inside a block end
@@ -33,8 +33,8 @@ vllm = pytest.importorskip("vllm", reason="backend=vllm needs vLLM (`make instal
 
 from prove.decode import Decoder  # noqa: E402
 from prove.decode.config import DecodeParams, VllmOptions  # noqa: E402
-from prove.decode.vllm_backend import VllmDecoder  # noqa: E402
-from prove.decode.vllm_plugin import VOCAB_ROWS_KEY, pad_vocab  # noqa: E402
+from prove.decode.vllm.backend import VllmDecoder  # noqa: E402
+from prove.decode.vllm.plugin import VOCAB_ROWS_KEY, pad_vocab  # noqa: E402
 
 from tests.decode.conftest import save_checkpoint  # noqa: E402
 from tests.decode.test_draft import perturbed  # noqa: E402
@@ -181,7 +181,7 @@ def test_vllm_prove_ends_inside_a_block_where_ours_ends(vllm_prove, ours_prove, 
 
 
 def test_a_request_for_another_method_is_refused(vllm_prove, prompts):
-    from prove.decode import vllm_plugin
+    from prove.decode.vllm import plugin as vllm_plugin
 
     settings = vllm_prove.engine_args["additional_config"][vllm_plugin.CONFIG_KEY]
     with pytest.raises(
@@ -239,7 +239,7 @@ def test_prove_serve_answers_prove_with_a_per_request_theta(ckpts, prompts, vllm
     """``prove-serve method=prove``: θ per request (``vllm_xargs``) gives the Python API's tokens at that θ; a
     request for another method, or one that samples, gets a 400 saying why."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "prove.decode.serve", f"model={ckpts['mars']}", "method=prove"]
+    cmd = [sys.executable, "-m", "prove.decode.vllm.serve", f"model={ckpts['mars']}", "method=prove"]
     cmd += [f"verifier={ckpts['verifier-padded']}", f"port={port}", "max_num_seqs=8", "kv_cache_gb=0.25"]
     cmd += ["max_model_len=512"]
     server = subprocess.Popen(

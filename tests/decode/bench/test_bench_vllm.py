@@ -77,7 +77,7 @@ def test_the_concurrency_sweep_is_sorted_and_the_default_reaches_64():
 
 
 def test_the_plugin_methods_get_their_rows_by_composition(monkeypatch):
-    """vLLM prove / nsd / asd rows (``prove.decode.vllm_plugin``): prove drafts with the model for the verifier, the
+    """vLLM prove / nsd / asd rows (``prove.decode.vllm.plugin``): prove drafts with the model for the verifier, the
     rule's parameters are the first of their sweeps, a missing verifier or draft skips the row saying why, and a
     lossy row differing from our ar is no violation (a lossless one is)."""
     from prove.decode.bench import vllm_rows
@@ -102,7 +102,7 @@ def test_the_plugin_methods_get_their_rows_by_composition(monkeypatch):
         def close(self):
             pass
 
-    monkeypatch.setattr("prove.decode.vllm_backend.VllmDecoder", Fake)
+    monkeypatch.setattr("prove.decode.vllm.backend.VllmDecoder", Fake)
     engines, records = vllm_rows.start_engines(cfg)
     assert [s[:4] for s in seen] == [
         ("ar", "m", None, None), ("prove", "m", None, "v"), ("nsd", "m", "d", None), ("asd", "m", "d", None)

@@ -372,7 +372,7 @@ def _vllm_classes() -> dict[str, type]:
 
     def with_rule(base: type) -> type:
         class RuleWorker(base):  # type: ignore[misc,valid-type]
-            """vLLM's worker, with our rule installed in its model runner (``prove.decode.vllm_plugin``)."""
+            """vLLM's worker, with our rule installed in its model runner (``prove.decode.vllm.plugin``)."""
 
             def init_device(self) -> None:
                 super().init_device()

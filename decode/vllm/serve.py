@@ -38,7 +38,7 @@ class ServeConfig(DecodeParams, VllmOptions):
     verifier: str | None = None
     """prove: ProVe's small verifier (vLLM's target; ``model``, the MARS checkpoint, drafts for it)."""
     method: str = "prove-lossless"
-    """ar, prove-lossless, sd, pard, prove, nsd or asd (``prove.decode.vllm_backend.VLLM_METHODS``). prove, nsd and
+    """ar, prove-lossless, sd, pard, prove, nsd or asd (``prove.decode.vllm.backend.VLLM_METHODS``). prove, nsd and
     asd take their rule's parameters per request in ``vllm_xargs`` (``{"theta": 0.2}``; ASD's budget, gate,
     max_mismatches) and are greedy (``"temperature": 0``)."""
     host: str = "127.0.0.1"
@@ -61,7 +61,7 @@ class ServeConfig(DecodeParams, VllmOptions):
 def server_argv(cfg: ServeConfig) -> tuple[list[str], dict[str, Any]]:
     """(argv, engine args): ``python -m vllm.entrypoints.openai.api_server`` with the engine arguments
     ``backend=vllm`` resolves for ``cfg`` (every check run, no engine started)."""
-    from prove.decode.vllm_backend import VllmDecoder
+    from prove.decode.vllm.backend import VllmDecoder
 
     plan = VllmDecoder(
         cfg.model,
@@ -85,7 +85,7 @@ def server_argv(cfg: ServeConfig) -> tuple[list[str], dict[str, Any]]:
         )  # prove: clients name the MARS checkpoint, not the verifier vLLM loads
     if plan.plugin:
         # our rule's requests are checked before vLLM sees them (a method this engine does not run: a 400)
-        from prove.decode import vllm_plugin
+        from prove.decode.vllm import plugin as vllm_plugin
 
         vllm_plugin.check_vllm_version(plan.method.name)
         args["middleware"] = [vllm_plugin.middleware(plan.method.name)]
@@ -113,7 +113,7 @@ def server_argv(cfg: ServeConfig) -> tuple[list[str], dict[str, Any]]:
 def run(cfg: ServeConfig) -> None:
     import importlib.util
 
-    from prove.decode.vllm_backend import INSTALL_HINT
+    from prove.decode.vllm.backend import INSTALL_HINT
 
     if importlib.util.find_spec("vllm") is None:
         raise ValueError(f"prove-serve needs vLLM, which is not installed here: {INSTALL_HINT}")

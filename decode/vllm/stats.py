@@ -1,5 +1,5 @@
 """What a vLLM decode returns (:class:`VllmResult`) and its statistics under our names (:class:`VllmStats`), read off
-vLLM's per-request speculative metrics (:func:`vllm_stats`); the adapter itself is :mod:`prove.decode.vllm_backend`.
+vLLM's per-request speculative metrics (:func:`vllm_stats`); the adapter itself is :mod:`prove.decode.vllm.backend`.
 """
 
 from __future__ import annotations

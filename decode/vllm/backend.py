@@ -4,7 +4,7 @@ and output records as our engine (docs/vllm.md).
 
 One thin adapter: our method and parameters → vLLM's engine arguments and ``speculative_config``
 (:func:`speculative_config`, :func:`engine_args`); vLLM's per-request speculative metrics → our stats' names
-(:func:`prove.decode.vllm_stats.vllm_stats`). No rule is copied and no vLLM class is patched: vLLM verifies by its own rule, which for these
+(:func:`prove.decode.vllm.stats.vllm_stats`). No rule is copied and no vLLM class is patched: vLLM verifies by its own rule, which for these
 methods is ours (greedy: the longest prefix equal to the target's greedy tokens + the correction or bonus token;
 sampling ``sd``: speculative sampling, refused on vLLM's CPU build, whose sampler does not keep the distribution:
 :func:`check_sampling`).
@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 from prove.data import loading
-from prove.decode import vllm_plugin as plugin
 from prove.decode.checkpoint import (
     MASK_TOKEN,
     config_mask_id,
@@ -50,12 +49,13 @@ from prove.decode.checkpoint import (
 )
 from prove.decode.config import DecodeParams, VllmOptions
 from prove.decode.methods import Method, resolve_params
-from prove.decode.vllm_memory import plan_engine_memory
-from prove.decode.vllm_stats import VllmResult, vllm_stats
+from prove.decode.vllm import plugin
+from prove.decode.vllm.memory import plan_engine_memory
+from prove.decode.vllm.stats import VllmResult, vllm_stats
 
 VLLM_METHODS = ("ar", "prove-lossless", "sd", "pard", "prove", "nsd", "asd")
 """The methods vLLM runs: its own verification (greedy match + bonus, or speculative sampling, by the target) for the
-first four; our rule inside vLLM's step (``prove.decode.vllm_plugin``, greedy) for ``prove``, ``nsd`` and ``asd``."""
+first four; our rule inside vLLM's step (``prove.decode.vllm.plugin``, greedy) for ``prove``, ``nsd`` and ``asd``."""
 
 _WHY_NOT = {
     "mars": "the MARS confidence rule commits without any verification pass, and vLLM's step always runs its target "
@@ -297,9 +297,9 @@ class VllmDecoder:
     ``DecodeParams`` fields, resolved and checked as our Decoder does; ``options`` the ``VllmOptions`` knobs. The
     engine starts here (25-50 s for a tiny model on a 2-core CPU); ``start=False`` only checks and resolves
     (``engine_args``: what ``prove-serve`` starts the server with). Either way the engine's memory is planned first
-    (:func:`prove.decode.vllm_memory.plan_engine_memory`: on the CPU an explicit KV cache, computed from free memory
+    (:func:`prove.decode.vllm.memory.plan_engine_memory`: on the CPU an explicit KV cache, computed from free memory
     unless ``options.kv_cache_gb`` sets it; on a GPU a utilization that is free), and an engine that cannot fit is a
-    :class:`~prove.decode.vllm_memory.EngineMemoryError` naming the knob, ``knob_prefix`` + its name (``vllm.`` on
+    :class:`~prove.decode.vllm.memory.EngineMemoryError` naming the knob, ``knob_prefix`` + its name (``vllm.`` on
     prove-decode's command line). Outputs equal our engine's token for token
     (greedy, fp32): same EOS ids, ``<|mask|>`` and ids past the tokenizer never output, stop strings ending at the
     token that completes them.
@@ -364,7 +364,7 @@ class VllmDecoder:
         )
         args = engine_args(target, self.spec, self.options, dtype=dtype, device=device, seed=self.params.seed)
         warn_k_schedule(args)
-        # the KV cache sized and the fit checked here, before vLLM's engine process exists (prove.decode.vllm_memory)
+        # the KV cache sized and the fit checked here, before vLLM's engine process exists (prove.decode.vllm.memory)
         served = [(target, target_config)]
         if self.spec is not None:
             drafter = self.spec["model"]
@@ -378,7 +378,7 @@ class VllmDecoder:
             prefix=knob_prefix,
         )
         print(f"prove: vLLM engine memory: {self.memory_plan}", file=sys.stderr, flush=True)
-        if self.plugin:  # our rule in vLLM's step, for this engine only (prove.decode.vllm_plugin)
+        if self.plugin:  # our rule in vLLM's step, for this engine only (prove.decode.vllm.plugin)
             self.engine_args["worker_cls"] = plugin.worker_cls(self.on_cpu)
             extra = dict(self.engine_args.get("additional_config") or {})
             extra[plugin.CONFIG_KEY] = plugin.engine_settings(
@@ -591,12 +591,12 @@ def _top_ranked(position: Mapping[int, Any], k: int) -> list[tuple[int, float]]:
 
 def _check_padded(model_config: Any, verifier_config: Any, model: str, verifier: str) -> None:
     """vLLM needs the drafter's (the MARS model's) and the target's (the verifier's) vocabulary sizes equal: a
-    ``ValueError`` naming the fix (:func:`prove.decode.vllm_plugin.pad_vocab`) where they differ."""
+    ``ValueError`` naming the fix (:func:`prove.decode.vllm.plugin.pad_vocab`) where they differ."""
     rows, other = int(model_config.vocab_size), int(verifier_config.vocab_size)
     if rows != other:
         raise ValueError(
             f"verifier {verifier} has {other} logit rows and model {model} {rows}: vLLM needs them equal. Pad the "
-            f"verifier: python -c \"from prove.decode.vllm_plugin import pad_vocab; pad_vocab('{verifier}', {rows}, "
+            f"verifier: python -c \"from prove.decode.vllm.plugin import pad_vocab; pad_vocab('{verifier}', {rows}, "
             f"'{verifier}-rows{rows}')\" and pass verifier={verifier}-rows{rows} (its padded rows stay out of q)"
         )
 
