@@ -4,6 +4,11 @@ can run, configured like ``prove-decode`` (docs/vllm.md).
     prove-serve model=runs/tiny/mars method=prove-lossless port=8000            # the checkpoint drafts for itself
     prove-serve model=BIG draft=runs/small-mars method=pard tensor_parallel_size=4
     prove-serve model=PATH method=sd draft=PATH k=5 engine_args.max_num_batched_tokens=8192
+    prove-serve model=runs/tiny/mars verifier=runs/tiny/verifier-distill method=prove theta=0.1   # our plugin
+
+prove, nsd and asd (``prove.decode.vllm.plugin``) are greedy and take their rule's parameters per request in
+``vllm_xargs`` (``{"theta": 0.2}``); a request the engine would not run (another method, sampling, log-probs) is
+answered with a 400 that says why.
 
 Every check ``backend=vllm`` makes runs first (a method vLLM cannot run is refused, with the fix; an engine that
 does not fit in the free memory is refused with what it needs, what is free and the knob: ``kv_cache_gb`` or
@@ -31,8 +36,9 @@ class ServeConfig(DecodeParams, VllmOptions):
     ``kv_cache_gb``, ``tensor_parallel_size``, ..., any engine argument under ``engine_args``) and the address."""
 
     model: str = "???"
-    """Checkpoint directory (or hub id) of the model served: the MARS checkpoint for prove-lossless, the target for
-    sd and pard."""
+    """Checkpoint directory (or hub id) of the model served: the MARS checkpoint for prove-lossless and prove (there
+    it drafts for ``verifier``, which vLLM loads as its target; clients still name this path), the target for sd, pard,
+    nsd and asd."""
     draft: str | None = None
     """sd, nsd, asd: the small AR draft; pard: the small MARS checkpoint that drafts blocks."""
     verifier: str | None = None

@@ -94,8 +94,6 @@ def test_prove_nsd_asd_run_our_rule_in_vllms_step_through_the_worker_class(check
         "theta": 0.3,
         "verifier_rows": len(prove.tokenizer),
     }
-    params = prove.sampling_params(8, None, [1], None, DecodeParams(theta=0.05))
-    assert params.extra_args == {vllm_plugin.METHOD_ARG: "prove", "theta": 0.05}
     for name in ("nsd", "asd"):
         dec = plan(verifier, method=name, draft=mars, k=3)
         assert dec.spec == {"method": "draft_model", "model": mars, "num_speculative_tokens": 3}
@@ -112,6 +110,16 @@ def test_prove_nsd_asd_run_our_rule_in_vllms_step_through_the_worker_class(check
         plan(mars, method="prove")
     with pytest.raises(ValueError, match="method=nsd on vLLM is greedy"):
         plan(verifier, method="nsd", draft=mars, temperature=0.5)
+
+
+def test_a_plugin_request_carries_its_rule_parameters(checkpoints):
+    pytest.importorskip("vllm", reason="SamplingParams is vLLM's")
+    from prove.decode.vllm import plugin as vllm_plugin
+
+    prove = plan(checkpoints["mars"], method="prove", verifier=checkpoints["verifier"], theta=0.3)
+    params = prove.sampling_params(8, None, [1], None, DecodeParams(theta=0.05))
+    assert params.extra_args == {vllm_plugin.METHOD_ARG: "prove", "theta": 0.05}
+    assert prove.sampling_params(8, None, [1], None).extra_args["theta"] == 0.3  # the engine's default
     with pytest.raises(ValueError, match="returns no log-probs"):
         prove.sampling_params(8, None, [1], None, logprobs=2)
 
@@ -315,3 +323,26 @@ def test_prove_serve_builds_the_server_command_and_refuses_what_vllm_cannot_run(
     assert json.loads(argv[argv.index("--additional-config") + 1])["prove_rule"]["theta"] == 0.2
     with pytest.raises(ValueError, match="port=0 must lie in 1..65535"):
         ServeConfig(model="m", port=0)
+
+
+def test_the_vllm_internals_the_plugin_subclasses_are_where_it_expects():
+    """A vLLM upgrade that moves them fails here, loudly, not inside an engine (the plugin is pinned too)."""
+    pytest.importorskip("vllm", reason="the plugin subclasses vLLM's classes")
+    import inspect
+
+    from prove.decode.vllm import plugin as vllm_plugin
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+    from vllm.v1.spec_decode.draft_model import DraftModelProposer
+    from vllm.v1.worker.cpu_worker import CPUWorker
+
+    assert issubclass(vllm_plugin.RuleCPUWorker, CPUWorker) and issubclass(
+        vllm_plugin.RuleSampler, RejectionSampler
+    )
+    assert issubclass(vllm_plugin.RuleDrafter, DraftModelProposer)
+    assert list(inspect.signature(RejectionSampler.forward).parameters) == [
+        "self", "metadata", "draft_probs", "logits", "sampling_metadata"
+    ]  # fmt: skip
+    assert list(inspect.signature(DraftModelProposer._sample_draft_tokens).parameters) == [
+        "self", "hidden_states", "sampling_metadata"
+    ]  # fmt: skip
+    assert "init_device" in vars(CPUWorker) and vllm_plugin.vllm_version() in vllm_plugin.TESTED_VLLM
