@@ -240,8 +240,16 @@ def _vllm_classes() -> dict[str, type]:
     class RuleSampler(RejectionSampler):
         """vLLM's rejection sampler with our rule in place of its acceptance (greedy requests only)."""
 
-        def __init__(self, sampler: Any, spec_config: Any, device: Any, *, settings: Mapping[str, Any],
-                     runner: Any, drafter: Any) -> None:  # fmt: skip
+        def __init__(
+            self,
+            sampler: Any,
+            spec_config: Any,
+            device: Any,
+            *,
+            settings: Mapping[str, Any],
+            runner: Any,
+            drafter: Any,
+        ) -> None:
             super().__init__(sampler, spec_config, device)
             self.settings = dict(settings)
             self.method = self.settings["method"]
@@ -294,8 +302,16 @@ def _vllm_classes() -> dict[str, type]:
                         return i + 1
             return n
 
-        def _row(self, rid: str, drafts: list[int], rows: torch.Tensor, bonus: torch.Tensor,
-                 banned: torch.Tensor | None) -> list[int]:  # fmt: skip
+        def _row(
+            self,
+            rid: str,
+            drafts: list[int],
+            rows: torch.Tensor,
+            bonus: torch.Tensor,
+            banned: torch.Tensor | None,
+        ) -> list[int]:
+            """One request's output row: our rule's verdict on its drafts (``rows``: the target's logits at them,
+            ``bonus`` after the last)."""
             params, state = self._request(rid)
             if PLACEHOLDER_TOKEN_ID in drafts:
                 # vLLM schedules a new request with one token to compute beside running ones as a decode with K
@@ -314,9 +330,8 @@ def _vllm_classes() -> dict[str, type]:
                         f"kept p̃ for (vLLM {vllm_version()}'s internals differ from {TESTED_VLLM}'s)"
                     )
                 n = self._cut(state, drafts, extra=False)
-                q_logits = rows[
-                    :n
-                ].clone()  # the verifier's own distribution: unrestricted but for padded rows
+                # q: the verifier's own distribution, unrestricted (as our engine's) but for its padded rows
+                q_logits = rows[:n].clone()
                 q_logits[:, self.settings.get("verifier_rows", q_logits.shape[-1]) :] = float("-inf")
                 tokens = torch.tensor(drafts[:n], device=rows.device)
                 q = q_logits.softmax(-1).gather(-1, tokens[:, None])[:, 0]  # (n,)
