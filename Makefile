@@ -181,7 +181,9 @@ gpu-check: ## prove the GPU path and measure the pass cost curve + predicted spe
 	PYTHONPATH=$(GPU_CHECK_PKG)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_CHECK_PY) -m prove.recipes.gpu_check $(GPU_CHECK_ARGS)
 
 # make serve: vLLM's OpenAI-compatible server (/v1/completions, /v1/chat/completions) for a method vLLM runs — ar,
-# prove-lossless (the checkpoint drafts for itself), sd, pard — via prove-serve (conf/decode/serve.yaml, docs/vllm.md).
+# prove-lossless (the checkpoint drafts for itself), sd, pard, and prove / nsd / asd through our plugin (greedy; e.g.
+# SERVE_METHOD=prove ARGS="verifier=runs/tiny/verifier-distill", θ per request in vllm_xargs) — via prove-serve
+# (conf/decode/serve.yaml, docs/vllm.md).
 # ARGS adds any key, e.g. ARGS="port=8000 host=0.0.0.0 tensor_parallel_size=2 kv_cache_gb=4 engine_args.max_num_batched_tokens=8192".
 SERVE_MODEL ?= runs/$(RECIPE)/mars
 SERVE_METHOD ?= prove-lossless
