@@ -374,7 +374,8 @@ def _vllm_classes() -> dict[str, type]:
             raise ValueError(
                 f"method={settings['method']} on vLLM needs speculative_config method=draft_model"
             )
-        if not hasattr(runner, "rejection_sampler") or not isinstance(runner.drafter, DraftModelProposer):
+        drafter = getattr(runner, "drafter", None)
+        if not hasattr(runner, "rejection_sampler") or not isinstance(drafter, DraftModelProposer):
             raise RuntimeError(
                 f"prove plugin: vLLM {vllm_version()}'s model runner ({type(runner).__name__}) has no V1 "
                 "rejection_sampler / draft-model drafter to replace (its V2 runner is not supported)"
