@@ -167,6 +167,14 @@ bench-real: install-real ## SmolLM2-135M's bench per prompt kind -> outputs/smol
 	  'method_params={prove:{theta:$(REAL_THETAS)},prove-lossless:{fuse:[false,true]}}' \
 	  n_prompts=$(REAL_N) max_new_tokens=256 hf=false output_dir=outputs/smollm2-135m/$(k) $(ARGS)$(newline))
 
+# make bench-tokenize: rows/s of the training set's tokenization (chat template + encode, datasets.map) on a synthetic
+# 200,000-row set in Dolci's schema -> outputs/bench-tokenize/result.json, with the time for Dolci's ~2.15M rows
+# (docs/training.md, "Tokenisation"). TOKENIZE_ARGS, e.g. "--rows 20000 --num-proc 4". A benchmark, not a test.
+TOKENIZE_ARGS ?=
+.PHONY: bench-tokenize
+bench-tokenize: install ## tokenization rows/s on a synthetic 200k-row Dolci-schema set -> outputs/bench-tokenize (TOKENIZE_ARGS)
+	$(OFFLINE) $(PY) tools/bench_tokenize.py $(TOKENIZE_ARGS)
+
 # make gpu-check: on one CUDA GPU, the bf16 MARS training path (FlexAttention BlockMask vs dense mask), CUDA
 # decoding of every method (fp32 lossless = transformers' generate), the pass cost curve t(w) of Qwen2.5
 # 0.5B/3B/7B/32B shapes and the speedups it predicts -> outputs/gpu-check/{gpu-check.json,gpu-check.md,cost_curve.png}.
