@@ -28,3 +28,37 @@ def test_the_key_leaves_the_mask_token_out_and_nothing_else(tmp_path, stock_toke
     assert tokenizer_fingerprint(other, "<|mask|>") != tokenizer_fingerprint(tok, "<|mask|>")
     other.chat_template = "{{ messages }}"
     assert tokenizer_fingerprint(other, "<|mask|>") != tokenizer_fingerprint(tok, "<|mask|>")
+
+
+def test_a_nodes_other_processes_wait_for_the_first_ones_set(
+    tmp_path, tokenizer, arithmetic_jsonl, monkeypatch
+):
+    """LOCAL_RANK 1 builds nothing: it waits on the marker file the node's first process writes last (no
+    collective, so no barrier timeout), then reads the same rows."""
+    import threading
+
+    from prove.train import rows
+
+    cfg = train_config(tiny_overrides(tmp_path, arithmetic_jsonl, stage="sft"))
+    final = tmp_path / "tokenized" / rows.cache_key(cfg, tokenizer)
+
+    def never(*args):
+        raise AssertionError("a process other than the node's first tokenized the rows")
+
+    monkeypatch.setattr(rows, "_build", never)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    built = {}
+
+    def first_process():
+        import datasets
+
+        ds = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3]], "labels": [[-100, 2, 3]]})
+        tmp = final.with_name(final.name + ".tmp")
+        ds.save_to_disk(str(tmp))
+        (tmp / rows.MARKER).write_text('{"report": "kept 1/1", "rows": 1}\n')
+        tmp.rename(final)
+        built["done"] = True
+
+    threading.Timer(1.0, first_process).start()
+    got = rows.tokenized_dataset(cfg, tokenizer)
+    assert built["done"] and got["input_ids"] == [[1, 2, 3]]

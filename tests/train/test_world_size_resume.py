@@ -86,3 +86,52 @@ def test_offloaded_zero3_resumes_on_another_world_size_through_a_universal_check
         assert logged[step]["loss"] == pytest.approx(by_step[step]["loss"], rel=0.1), (logged, by_step)
     meta = json.loads((tmp_path / "one" / "mars" / "prove.json").read_text())
     assert meta["world_size"] == 1 and meta["global_step"] == 4
+
+
+def _zero_checkpoint(path, ranks: int):
+    """A checkpoint-N folder as the Trainer + DeepSpeed leave it (file names only)."""
+    step = path / "global_step2"
+    step.mkdir(parents=True)
+    (path / "latest").write_text("global_step2")
+    for r in range(ranks):
+        (step / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt").write_bytes(b"")
+        (step / f"zero_pp_rank_{r}_mp_rank_00_model_states.pt").write_bytes(b"")
+    return path
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_resume_config_converts_once_and_only_for_another_world_size(tmp_path, monkeypatch, rank):
+    from prove.train import universal
+
+    ckpt = _zero_checkpoint(tmp_path / "checkpoint-2", ranks=2)
+    ds = {"zero_optimization": {"stage": 3}}
+    assert universal.saved_world_size(ckpt) == 2
+    assert universal.prepare_resume(str(ckpt), ds, world_size=2, rank=rank) is ds  # same count: as it is
+    assert (
+        universal.prepare_resume(None, ds, world_size=1, rank=rank) is ds
+        and universal.prepare_resume(str(ckpt), None, 1, rank) is None
+    )
+    cmd = universal.convert_command(ckpt)
+    assert cmd[1:3] == ["-m", "deepspeed.checkpoint.ds_to_universal"]
+    assert cmd[cmd.index("--input_folder") + 1] == str(ckpt / "global_step2")
+    assert cmd[cmd.index("--output_folder") + 1] == str(ckpt / "global_step2_universal")
+
+    calls = []
+
+    def fake_convert(path):  # what ds_to_universal leaves: the folder, then latest_universal
+        calls.append(path)
+        (ckpt / "global_step2_universal").mkdir()
+        (ckpt / "latest_universal").write_text("global_step2_universal")
+
+    monkeypatch.setattr(universal, "convert", fake_convert)
+    if rank == 1:  # the other ranks wait for rank 0's file, outside any collective
+        import threading
+
+        threading.Timer(0.5, fake_convert, args=(str(ckpt),)).start()
+    out = universal.prepare_resume(str(ckpt), ds, world_size=1, rank=rank)
+    assert (
+        out["checkpoint"] == {"load_universal": True} and out["zero_optimization"] == ds["zero_optimization"]
+    )
+    assert len(calls) == 1  # rank 0 converted (or, for rank 1, rank 0's stand-in did)
+    again = universal.prepare_resume(str(ckpt), ds, world_size=4, rank=0)  # a later relaunch reuses the copy
+    assert again["checkpoint"]["load_universal"] and len(calls) == 1
