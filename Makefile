@@ -133,7 +133,8 @@ eval: install ## accuracy (Δ pts vs AR) and speed of EVAL_METHOD on lm-eval tas
 
 # make demo: the README's first command — the tiny recipe end to end on CPU (python -m prove.recipes.demo): the
 # generated task, proposer sft -> mars, verifier sft -> distill (prove-train skips a stage whose runs/tiny/<stage>
-# holds a finished prove.json of the same config, so a rerun only benches), then prove-bench on held-out prompts
+# holds a finished prove.json of the same config, so a rerun only benches — after resuming any stage its wall-time
+# cap cut short), then prove-bench on held-out prompts
 # -> outputs/demo. DEMO_ARGS, e.g. "--n-prompts 100".
 # The demo's processes use every core: on an idle 2-core CPU its training ran 1.9x faster with 2 OpenMP threads than
 # with 1 (60 SFT steps: 12.8 s vs 23.9 s; the bench is overhead-bound either way). On a busy machine DEMO_THREADS=1.

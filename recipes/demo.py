@@ -17,7 +17,8 @@ prompts (``--n-prompts 64`` for the whole sweep); ``--no-vllm`` (and ``--smoke``
 Every stage runs through the ``prove-train`` CLI in a subprocess (``prove.decode`` never imports ``prove.train``,
 docs/design.md §3.2), which skips a stage whose folder holds a finished ``prove.json`` of the same config — one
 rule for the demo and every other launch (``prove.train.rerun``): a rerun goes straight to the bench, a changed
-``--train-arg`` trains the stages it changes, ``--train-arg force=true`` retrains them all.
+``--train-arg`` trains the stages it changes, a stage its wall-time cap cut short resumes, ``--train-arg
+force=true`` retrains them all.
 """
 
 from __future__ import annotations

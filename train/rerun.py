@@ -6,10 +6,11 @@ The stage's output folder holds at most a finished checkpoint (its ``prove.json`
 
 - a finished ``prove.json`` of **the same config** (:func:`config_differences` is empty): the stage is skipped
   with a line saying so; ``force=true`` trains it again from its first step;
-- a finished ``prove.json`` of another config (more steps, another learning rate...): the stage trains, resuming
-  from its newest ``checkpoint-N`` (``resume=false``: from the first step), and says which keys differ;
-- no ``prove.json`` (a half-finished stage): it resumes from its newest ``checkpoint-N`` as ``resume`` says —
-  ``None`` if there is one, ``true`` there must be one, ``false`` start over.
+- a finished ``prove.json`` of another config (another learning rate, more steps...): the stage trains from its
+  first step — its checkpoints belong to the other config — unless ``resume=true`` continues from the newest;
+- no ``prove.json`` (a half-finished stage), or one whose wall-time cap stopped it before its last step
+  (``stopped_early``): it resumes from its newest ``checkpoint-N`` as ``resume`` says — ``None`` if there is one,
+  ``true`` there must be one, ``false`` start over.
 
 "The same config" compares the whole resolved config recorded in ``prove.json`` (``training_config``) with this
 run's, leaving out what does not change the trained model (:data:`IGNORED`): where outputs and logs go, how
@@ -42,6 +43,8 @@ IGNORED: tuple[str, ...] = (
     "block_size", "max_len", "lr", "epochs", "max_steps", "stages",
     # logging and checkpoint cadence
     "trainer.logging_steps", "trainer.save_steps", "trainer.save_total_limit",
+    # a wall-time cap: a stage that ran all its steps is the same model whatever the cap (one it cut short resumes)
+    "trainer.max_minutes",
     # how the work is laid out (the effective batch is compared instead of its split)
     "deepspeed", "cpu_threads", "data.num_proc", "model.attn_implementation", "trainer.activation_checkpointing",
     "trainer.dataloader_num_workers", "trainer.per_device_train_batch_size", "trainer.gradient_accumulation_steps",
@@ -118,29 +121,33 @@ def plan_stage(cfg: TrainConfig) -> StagePlan:
     name = f"stage {cfg.stage.name} ({cfg.stage.role})"
     meta = read_prove_json(out) if (out / "prove.json").is_file() else None
     finished = meta.extra if meta is not None else None
-    if finished is not None and not cfg.force:
-        differs = config_differences(cfg, finished)
-        if not differs:
-            msg = f"{name}: {out} holds a finished prove.json of the same config: skipping (force=true trains it again)"
-            early = finished.get("stopped_early")
-            if early:
-                msg += (
-                    f"; note: its wall-time cap stopped it at step {early.get('step')} of {early.get('max_steps')} "
-                    f"({early.get('setting')}={early.get('max_minutes')}): raise that cap and add force=true to "
-                    "train all its steps"
-                )
-            return StagePlan(True, None, msg, finished)
-        shown = ", ".join(differs[:8]) + (f" and {len(differs) - 8} more" if len(differs) > 8 else "")
-        why = f"{name}: {out} holds a finished prove.json of another config (differs in {shown}): training"
-    elif finished is not None:
-        return StagePlan(
-            False, None, f"{name}: force=true: training {out} again from its first step", finished
-        )
-    else:
-        why = f"{name}: training {out}"
+    early = (finished or {}).get("stopped_early")
     last = newest_checkpoint(out)
     if cfg.resume is True and last is None:
         raise ValueError(f"resume=true but {out} has no checkpoint-* folder: drop resume=true to start fresh")
+    if cfg.force:
+        if finished is not None:
+            return StagePlan(
+                False, None, f"{name}: force=true: training {out} again from its first step", finished
+            )
+        return StagePlan(False, None, f"{name}: force=true: training {out} from its first step", None)
+    if finished is not None and early:
+        # cut short by its wall-time cap: not finished, whatever prove.json says; it continues like a crashed one
+        why = (
+            f"{name}: its wall-time cap stopped {out} at step {early.get('step')} of {early.get('max_steps')}"
+        )
+    elif finished is not None:
+        differs = config_differences(cfg, finished)
+        if not differs:
+            msg = f"{name}: {out} holds a finished prove.json of the same config: skipping (force=true trains it again)"
+            return StagePlan(True, None, msg, finished)
+        shown = ", ".join(differs[:8]) + (f" and {len(differs) - 8} more" if len(differs) > 8 else "")
+        why = f"{name}: {out} holds a finished prove.json of another config (differs in {shown})"
+        if cfg.resume is not True:  # its checkpoints belong to that other config
+            tail = f" (resume=true continues from {last} instead)" if last else ""
+            return StagePlan(False, None, f"{why}: training from its first step{tail}", finished)
+    else:
+        why = f"{name}: training {out}"
     resume_from = last if cfg.resume is not False else None
     if resume_from:
         why += f", resuming from {resume_from}"

@@ -49,12 +49,19 @@ def test_a_finished_stage_of_the_same_config_is_skipped_unless_forced(tmp_path):
     assert config_differences(
         train_config([*base, "trainer.per_device_train_batch_size=4"]), {"training_config": config_dict(cfg), "world_size": 1}, processes=2
     ) == []  # fmt: skip
-    # what it does not: a different model, schedule or batch trains (resuming from the newest checkpoint)
+    # what it does not: a different model, schedule or batch trains — from its first step, the checkpoints being
+    # the other config's, unless resume=true continues from the newest
     (tmp_path / "sft" / "checkpoint-4").mkdir()
     longer = train_config([*base, "max_steps=12"])
     plan = plan_stage(longer)
-    assert not plan.skip and plan.resume_from == str(tmp_path / "sft" / "checkpoint-4")
-    assert "another config (differs in trainer.max_steps)" in plan.message
+    assert not plan.skip and plan.resume_from is None
+    assert (
+        "another config (differs in trainer.max_steps): training from its first step (resume=true"
+        in plan.message
+    )
+    assert plan_stage(train_config([*base, "max_steps=12", "resume=true"])).resume_from.endswith(
+        "checkpoint-4"
+    )
     bigger = train_config([*base, "trainer.gradient_accumulation_steps=2"])
     assert config_differences(bigger, plan_stage(cfg).finished) == ["effective_batch"]
     # force: trained again from its first step, the checkpoints of the finished run unused
@@ -78,15 +85,20 @@ def test_a_half_finished_stage_resumes_and_block_size_matters_only_to_mars(tmp_p
     _finish(cfg)
     assert plan_stage(cfg).skip
     assert not plan_stage(train_config([*base, "block_size=8"])).skip  # K is what mars trains
+    # a stage its wall-time cap cut short is not finished: a relaunch resumes it (any cap)
     early = {
         "reason": "max_minutes",
-        "step": 3,
+        "step": 2,
         "max_steps": 8,
         "max_minutes": 1.0,
         "setting": "trainer.max_minutes",
     }
     _finish(cfg, stopped_early=early)
-    assert "stopped it at step 3 of 8 (trainer.max_minutes=1.0)" in plan_stage(cfg).message
+    plan = plan_stage(train_config([*base, "trainer.max_minutes=5"]))
+    assert not plan.skip and plan.resume_from.endswith("checkpoint-2")
+    assert "its wall-time cap stopped" in plan.message and "at step 2 of 8, resuming from" in plan.message
+    _finish(cfg)  # one that ran all its steps is the same model whatever its cap
+    assert plan_stage(train_config([*base, "trainer.max_minutes=5"])).skip
 
 
 def _make(run_dir: Path, data: Path) -> subprocess.Popen:
