@@ -23,7 +23,6 @@ run on one node is therefore not redone when mars runs on two.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -31,8 +30,6 @@ from typing import Any
 from prove.decode.checkpoint import read_prove_json
 from prove.train.config import Stage, TrainConfig, config_dict
 from transformers.trainer_utils import get_last_checkpoint
-
-log = logging.getLogger(__name__)
 
 IGNORED: tuple[str, ...] = (
     # where things go, and what the run is called
@@ -89,12 +86,13 @@ def comparable(config: dict[str, Any], stage: str, processes: int | None) -> dic
     ignored = [*IGNORED, *(k for k, only in IGNORED_UNLESS.items() if str(only) != stage)]
     out = {k: v for k, v in flat.items() if not any(k == i or k.startswith(i + ".") for i in ignored)}
     t = config.get("trainer") or {}
-    micro, accumulation = t.get("per_device_train_batch_size"), t.get("gradient_accumulation_steps")
+    micro, accumulation = (
+        int(t.get("per_device_train_batch_size", 0)),
+        int(t.get("gradient_accumulation_steps", 0)),
+    )
     if processes is None:  # a prove.json from before it recorded its processes: compare the split itself
-        out["trainer.per_device_train_batch_size"], out["trainer.gradient_accumulation_steps"] = (
-            micro,
-            accumulation,
-        )
+        out["trainer.per_device_train_batch_size"] = micro
+        out["trainer.gradient_accumulation_steps"] = accumulation
     else:
         out["effective_batch"] = micro * accumulation * processes
     return out
