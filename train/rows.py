@@ -14,6 +14,7 @@ share, the first node to finish wins and the others' copies are dropped.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -102,12 +103,13 @@ def _source_files(path: str) -> list[list[Any]]:
 def cache_key(cfg: TrainConfig, tokenizer: Any) -> str:
     """The tokenized set's key: what its rows depend on (module docstring), not the mask token."""
     d = cfg.data
+    path = Path(d.path).expanduser()
+    local = path.exists() or path.suffix != "" or d.synthetic is not None  # else a hub id
     parts = {
         "format": CACHE_FORMAT,
-        "path": d.path
-        if not Path(d.path).expanduser().exists()
-        else str(Path(d.path).expanduser().resolve()),
-        "files": _source_files(d.path),
+        "path": str(path.resolve()) if local else d.path,
+        # a generated task is its settings (the same before and after it is written), other local data its files
+        "files": _source_files(d.path) if d.synthetic is None else dataclasses.asdict(d.synthetic),
         "name": d.name,
         "split": d.split,
         "num_rows": d.num_rows,

@@ -21,6 +21,14 @@ def test_the_key_leaves_the_mask_token_out_and_nothing_else(tmp_path, stock_toke
     assert "<|mask|>" in tok.get_vocab() and cache_key(mars, tok) == before
     tok.save_pretrained(tmp_path / "saved")
     assert cache_key(mars, AutoTokenizer.from_pretrained(tmp_path / "saved")) == before
+    # a generated task keys on its settings: the same key before and after it is written
+    synth = tiny_overrides(tmp_path, tmp_path / "gen" / "train.jsonl", **{"data.synthetic.n": 40})
+    synth = [o for o in synth if not o.startswith("data.synthetic=")]
+    before_written = cache_key(train_config(synth), tok)
+    (tmp_path / "gen").mkdir()
+    (tmp_path / "gen" / "train.jsonl").write_text("{}\n")
+    assert cache_key(train_config(synth), tok) == before_written
+    assert cache_key(train_config([*synth, "data.synthetic.n=41"]), tok) != before_written
     # what changes the rows changes the key
     assert cache_key(train_config(tiny_overrides(tmp_path, arithmetic_jsonl, max_len=64)), tok) != before
     other = copy.deepcopy(tok)
