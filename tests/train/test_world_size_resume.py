@@ -13,8 +13,6 @@ import torch
 
 from tests.train.helpers import tiny_overrides, torchrun, write_checkpoint
 
-pytestmark = pytest.mark.slow
-
 
 def _mars(tmp_path, run: str, sft, data, nproc: int, accumulation: int) -> dict:
     overrides = tiny_overrides(
@@ -42,6 +40,7 @@ def _mars(tmp_path, run: str, sft, data, nproc: int, accumulation: int) -> dict:
     return torch.load(out)
 
 
+@pytest.mark.slow
 def test_offloaded_zero3_resumes_on_another_world_size_through_a_universal_checkpoint(
     tmp_path, tokenizer, qwen2_factory, arithmetic_jsonl
 ):
