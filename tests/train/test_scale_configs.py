@@ -41,6 +41,7 @@ def test_32b_recipe_composes_with_what_makes_it_fit(stage):
     # resumable checkpoints at a ~1–2.5 h interval, only the newest kept (each is ~0.5 TB)
     assert t.save_only_model is False and t.save_steps == 1000 and t.save_total_limit == 1
     assert cfg.data.max_len == 512 and cfg.data.max_len % cfg.stage.block_size == 0
+    assert cfg.data.num_proc == 16 and cfg.data.cache_dir == "runs/qwen2.5-32b/tokenized"  # tokenized once
     assert cfg.stage.block_size == 16 and t.learning_rate == 5e-6 and t.warmup_steps == 0.03
     assert cfg.output_dir == f"runs/qwen2.5-32b/{stage}"
 
