@@ -18,6 +18,7 @@ micro-batch × accumulation split may change with it (keep their product × proc
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -67,11 +68,13 @@ def convert_command(checkpoint: str | Path) -> list[str]:
     """The one command that converts ``checkpoint``'s ZeRO state to a universal checkpoint beside it."""
     step = zero_step_dir(checkpoint)
     assert step is not None, f"{checkpoint} holds no DeepSpeed state"
-    return [
-        sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
-        "--input_folder", str(step), "--output_folder", str(step.parent / f"{step.name}_universal"),
-        "--num_extract_workers", "1", "--num_merge_workers", "1",
-    ]  # fmt: skip
+    out = step.parent / f"{step.name}_universal"
+    # DeepSpeed's default workers (4 processes extract the ZeRO shards, 2 merge them), fewer on a small machine
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    extract, merge = max(1, min(4, cores // 2)), max(1, min(2, cores // 4))
+    return [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(step),
+            "--output_folder", str(out), "--num_extract_workers", str(extract),
+            "--num_merge_workers", str(merge)]  # fmt: skip
 
 
 def convert(checkpoint: str | Path) -> Path:
