@@ -14,9 +14,11 @@ greedy and assisted generation. With vLLM installed, vLLM's ar, prove-lossless, 
 for the verifier, our rule in vLLM's step) run in the same bench with 1 and 8 requests in flight (``prove-bench
 backend=vllm``, docs/vllm.md; ``make bench`` sweeps 1..64); ``--no-vllm`` (and ``--smoke``) leave them out.
 
-A stage whose checkpoint is complete (its ``prove.json`` is written last) is skipped, so a rerun goes
-straight to the bench; delete ``runs/tiny/<stage>`` to retrain one. Training runs the ``prove-train`` CLI in
-a subprocess: ``prove.decode`` never imports ``prove.train`` (docs/design.md §3.2).
+Every stage runs through the ``prove-train`` CLI in a subprocess (``prove.decode`` never imports ``prove.train``,
+docs/design.md §3.2), which skips a stage whose folder holds a finished ``prove.json`` of the same config — one
+rule for the demo and every other launch (``prove.train.rerun``): a rerun goes straight to the bench, a changed
+``--train-arg`` trains the stages it changes, a stage its wall-time cap cut short resumes, ``--train-arg
+force=true`` retrains them all.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from prove.decode.checkpoint import PROVE_JSON, read_prove_json
+from prove.decode.checkpoint import read_prove_json
 
 RECIPE = "tiny"
 METHODS = ("ar", "mars", "prove", "prove-lossless", "sd", "nsd", "asd")
@@ -76,30 +78,6 @@ SMOKE_TRAIN = (
 """A few steps of each stage on a 2-layer, hidden-32 model: the plumbing only (the test suite's smoke run)."""
 
 
-def done(stage_dir: Path) -> bool:
-    """A stage is complete once its final checkpoint's ``prove.json`` exists."""
-    return (stage_dir / PROVE_JSON).is_file()
-
-
-def cut_short(stage_dir: Path) -> str | None:
-    """What a finished stage's ``prove.json`` says if its wall-time cap ended it before its last step (a
-    checkpoint trained on a busy machine benches worse than the recipe's), else None."""
-    meta = read_prove_json(stage_dir)
-    early = meta.extra.get("stopped_early") if meta is not None else None
-    if not early:
-        return None
-    return (
-        f"{stage_dir} stopped at step {early.get('step')} of {early.get('max_steps')}: its "
-        f"{early.get('max_minutes')}-minute cap ({early.get('setting')}) cut it short; delete it and raise the "
-        f"cap (--train-arg {early.get('setting')}=...) to train all its steps"
-    )
-
-
-def plan(run_dir: Path) -> list[tuple[Stage, bool]]:
-    """Every stage with whether it still has to run."""
-    return [(stage, not done(run_dir / stage.dir)) for stage in STAGES]
-
-
 def train_command(stage: Stage, run_dir: Path, data: Path, extra: list[str]) -> list[str]:
     return [
         sys.executable, "-m", "prove.train.cli", f"recipe={RECIPE}", f"run_dir={run_dir}", f"data.path={data}",
@@ -135,14 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     run_dir, data, out = Path(args.run_dir), Path(args.data), Path(args.out)
     extra = [*(SMOKE_TRAIN if args.smoke else ()), *args.train_arg]
     t_start = time.perf_counter()
-    # 1) train: proposer sft → mars, verifier sft → distill (each skipped once its checkpoint exists)
-    for stage, todo in plan(run_dir):
-        if not todo:
-            _say(f"{stage.title}: {run_dir / stage.dir} exists, skipping (delete it to retrain)")
-            cut = cut_short(run_dir / stage.dir)
-            if cut:
-                print(f"   note: {cut}", flush=True)
-            continue
+    # 1) train: proposer sft → mars, verifier sft → distill (prove-train skips a finished stage of the same config)
+    for stage in STAGES:
         cmd = train_command(stage, run_dir, data, extra)
         _say(f"{stage.title} -> {run_dir / stage.dir}\n$ prove-train {shlex.join(cmd[3:])}")
         t0 = time.perf_counter()

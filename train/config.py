@@ -36,6 +36,11 @@ def greedy_exact_methods() -> list[str]:
     ]
 
 
+MARS_ATTENTION = ("sdpa", "flex_attention", "eager")
+"""Attention implementations that apply stage mars's block mask (a float 4D mask, or a FlexAttention BlockMask);
+flash_attention_2/3 and paged kernels take only a padding mask."""
+
+
 class _Choice(str, Enum):
     def __str__(self) -> str:  # "sft", not "Stage.sft", inside interpolated strings such as output_dir
         return self.value
@@ -163,6 +168,10 @@ class DataConfig:
     """``None`` keeps the tokenizer's template; ``chatml`` or a Jinja string replaces it."""
     synthetic: SyntheticConfig | None = None
     """Generate the arithmetic demo task into ``path``'s folder if ``path`` does not exist."""
+    cache_dir: str | None = "${run_dir}/tokenized"
+    """Where the tokenized set is kept (``<cache_dir>/<key>``, :mod:`prove.train.rows`): built once by each node's
+    first process while the others wait on the file, not in a collective, and reused by every later stage and
+    relaunch — the key leaves out ``stage.mask_token``, so mars reads what sft built. ``None``: no cache."""
 
 
 @dataclass
@@ -377,6 +386,13 @@ class TrainConfig:
     """Optimizer steps, -1 for whole epochs (interpolated into ``trainer.max_steps``)."""
     resume: bool | None = None
     """``True``: resume from the last checkpoint in ``output_dir`` (error if none); ``None``: resume if one exists; ``False``: start over."""
+    force: bool = False
+    """Train the stage even though ``output_dir`` holds a finished ``prove.json`` of the same config (which is
+    otherwise skipped, :mod:`prove.train.rerun`); it starts over, ignoring the folder's ``checkpoint-*``."""
+    cpu_threads: int | None = None
+    """OpenMP / intra-op threads of each process. ``None``: when the DeepSpeed config offloads the optimizer to the
+    CPU (its Adam step runs there), the node's cores divided by its processes (:mod:`prove.train.threads`);
+    otherwise left as the environment set it (``OMP_NUM_THREADS``, which torchrun sets to 1)."""
     stages: dict[str, Any] = field(default_factory=dict)
     """Per-stage knob table for recipes, keyed by role, then stage: ``stages.<role>.<stage>.<knob>``, read as
     ``lr: ${stages.${stage.role}.${stage.name}.lr}`` (a knob of all of a role's stages sits beside them, like the
@@ -389,6 +405,20 @@ class TrainConfig:
             raise ValueError(
                 f"stages.{key}: a recipe's stages table is keyed by role, then stage — "
                 f"stages.<{'|'.join(sorted(roles))}>.<stage>.<knob>, e.g. stages.verifier.distill.init_from"
+            )
+        if self.force and self.resume is True:
+            raise ValueError(
+                "force=true trains the stage again from its first step, resume=true resumes it: drop one of them"
+            )
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ValueError(
+                f"cpu_threads={self.cpu_threads}: use ≥ 1, or null to size it from the node's cores"
+            )
+        if self.stage.name == Stage.mars and self.model.attn_implementation not in MARS_ATTENTION:
+            raise ValueError(
+                f"model.attn_implementation={self.model.attn_implementation!r} ignores the 4D block mask that "
+                "stage mars trains with (every position would see the clean stream's future): use "
+                "model.attn_implementation=sdpa, or flex_attention on a GPU (a sparse BlockMask)"
             )
         k, max_len = self.stage.block_size, self.data.max_len
         if k < 1:
