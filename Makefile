@@ -22,6 +22,8 @@ export WANDB_MODE ?= offline
 export TOKENIZERS_PARALLELISM ?= false
 # Tiny models are framework-overhead bound: one OpenMP thread per process is faster here (the suite ran in
 # 70 s with 1 thread vs 440 s with the default on a busy 2-core CPU) and torchrun sets the same. Override freely.
+# A stage whose DeepSpeed config offloads the optimizer to the CPU sets its own per-process count (the node's
+# cores / its processes, for CPU Adam; prove-train's cpu_threads), whatever this says.
 export OMP_NUM_THREADS ?= 1
 
 # Training launch (make train-proposer): RECIPE, NNODES, GPUS_PER_NODE, HOSTFILE / MASTER_ADDR, MASTER_PORT.
@@ -103,9 +105,11 @@ TRAIN_ENV =
 TRAIN_LAUNCH = $(VENV)/bin/prove-train
 endif
 
-# STAGES: the proposer stages to run, in order (STAGES=mars: only mars, e.g. once sft has finished).
+# STAGES: the proposer stages to run, in order. Rerunning the same command after a crash skips each stage whose
+# folder holds a finished prove.json of the same config (a line says so; ARGS="force=true" redoes it) and resumes
+# the unfinished one from its newest checkpoint — on another NNODES through a universal checkpoint (docs/training.md).
 STAGES ?= sft mars
-train-proposer: install ## train the block proposer: sft then mars -> runs/<recipe>/{sft,mars} (RECIPE, NNODES, GPUS_PER_NODE, HOSTFILE, STAGES, ARGS)
+train-proposer: install ## train the block proposer: sft then mars -> runs/<recipe>/{sft,mars}; a rerun skips finished stages, resumes the rest (RECIPE, NNODES, GPUS_PER_NODE, HOSTFILE, STAGES, ARGS)
 	$(foreach stage,$(STAGES),$(TRAIN_ENV) $(TRAIN_LAUNCH) recipe=$(RECIPE) stage=$(stage) $(ARGS)$(newline))
 
 # make train-verifier: stage distill (docs/design.md §2.3) — the proposer's greedy responses (prove-lossless) to the recipe's
@@ -128,8 +132,10 @@ eval: install ## accuracy (Δ pts vs AR) and speed of EVAL_METHOD on lm-eval tas
 	$(VENV)/bin/prove-eval model=$(EVAL_MODEL) method=$(EVAL_METHOD) $(ARGS)
 
 # make demo: the README's first command — the tiny recipe end to end on CPU (python -m prove.recipes.demo): the
-# generated task, proposer sft -> mars, verifier sft -> distill (each skipped once runs/tiny/<stage> exists, so a
-# rerun only benches), then prove-bench on held-out prompts -> outputs/demo. DEMO_ARGS, e.g. "--n-prompts 100".
+# generated task, proposer sft -> mars, verifier sft -> distill (prove-train skips a stage whose runs/tiny/<stage>
+# holds a finished prove.json of the same config, so a rerun only benches — after resuming any stage its wall-time
+# cap cut short), then prove-bench on held-out prompts
+# -> outputs/demo. DEMO_ARGS, e.g. "--n-prompts 100".
 # The demo's processes use every core: on an idle 2-core CPU its training ran 1.9x faster with 2 OpenMP threads than
 # with 1 (60 SFT steps: 12.8 s vs 23.9 s; the bench is overhead-bound either way). On a busy machine DEMO_THREADS=1.
 DEMO_ARGS ?=
@@ -167,6 +173,14 @@ bench-real: install-real ## SmolLM2-135M's bench per prompt kind -> outputs/smol
 	  'method_params={prove:{theta:$(REAL_THETAS)},prove-lossless:{fuse:[false,true]}}' \
 	  n_prompts=$(REAL_N) max_new_tokens=256 hf=false output_dir=outputs/smollm2-135m/$(k) $(ARGS)$(newline))
 
+# make bench-tokenize: rows/s of the training set's tokenization (chat template + encode, datasets.map) on a synthetic
+# 200,000-row set in Dolci's schema -> outputs/bench-tokenize/result.json, with the time for Dolci's ~2.15M rows
+# (docs/training.md, "Tokenisation"). TOKENIZE_ARGS, e.g. "--rows 20000 --num-proc 4". A benchmark, not a test.
+TOKENIZE_ARGS ?=
+.PHONY: bench-tokenize
+bench-tokenize: install ## tokenization rows/s on a synthetic 200k-row Dolci-schema set -> outputs/bench-tokenize (TOKENIZE_ARGS)
+	$(OFFLINE) $(PY) tools/bench_tokenize.py $(TOKENIZE_ARGS)
+
 # make gpu-check: on one CUDA GPU, the bf16 MARS training path (FlexAttention BlockMask vs dense mask), CUDA
 # decoding of every method (fp32 lossless = transformers' generate), the pass cost curve t(w) of Qwen2.5
 # 0.5B/3B/7B/32B shapes and the speedups it predicts -> outputs/gpu-check/{gpu-check.json,gpu-check.md,cost_curve.png}.
@@ -181,8 +195,10 @@ gpu-check: ## prove the GPU path and measure the pass cost curve + predicted spe
 	PYTHONPATH=$(GPU_CHECK_PKG)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_CHECK_PY) -m prove.recipes.gpu_check $(GPU_CHECK_ARGS)
 
 # make serve: vLLM's OpenAI-compatible server (/v1/completions, /v1/chat/completions) for a method vLLM runs — ar,
-# prove-lossless (the checkpoint drafts for itself), sd, pard — via prove-serve (conf/decode/serve.yaml, docs/vllm.md).
-# ARGS adds any key, e.g. ARGS="port=8000 host=0.0.0.0 tensor_parallel_size=2 'engine_args={max_num_seqs: 64}'".
+# prove-lossless (the checkpoint drafts for itself), sd, pard, and prove / nsd / asd through our plugin (greedy; e.g.
+# SERVE_METHOD=prove ARGS="verifier=runs/tiny/verifier-distill", θ per request in vllm_xargs) — via prove-serve
+# (conf/decode/serve.yaml, docs/vllm.md).
+# ARGS adds any key, e.g. ARGS="port=8000 host=0.0.0.0 tensor_parallel_size=2 kv_cache_gb=4 engine_args.max_num_batched_tokens=8192".
 SERVE_MODEL ?= runs/$(RECIPE)/mars
 SERVE_METHOD ?= prove-lossless
 .PHONY: serve

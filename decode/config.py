@@ -123,7 +123,7 @@ class DecodeParams:
 
 BACKENDS = ("engine", "vllm")
 """``engine``: ours (every method, one request at a time, exact stats); ``vllm``: vLLM (the methods it can express,
-batched, paged KV, tensor parallel; ``prove.decode.vllm_backend``)."""
+batched, paged KV, tensor parallel; ``prove.decode.vllm.backend``)."""
 
 
 @dataclass
@@ -136,8 +136,12 @@ class VllmOptions:
     max_num_seqs: int = 256
     """vLLM's cap on the sequences it batches in one step."""
     kv_cache_gb: float | None = None
-    """GiB of KV cache (vLLM's ``kv_cache_memory_bytes``); ``None`` = vLLM's default (on a GPU a share of its memory,
-    ``gpu_memory_utilization``; on the CPU ``VLLM_CPU_KVCACHE_SPACE`` or 4 GiB)."""
+    """GiB of KV cache (vLLM's ``kv_cache_memory_bytes``), checked against the free memory before the engine starts.
+    ``None`` = sized by prove (``prove.decode.vllm.memory``): on the CPU the free memory less the weights of the
+    target and drafter and a 2 GiB margin, half of that at most, no more than ``max_num_seqs`` sequences of
+    ``max_model_len`` tokens fill and no less than one (vLLM's own CPU default would demand 92% of the machine free
+    and take it); on a GPU what vLLM's ``gpu_memory_utilization`` leaves, that utilization lowered to the GPU's
+    free memory when the GPU is in use and the user has not set it. The chosen size is printed at start."""
     max_model_len: int | None = None
     """Longest prompt + output vLLM plans KV space for; ``None`` = the model's ``max_position_embeddings``."""
     tensor_parallel_size: int = 1
@@ -146,8 +150,10 @@ class VllmOptions:
     """No CUDA graphs or compilation; ``None`` = true on the CPU (where compiling buys nothing at test sizes), vLLM's
     default on a GPU."""
     engine_args: dict[str, Any] = field(default_factory=dict)
-    """Any other vLLM engine argument (``vllm.EngineArgs``), e.g. ``{gpu_memory_utilization: 0.85}``; it wins over
-    what the adapter sets (the resolved arguments are printed at start)."""
+    """Any other vLLM engine argument (``vllm.EngineArgs``), one override a key:
+    ``vllm.engine_args.max_num_batched_tokens=8192`` (prove-serve: ``engine_args.max_num_batched_tokens=8192``); it
+    wins over what the adapter sets. ``gpu_memory_utilization`` or ``kv_cache_memory_bytes`` here replace prove's
+    KV-cache sizing (``kv_cache_gb``) and are checked against free memory the same way."""
 
     def __post_init__(self) -> None:
         if self.concurrency is not None and self.concurrency < 1:
@@ -157,7 +163,9 @@ class VllmOptions:
         if self.max_num_seqs < 1:
             raise ValueError(f"vllm.max_num_seqs={self.max_num_seqs} must be ≥ 1")
         if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:
-            raise ValueError(f"vllm.kv_cache_gb={self.kv_cache_gb} must be > 0 (or null: vLLM's default)")
+            raise ValueError(
+                f"vllm.kv_cache_gb={self.kv_cache_gb} must be > 0 (or null: sized from the free memory)"
+            )
         if self.tensor_parallel_size < 1:
             raise ValueError(f"vllm.tensor_parallel_size={self.tensor_parallel_size} must be ≥ 1")
 
@@ -232,8 +240,29 @@ def parse_fuse_groups(value: Any) -> int | str | None:
     )
 
 
+def schema_node(cls: type) -> Any:
+    """``cls``'s structured config for Hydra's ConfigStore, every ``engine_args`` in it (vLLM's free-form engine
+    arguments, ``VllmOptions.engine_args``) open to new keys: ``vllm.engine_args.KEY=VALUE`` composes as written,
+    with or without Hydra's ``+`` (under struct mode an empty typed dict refuses a key it lacks). Every other key of
+    the schema stays closed: a misspelt one still fails."""
+    from omegaconf import DictConfig, OmegaConf
+
+    def walk(node: DictConfig) -> None:
+        for key in node.keys():
+            child = node._get_node(key)
+            if isinstance(child, DictConfig):
+                if key == "engine_args":
+                    OmegaConf.set_struct(child, False)
+                else:
+                    walk(child)
+
+    root = OmegaConf.structured(cls)
+    walk(root)
+    return root
+
+
 def register_configs() -> None:
     """Register the schema the primary config ``conf/decode.yaml`` extends (idempotent)."""
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name="decode_schema", node=DecodeConfig)
+    ConfigStore.instance().store(name="decode_schema", node=schema_node(DecodeConfig))

@@ -19,7 +19,7 @@ from prove.data.prompts import PromptRecord, finished_ids, read_prompts, render
 if TYPE_CHECKING:
     from prove.decode.config import DecodeConfig
     from prove.decode.decoder import Decoder
-    from prove.decode.vllm_backend import VllmDecoder
+    from prove.decode.vllm.backend import VllmDecoder
 
 __all__ = ["decode_prompts", "decode_records", "run"]
 
@@ -141,20 +141,22 @@ def run(cfg: DecodeConfig) -> Path:
 
 
 def _run_vllm(cfg: DecodeConfig, records: list[PromptRecord]) -> Path:
-    """``backend=vllm``: every prompt to vLLM at once (``prove.decode.vllm_backend``), the same records."""
+    """``backend=vllm``: every prompt to vLLM at once (``prove.decode.vllm.backend``), the same records."""
     import warnings
 
-    from prove.decode.vllm_backend import VllmDecoder
+    from prove.decode.vllm.backend import VllmDecoder
 
-    if cfg.verifier is not None:
+    if cfg.verifier is not None and cfg.method != "prove":
         warnings.warn(
-            "backend=vllm runs no separate verifier (nor a trace probe); ignoring verifier=", stacklevel=2
+            f"backend=vllm runs no separate verifier for method={cfg.method} (nor a trace probe); ignoring verifier=",
+            stacklevel=2,
         )
     decoder = VllmDecoder(
         cfg.model,
         method=cfg.method,
         proposer=cfg.proposer,
         draft=cfg.draft,
+        verifier=cfg.verifier if cfg.method == "prove" else None,
         device=cfg.device,
         dtype=cfg.dtype,
         options=cfg.vllm,

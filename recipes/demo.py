@@ -10,13 +10,15 @@ use), proposer SFT → MARS (K = 8), a 2-layer verifier SFT'd from scratch → d
 outputs, then every method over the held-out prompts: ar, mars, prove (a θ sweep), prove-lossless (unfused
 and fused, one model pass a cycle), and the
 speculative-decoding family (sd, nsd, asd) with the tiny verifier as the draft, beside transformers' own
-greedy and assisted generation. With vLLM installed, vLLM's ar, prove-lossless and sd run in the same bench over
-the concurrency sweep (``prove-bench backend=vllm``, docs/vllm.md), up to as many requests in flight as there are
-prompts (``--n-prompts 64`` for the whole sweep); ``--no-vllm`` (and ``--smoke``) leave them out.
+greedy and assisted generation. With vLLM installed, vLLM's ar, prove-lossless, sd and prove (the MARS model drafting
+for the verifier, our rule in vLLM's step) run in the same bench with 1 and 8 requests in flight (``prove-bench
+backend=vllm``, docs/vllm.md; ``make bench`` sweeps 1..64); ``--no-vllm`` (and ``--smoke``) leave them out.
 
-A stage whose checkpoint is complete (its ``prove.json`` is written last) is skipped, so a rerun goes
-straight to the bench; delete ``runs/tiny/<stage>`` to retrain one. Training runs the ``prove-train`` CLI in
-a subprocess: ``prove.decode`` never imports ``prove.train`` (docs/design.md §3.2).
+Every stage runs through the ``prove-train`` CLI in a subprocess (``prove.decode`` never imports ``prove.train``,
+docs/design.md §3.2), which skips a stage whose folder holds a finished ``prove.json`` of the same config — one
+rule for the demo and every other launch (``prove.train.rerun``): a rerun goes straight to the bench, a changed
+``--train-arg`` trains the stages it changes, a stage its wall-time cap cut short resumes, ``--train-arg
+force=true`` retrains them all.
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from prove.decode.checkpoint import PROVE_JSON, read_prove_json
+from prove.decode.checkpoint import read_prove_json
 
 RECIPE = "tiny"
 METHODS = ("ar", "mars", "prove", "prove-lossless", "sd", "nsd", "asd")
 THETAS = (0.02, 0.05, 0.1, 0.2, 0.4)
+DEMO_CONCURRENCY = (1, 8)
+"""Requests in flight of the demo's vLLM rows (the full sweep is ``make bench``'s)."""
 FUSE_GROUPS = ("all", 1, 2, "auto")
 """prove-lossless runs unfused and fused (``prove.decode.fused``) with these J settings, side by side."""
 DRAFT_THRESHOLDS = (0.0, 0.4)
@@ -74,30 +78,6 @@ SMOKE_TRAIN = (
 """A few steps of each stage on a 2-layer, hidden-32 model: the plumbing only (the test suite's smoke run)."""
 
 
-def done(stage_dir: Path) -> bool:
-    """A stage is complete once its final checkpoint's ``prove.json`` exists."""
-    return (stage_dir / PROVE_JSON).is_file()
-
-
-def cut_short(stage_dir: Path) -> str | None:
-    """What a finished stage's ``prove.json`` says if its wall-time cap ended it before its last step (a
-    checkpoint trained on a busy machine benches worse than the recipe's), else None."""
-    meta = read_prove_json(stage_dir)
-    early = meta.extra.get("stopped_early") if meta is not None else None
-    if not early:
-        return None
-    return (
-        f"{stage_dir} stopped at step {early.get('step')} of {early.get('max_steps')}: its "
-        f"{early.get('max_minutes')}-minute cap ({early.get('setting')}) cut it short; delete it and raise the "
-        f"cap (--train-arg {early.get('setting')}=...) to train all its steps"
-    )
-
-
-def plan(run_dir: Path) -> list[tuple[Stage, bool]]:
-    """Every stage with whether it still has to run."""
-    return [(stage, not done(run_dir / stage.dir)) for stage in STAGES]
-
-
 def train_command(stage: Stage, run_dir: Path, data: Path, extra: list[str]) -> list[str]:
     return [
         sys.executable, "-m", "prove.train.cli", f"recipe={RECIPE}", f"run_dir={run_dir}", f"data.path={data}",
@@ -133,14 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     run_dir, data, out = Path(args.run_dir), Path(args.data), Path(args.out)
     extra = [*(SMOKE_TRAIN if args.smoke else ()), *args.train_arg]
     t_start = time.perf_counter()
-    # 1) train: proposer sft → mars, verifier sft → distill (each skipped once its checkpoint exists)
-    for stage, todo in plan(run_dir):
-        if not todo:
-            _say(f"{stage.title}: {run_dir / stage.dir} exists, skipping (delete it to retrain)")
-            cut = cut_short(run_dir / stage.dir)
-            if cut:
-                print(f"   note: {cut}", flush=True)
-            continue
+    # 1) train: proposer sft → mars, verifier sft → distill (prove-train skips a finished stage of the same config)
+    for stage in STAGES:
         cmd = train_command(stage, run_dir, data, extra)
         _say(f"{stage.title} -> {run_dir / stage.dir}\n$ prove-train {shlex.join(cmd[3:])}")
         t0 = time.perf_counter()
@@ -150,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     # 2) bench every method on the held-out prompts
     import importlib.util
 
-    from prove.decode.bench.config import VLLM_CONCURRENCY, BenchConfig
+    from prove.decode.bench.config import BenchConfig
     from prove.decode.bench.run import run_bench
     from prove.decode.config import VllmOptions
     from prove.decode.methods import METHODS as REGISTERED
@@ -170,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     n_prompts = 2 if args.smoke else args.n_prompts
     # the smoke run's head size of 16 is below what vLLM's CPU attention takes (32)
     with_vllm = not (args.no_vllm or args.smoke) and importlib.util.find_spec("vllm") is not None
-    concurrency = [c for c in VLLM_CONCURRENCY if c <= n_prompts]
+    # a short sweep here (the first command a new user runs); make bench / prove-bench sweep 1..64
+    concurrency = [c for c in DEMO_CONCURRENCY if c <= n_prompts]
     cfg = BenchConfig(
         model=str(run_dir / "mars"),
         verifier=verifier,
@@ -186,7 +161,13 @@ def main(argv: list[str] | None = None) -> int:
         device=args.device,
         backend="vllm" if with_vllm else "engine",
         vllm_concurrency=concurrency,
-        # three engines at once: 0.5 GiB of KV cache each
+        vllm_methods=[
+            "ar",
+            "prove-lossless",
+            "sd",
+            "prove",
+        ],  # prove: the MARS model drafting for the verifier
+        # four engines at once: 0.5 GiB of KV cache each
         vllm=VllmOptions(kv_cache_gb=0.5, max_model_len=1024),
     )
     sweep = ",".join(f"{t:g}" for t in THETAS)
@@ -200,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         f"n_prompts={cfg.n_prompts} max_new_tokens={cfg.max_new_tokens} repeats={cfg.repeats} "
         f"pass_cost_widths={cfg.pass_cost_widths} output_dir={out}"
         + (
-            f" backend=vllm vllm_concurrency=[{','.join(map(str, concurrency))}] vllm.kv_cache_gb=0.5 "
+            f" backend=vllm 'vllm_methods=[ar,prove-lossless,sd,prove]' "
+            f"vllm_concurrency=[{','.join(map(str, concurrency))}] vllm.kv_cache_gb=0.5 "
             "vllm.max_model_len=1024"
             if with_vllm
             else ""

@@ -20,7 +20,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 from prove.data.gguf import is_gguf, locate, package_file
 from prove.data.loading import MASK_TOKEN, check_dtype
-from prove.decode.config import BACKENDS, VllmOptions
+from prove.decode.config import BACKENDS, VllmOptions, schema_node
 
 
 def greedy_exact_methods() -> list[str]:
@@ -34,6 +34,11 @@ def greedy_exact_methods() -> list[str]:
         for name, m in METHODS.items()
         if m.is_lossless(m.defaults) and not (m.needs_verifier or m.needs_draft)
     ]
+
+
+MARS_ATTENTION = ("sdpa", "flex_attention", "eager")
+"""Attention implementations that apply stage mars's block mask (a float 4D mask, or a FlexAttention BlockMask);
+flash_attention_2/3 and paged kernels take only a padding mask."""
 
 
 class _Choice(str, Enum):
@@ -163,6 +168,10 @@ class DataConfig:
     """``None`` keeps the tokenizer's template; ``chatml`` or a Jinja string replaces it."""
     synthetic: SyntheticConfig | None = None
     """Generate the arithmetic demo task into ``path``'s folder if ``path`` does not exist."""
+    cache_dir: str | None = "${run_dir}/tokenized"
+    """Where the tokenized set is kept (``<cache_dir>/<key>``, :mod:`prove.train.rows`): built once by each node's
+    first process while the others wait on the file, not in a collective, and reused by every later stage and
+    relaunch — the key leaves out ``stage.mask_token``, so mars reads what sft built. ``None``: no cache."""
 
 
 @dataclass
@@ -283,14 +292,14 @@ class DistillConfig:
     (only the batched matmuls' rounding differs: ``prove.train.distill.answer_batch``). ``backend=vllm`` batches
     by itself (``vllm.concurrency``, ``vllm.max_num_seqs``): leave it at 1."""
     backend: str = "engine"
-    """``engine``: our decode engine (above); ``vllm``: vLLM (``prove.decode.vllm_backend``) — every prompt of the
+    """``engine``: our decode engine (above); ``vllm``: vLLM (``prove.decode.vllm.backend``) — every prompt of the
     process's slice handed to one engine at once (paged KV cache, continuous batching, ``vllm.tensor_parallel_size``),
     method ``ar`` or ``prove-lossless`` (the MARS checkpoint as its own parallel drafter: the same greedy tokens),
     the top-k log-probs read off the generating pass. ``prove.train.distill.generate_vllm``."""
     vllm: VllmOptions = field(default_factory=VllmOptions)
     """``backend=vllm``'s knobs: ``distill.vllm.max_num_seqs`` (sequences batched per step), ``kv_cache_gb``,
     ``max_model_len``, ``tensor_parallel_size`` (GPUs per engine), ``engine_args`` (any other vLLM engine argument,
-    e.g. ``{gpu_memory_utilization: 0.9}``)."""
+    one override a key: ``distill.vllm.engine_args.gpu_memory_utilization=0.9``)."""
     dtype: str | None = None
     """Dtype of the proposer while generating: ``None`` = ``bfloat16`` on a GPU, ``float32`` on the CPU; or
     ``float32``, ``bfloat16``, ``float16``."""
@@ -453,6 +462,13 @@ class TrainConfig:
     """Optimizer steps, -1 for whole epochs (interpolated into ``trainer.max_steps``)."""
     resume: bool | None = None
     """``True``: resume from the last checkpoint in ``output_dir`` (error if none); ``None``: resume if one exists; ``False``: start over."""
+    force: bool = False
+    """Train the stage even though ``output_dir`` holds a finished ``prove.json`` of the same config (which is
+    otherwise skipped, :mod:`prove.train.rerun`); it starts over, ignoring the folder's ``checkpoint-*``."""
+    cpu_threads: int | None = None
+    """OpenMP / intra-op threads of each process. ``None``: when the DeepSpeed config offloads the optimizer to the
+    CPU (its Adam step runs there), the node's cores divided by its processes (:mod:`prove.train.threads`);
+    otherwise left as the environment set it (``OMP_NUM_THREADS``, which torchrun sets to 1)."""
     stages: dict[str, Any] = field(default_factory=dict)
     """Per-stage knob table for recipes, keyed by role, then stage: ``stages.<role>.<stage>.<knob>``, read as
     ``lr: ${stages.${stage.role}.${stage.name}.lr}`` (a knob of all of a role's stages sits beside them, like the
@@ -465,6 +481,20 @@ class TrainConfig:
             raise ValueError(
                 f"stages.{key}: a recipe's stages table is keyed by role, then stage — "
                 f"stages.<{'|'.join(sorted(roles))}>.<stage>.<knob>, e.g. stages.verifier.distill.init_from"
+            )
+        if self.force and self.resume is True:
+            raise ValueError(
+                "force=true trains the stage again from its first step, resume=true resumes it: drop one of them"
+            )
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ValueError(
+                f"cpu_threads={self.cpu_threads}: use ≥ 1, or null to size it from the node's cores"
+            )
+        if self.stage.name == Stage.mars and self.model.attn_implementation not in MARS_ATTENTION:
+            raise ValueError(
+                f"model.attn_implementation={self.model.attn_implementation!r} ignores the 4D block mask that "
+                "stage mars trains with (every position would see the clean stream's future): use "
+                "model.attn_implementation=sdpa, or flex_attention on a GPU (a sparse BlockMask)"
             )
         k, max_len = self.stage.block_size, self.data.max_len
         if k < 1:
@@ -550,7 +580,7 @@ def register_configs() -> None:
     an installed package, :func:`prove.data.gguf.package_file`) with Hydra (idempotent)."""
     OmegaConf.register_new_resolver("package_file", package_file, replace=True)
     cs = ConfigStore.instance()
-    cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="train_schema", node=schema_node(TrainConfig))
     for name, node in recipe_nodes().items():
         cs.store(group="recipe", name=name, node=node, package="_global_")
 

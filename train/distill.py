@@ -12,7 +12,7 @@ cycle at the same error rate. The stage has two steps:
    > 1 and method ``ar``, that many at once through transformers' batched greedy ``generate``
    (:func:`answer_batch`: an order of magnitude faster on a CPU, where one request at a time is bound by reading
    the weights for every token). With ``distill.backend=vllm`` (:func:`prove.train.distill_vllm.answer_vllm`) each process hands its whole
-   slice to one vLLM engine (``prove.decode.vllm_backend.VllmDecoder``: continuous batching, a paged KV cache,
+   slice to one vLLM engine (``prove.decode.vllm.backend.VllmDecoder``: continuous batching, a paged KV cache,
    ``ar`` or ``prove-lossless`` as vLLM parallel drafting — the same greedy tokens) and writes each response as it
    finishes; an engine split over ``distill.vllm.tensor_parallel_size`` GPUs is started by the first rank of each
    group of that many, which answers the group's slice (:func:`prove.train.distill_vllm.vllm_slot`). Each finished response is

@@ -1,7 +1,7 @@
 """Stage distill's generation on vLLM (``distill.backend=vllm``; the stage itself: :mod:`prove.train.distill`).
 
 Each process hands its whole slice of the prompts to one vLLM engine
-(:class:`prove.decode.vllm_backend.VllmDecoder`: continuous batching, a paged KV cache, ``ar`` or
+(:class:`prove.decode.vllm.backend.VllmDecoder`: continuous batching, a paged KV cache, ``ar`` or
 ``prove-lossless`` as vLLM parallel drafting) and gets each record back as it finishes, the top-k log-probs read
 off the generating pass. Under a launcher, :func:`vllm_slot` decides which ranks start an engine, on which of the
 node's GPUs, and which slice each answers.
@@ -63,10 +63,10 @@ def _visible_gpus(local: Sequence[int]) -> Iterator[None]:
 
 
 def load_vllm_proposer(cfg: TrainConfig, gpus: Sequence[int] = ()) -> Any:
-    """The proposer as a :class:`prove.decode.vllm_backend.VllmDecoder` (``distill.method``, K, the generation
+    """The proposer as a :class:`prove.decode.vllm.backend.VllmDecoder` (``distill.method``, K, the generation
     dtype, ``distill.vllm``'s knobs) on ``gpus`` of this node (:func:`vllm_slot`). vLLM returns 20 log-probs a token
     at most unless told: ``distill.top_k`` above that raises its ``max_logprobs``."""
-    from prove.decode.vllm_backend import VllmDecoder
+    from prove.decode.vllm.backend import VllmDecoder
     from prove.train import distill
 
     d = cfg.distill
@@ -81,6 +81,7 @@ def load_vllm_proposer(cfg: TrainConfig, gpus: Sequence[int] = ()) -> Any:
             dtype=distill.generation_dtype(cfg),
             options=options,
             block_size=d.block_size,
+            knob_prefix="distill.vllm.",
         )
 
 

@@ -10,26 +10,33 @@ The stage's unit (:mod:`prove.train.stages`) supplies what differs between sft, 
    (:mod:`prove.train.modeling`);
 3) ``<|mask|>``: added when ``unit.adds_mask_token`` (mars: a spare embedding row, else resize), else looked up;
 4) ``unit.dataset``: the tokenized conversations, or distill's generated set;
-5) optional LoRA; 6) ``unit.trainer`` with ``unit.collator``, resuming from the last checkpoint in ``output_dir``;
+5) optional LoRA; 6) ``unit.trainer`` with ``unit.collator``, resuming from the last checkpoint in ``output_dir``
+   (through a universal checkpoint when another number of processes wrote it, :mod:`prove.train.universal`);
 7) save the checkpoint contract of docs/design.md §2.2 (:mod:`prove.train.saving`).
+
+Before any of it :func:`prove.train.rerun.plan_stage` reads the output folder: a finished ``prove.json`` of the same
+config skips the stage (``force=true`` trains it again); otherwise it says where training resumes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
 from prove.train.config import PeftKind, TrainConfig, run_label
 from prove.train.modeling import apply_lora, build_model_and_tokenizer, mask_token_id
+from prove.train.rerun import StagePlan, plan_stage, world_size
 from prove.train.saving import barrier, prove_meta, save_checkpoint
 from prove.train.stages import stage_unit
+from prove.train.threads import set_cpu_threads
 from prove.train.tracking import open_logger
 from prove.train.trainer import WallClockCallback
+from prove.train.universal import prepare_resume
 from transformers import TrainingArguments
-from transformers.trainer_utils import get_last_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -48,22 +55,38 @@ class StageResult:
     "max_steps", "max_minutes", "setting"}`` (``WallClockCallback.stopped_early``; prove.json records it too)."""
     model: Any = dataclasses.field(default=None, repr=False, compare=False)
     """The trained model as training left it (under DeepSpeed: the engine's module, still partitioned)."""
+    skipped: bool = False
+    """The output folder held a finished checkpoint of the same config: nothing ran (:mod:`prove.train.rerun`)."""
 
 
 def train(cfg: TrainConfig) -> StageResult:
-    """Run one stage; the logger is always closed, also when training fails."""
-    tracker = open_logger(cfg)
+    """Run one stage, or skip it when its output is already a finished checkpoint of the same config; the logger
+    is always closed, also when training fails."""
+    plan = plan_stage(cfg)
+    log.info("%s", plan.message)
+    if plan.skip:
+        done = plan.finished or {}
+        return StageResult(
+            Path(cfg.trainer.output_dir), int(done.get("global_step") or 0), None, False, [],
+            stopped_early=done.get("stopped_early"), skipped=True,
+        )  # fmt: skip
+    set_cpu_threads(cfg)  # before DeepSpeed builds a CPU optimizer
+    tracker = open_logger(cfg, resuming=plan.resume_from is not None)  # the same wandb run when it resumes
     try:
-        return _run(cfg, tracker)
+        return _run(cfg, tracker, plan)
     finally:
         tracker.close()
 
 
-def _run(cfg: TrainConfig, tracker: Any) -> StageResult:
+def _run(cfg: TrainConfig, tracker: Any, plan: StagePlan) -> StageResult:
     unit = stage_unit(cfg.stage.name)
     unit.prepare(cfg)  # 0)
     if (generated := unit.untrained_output(cfg)) is not None:  # only the generated set: nothing to train
         return StageResult(generated, 0, None, False, [])
+    rank = int(os.environ.get("RANK", "0"))
+    ds = prepare_resume(plan.resume_from, cfg.deepspeed, world_size(), rank)  # another world size: universal
+    if ds is not cfg.deepspeed:
+        cfg = dataclasses.replace(cfg, deepspeed=ds)
     args = training_arguments(cfg, report_to=tracker.report_to)  # 1)
     tokenizer, model, base_model = build_model_and_tokenizer(cfg, args)  # 2)
     mask_id = mask_token_id(model, tokenizer, cfg.stage.mask_token, add=unit.adds_mask_token)  # 3)
@@ -85,10 +108,16 @@ def _run(cfg: TrainConfig, tracker: Any) -> StageResult:
         processing_class=tokenizer,
         callbacks=[wall] if wall else [],
     )
-    result = trainer.train(resume_from_checkpoint=resume_checkpoint(cfg))
+    result = trainer.train(resume_from_checkpoint=plan.resume_from)
     stopped_early = wall.stopped_early if wall else None
     meta = prove_meta(
-        cfg, unit, base_model, mask_id, stopped_early=stopped_early, evaluation=unit.eval_record(trainer)
+        cfg,
+        unit,
+        base_model,
+        mask_id,
+        stopped_early=stopped_early,
+        global_step=trainer.state.global_step,
+        evaluation=unit.eval_record(trainer),
     )
     save_checkpoint(trainer, cfg, Path(cfg.trainer.output_dir), meta)  # 7)
     barrier()  # every rank returns after rank 0 has written prove.json
@@ -149,17 +178,3 @@ def training_arguments(cfg: TrainConfig, report_to: list[str]) -> TrainingArgume
         run_name=run_label(cfg),
         remove_unused_columns=False,
     )
-
-
-def resume_checkpoint(cfg: TrainConfig) -> str | None:
-    """The ``checkpoint-*`` folder in ``output_dir`` to resume from, per ``cfg.resume`` (``None``: start fresh)."""
-    output_dir = Path(cfg.trainer.output_dir)
-    last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
-    if cfg.resume is True and last is None:
-        raise ValueError(
-            f"resume=true but {output_dir} has no checkpoint-* folder: drop resume=true to start fresh"
-        )
-    resume_from = last if cfg.resume is not False else None
-    if resume_from:
-        log.info("resuming from %s", resume_from)
-    return resume_from

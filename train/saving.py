@@ -28,6 +28,7 @@ def prove_meta(
     mask_id: int | None,
     *,
     stopped_early: dict[str, Any] | None = None,
+    global_step: int | None = None,
     evaluation: dict[str, Any] | None = None,
 ) -> ProveMeta:
     """The checkpoint's prove.json: the common fields, and the stage unit's block size and extra entries.
@@ -43,6 +44,10 @@ def prove_meta(
         "init_from": cfg.stage.init_from,
         "peft": str(cfg.peft.kind),
         "training_config": config_dict(cfg),
+        "world_size": int(
+            os.environ.get("WORLD_SIZE", "1")
+        ),  # with the micro-batch × accumulation: the batch
+        "global_step": global_step,
     }
     extra.update(unit.meta_extra(cfg))
     return ProveMeta(

@@ -45,7 +45,11 @@ class StageUnit:
         return None
 
     def dataset(self, cfg: TrainConfig, tokenizer: Any, args: Any) -> Any:
-        """The tokenized training rows; each node's main process tokenizes first (the cache is per node)."""
+        """The tokenized training rows, built once by each node's first process (:mod:`prove.train.rows`: the
+        others wait on its file, outside any collective); without ``data.cache_dir`` that process tokenizes
+        first and the others then read ``datasets``' cache."""
+        if cfg.data.cache_dir is not None:
+            return tokenized_dataset(cfg, tokenizer)
         with args.main_process_first(local=True, desc="tokenizing"):
             return tokenized_dataset(cfg, tokenizer)
 

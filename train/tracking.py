@@ -3,6 +3,10 @@
 A cluster node without a wandb login must not crash the run at ``wandb.init`` on rank 0 while the other
 ranks wait at the first collective: :func:`open_logger` checks for credentials first and, without any,
 logs offline (``WANDB_MODE=offline``, ``wandb sync`` later) with a warning.
+
+A stage's wandb run id is kept in its output folder (:data:`RUN_ID_FILE`), so a relaunch of the stage — after a
+crash, on another number of nodes — resumes the same run (``resume="allow"``) instead of starting a new one; a
+stage trained again from its first step (``force=true``, ``resume=false``) starts a new run.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import logging
 import netrc
 import os
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +29,8 @@ LOCAL_MODES = ("offline", "disabled")
 """``WANDB_MODE`` values that never contact the server (no login needed)."""
 WandbMode = Literal["online", "offline", "disabled", "shared"]
 WANDB_MODES = ("online", "offline", "disabled", "shared")
+RUN_ID_FILE = "wandb_run_id"
+"""The file in a stage's output folder that holds its wandb run id."""
 
 
 @dataclass
@@ -81,11 +88,24 @@ def wandb_mode(
     )
 
 
-def open_logger(cfg: TrainConfig) -> Tracker:
+def run_id(output_dir: str | os.PathLike, new: bool = False) -> str:
+    """The stage's wandb run id: the one stored in ``output_dir`` (a relaunch continues that run), else a fresh one,
+    stored there; ``new``: always a fresh one (the stage starts over)."""
+    path = Path(output_dir) / RUN_ID_FILE
+    if not new and path.is_file() and (stored := path.read_text().strip()):
+        return stored
+    fresh = secrets.token_hex(4)  # 8 characters of [0-9a-f], as wandb's own ids
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(fresh + "\n")
+    return fresh
+
+
+def open_logger(cfg: TrainConfig, resuming: bool = True) -> Tracker:
     """Start a wandb run on the main process (the Trainer's WandbCallback logs into it).
 
     Every rank checks that wandb is installed (a clear error on all of them rather than a hang); rank 0 then
-    falls back to offline logging when it has no login, and when ``wandb.init`` fails online.
+    falls back to offline logging when it has no login, and when ``wandb.init`` fails online. ``resuming``: the
+    stage continues (a run id stored in its output folder is resumed), else it starts a new run.
     """
     if cfg.logger.kind == LoggerKind.none:
         return Tracker(report_to=[])
@@ -109,6 +129,8 @@ def open_logger(cfg: TrainConfig) -> Tracker:
         entity=lg.entity,
         tags=list(lg.tags) or None,
         config=config_dict(cfg),
+        id=run_id(cfg.trainer.output_dir, new=not resuming),
+        resume="allow",
     )
     try:
         run = wandb.init(mode=mode, **kwargs)

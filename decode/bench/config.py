@@ -9,7 +9,7 @@ from typing import Any
 
 from prove.data.loading import check_dtype
 from prove.decode.bench.rows import as_values
-from prove.decode.config import BACKENDS, VllmOptions
+from prove.decode.config import BACKENDS, VllmOptions, schema_node
 
 SWEEP_KEYS = ("theta", "tau", "block_size", "k", "draft_threshold", "fuse", "fuse_groups")
 """Parameters that take a list (one row per value) from the command line: ``theta=[0.05,0.1]``."""
@@ -125,9 +125,11 @@ class BenchConfig:
     """``engine``: our rows (and transformers'); ``vllm``: vLLM's rows too, in the same run and report
     (:mod:`prove.decode.bench.vllm_rows`): each of ``vllm_methods`` decoding every prompt at each concurrency of
     ``vllm_concurrency``, checked token for token against our ``ar``."""
-    vllm_methods: list[str] = field(default_factory=lambda: ["ar", "prove-lossless", "sd"])
-    """The methods vLLM runs with ``backend=vllm`` (``prove.decode.vllm_backend.VLLM_METHODS``); ``sd`` and
-    ``pard`` only where a ``draft`` is given. K and k are the first values of ``block_size`` and ``k``."""
+    vllm_methods: list[str] = field(default_factory=lambda: ["ar", "prove-lossless", "sd", "prove"])
+    """The methods vLLM runs with ``backend=vllm`` (``prove.decode.vllm.backend.VLLM_METHODS``); ``sd``, ``pard``,
+    ``nsd`` and ``asd`` only where a ``draft`` is given, ``prove`` where a ``verifier`` is. K, k and the rule's
+    parameters (θ; ASD's budget, gate, max_mismatches) are the first values of their sweeps (``method_params`` first,
+    then the shared key)."""
     vllm_concurrency: list[int] = field(default_factory=lambda: list(VLLM_CONCURRENCY))
     """Requests kept in flight by the vLLM rows: one row per method and value."""
     vllm: VllmOptions = field(default_factory=VllmOptions)
@@ -197,7 +199,7 @@ class BenchConfig:
             )
 
     def _check_vllm(self) -> None:
-        from prove.decode.vllm_backend import VLLM_METHODS
+        from prove.decode.vllm.backend import VLLM_METHODS
 
         if self.hf_compare is not None:
             raise ValueError("hf_compare compares ours with transformers' generate: drop backend=vllm")
@@ -223,4 +225,4 @@ def register_configs() -> None:
     """Register the schema that ``conf/bench.yaml`` extends (idempotent)."""
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name="bench_schema", node=BenchConfig)
+    ConfigStore.instance().store(name="bench_schema", node=schema_node(BenchConfig))

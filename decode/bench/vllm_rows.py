@@ -2,13 +2,14 @@
 parallel drafter) and ``sd`` / ``pard`` (with ``draft``), each decoding every prompt at each concurrency of
 ``vllm_concurrency``, beside our rows in the same run and report.
 
-A row is one method at one concurrency c: every prompt handed to one engine (``prove.decode.vllm_backend``) with c
+A row is one method at one concurrency c: every prompt handed to one engine (``prove.decode.vllm.backend``) with c
 requests kept in flight, timed from the first request to the last token; its tokens/s is the batch's throughput,
 checked token for token against our ``ar``'s outputs of the same prompts. Every engine starts once (its start-up
 is reported apart) and stays up; the rows then run round-robin — for each concurrency, each repeat, every engine in
 turn — so a slow period of a shared machine hits them alike, as the bench's own rows are timed; the fastest repeat
-counts. The engines hold their weights and KV caches together (``vllm.kv_cache_gb`` each): on a GPU leave them room
-beside our models (``vllm.engine_args={gpu_memory_utilization: ...}``).
+counts. The engines hold their weights and KV caches together: each is sized when it starts, from the memory the
+ones before it left free (``vllm.kv_cache_gb`` each when set; on a GPU leave them room beside our models with
+``vllm.engine_args.gpu_memory_utilization=...``).
 
 Where speculation stops paying, :func:`prove.decode.bench.metrics.crossover` reads it off the sweep: each speculative
 method's tokens/s against vLLM ``ar``'s at the same concurrency.
@@ -26,26 +27,42 @@ from prove.decode.bench.rows import as_values
 if TYPE_CHECKING:
     from prove.decode.bench.config import BenchConfig
 
-DRAFTED = ("sd", "pard")
+DRAFTED = ("sd", "pard", "nsd", "asd")
 """vLLM methods that need ``draft``."""
-SIZE_KEY = {"prove-lossless": "block_size", "pard": "block_size", "sd": "k"}
+VERIFIED = ("prove",)
+"""vLLM methods that need ``verifier`` (ProVe's small verifier: vLLM's target, the MARS model its drafter)."""
+SIZE_KEY = {
+    "prove-lossless": "block_size",
+    "pard": "block_size",
+    "prove": "block_size",
+    "sd": "k",
+    "nsd": "k",
+    "asd": "k",
+}
 """The config key that sizes a vLLM method's drafts: K for the block drafters, k for a draft model."""
+RULE_KEYS = {"prove": ("theta",), "nsd": ("theta",), "asd": ("budget", "gate", "max_mismatches")}
+"""The rule parameters of the plugin's methods (``prove.decode.vllm.plugin``): one value a row (the first of a
+sweep), ``method_params`` over the shared keys."""
 
 
 def vllm_params(cfg: BenchConfig, method: str) -> dict[str, Any]:
     """K (prove-lossless, pard) or k (sd) of a vLLM row: the first value of ``block_size`` / ``k``, else the
     method's default (the trained block size for K)."""
-    key = SIZE_KEY.get(method)
-    if key is None:
-        return {}
-    value = as_values(getattr(cfg, key))[0]
-    return {} if value is None else {key: value}
+    out: dict[str, Any] = {}
+    own = (cfg.method_params or {}).get(method, {})
+    for key in (SIZE_KEY.get(method), *RULE_KEYS.get(method, ())):
+        if key is None:
+            continue
+        value = as_values(own[key] if key in own else getattr(cfg, key, None))[0]
+        if value is not None:
+            out[key] = value
+    return out
 
 
 def start_engines(cfg: BenchConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     """(name → started ``VllmDecoder``, name → its record: method, params, start-up seconds, engine arguments) for
     every method of ``vllm_methods`` that can run here (``sd`` / ``pard`` need ``draft``)."""
-    from prove.decode.vllm_backend import VllmDecoder
+    from prove.decode.vllm.backend import VllmDecoder
 
     engines: dict[str, Any] = {}
     records: dict[str, Any] = {}
@@ -54,12 +71,16 @@ def start_engines(cfg: BenchConfig) -> tuple[dict[str, Any], dict[str, Any]]:
             if method in DRAFTED and cfg.draft is None:
                 records[f"vllm {method}"] = {"method": method, "skipped": "needs draft="}
                 continue
+            if method in VERIFIED and cfg.verifier is None:
+                records[f"vllm {method}"] = {"method": method, "skipped": "needs verifier="}
+                continue
             params = vllm_params(cfg, method)
             t0 = time.perf_counter()
             dec = VllmDecoder(
                 str(cfg.model),
                 method=method,
                 draft=cfg.draft if method in DRAFTED else None,
+                verifier=cfg.verifier if method in VERIFIED else None,
                 device=cfg.device,
                 dtype=cfg.dtype,
                 options=cfg.vllm,
@@ -67,10 +88,8 @@ def start_engines(cfg: BenchConfig) -> tuple[dict[str, Any], dict[str, Any]]:
             )
             name = f"vllm {method}"
             engines[name] = dec
-            key = SIZE_KEY.get(method)
-            resolved = (
-                {key: getattr(dec.params, key)} if key else {}
-            )  # what the engine runs, defaults included
+            keys = [k for k in (SIZE_KEY.get(method), *RULE_KEYS.get(method, ())) if k]
+            resolved = {k: getattr(dec.params, k) for k in keys}  # what the engine runs, defaults included
             spec = dec.engine_args.get("speculative_config") or {}
             schedule = spec.get("num_speculative_tokens_per_batch_size")
             records[name] = {
@@ -144,8 +163,20 @@ def run_vllm_rows(
         "engines": records,
         "rows": rows,
         "crossover": crossovers(rows, cfg.vllm_concurrency),
-        "violations": [f"{r['name']} c={r['concurrency']}" for r in rows if r["agreement"] < 1],
+        # a lossless row that differs from our ar (prove is lossy; asd with a zero budget is not)
+        "violations": [
+            f"{r['name']} c={r['concurrency']}" for r in rows if r["agreement"] < 1 and _lossless(r)
+        ],
     }
+
+
+def _lossless(row: dict[str, Any]) -> bool:
+    from prove.decode.methods import resolve_params
+
+    method, params = resolve_params(
+        row["method"], **{k: v for k, v in row["params"].items() if k != "k_schedule"}
+    )
+    return method.is_lossless(vars(params))
 
 
 def crossovers(rows: Sequence[dict[str, Any]], concurrency: Sequence[int]) -> dict[str, Any]:

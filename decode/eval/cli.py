@@ -8,7 +8,7 @@ Two front doors:
   Δ points, tokens per cycle, wall time and speedup. It writes ``DIR/<method>/results.json`` (lm-eval's
   results), ``DIR/prove_stats.json`` (decode statistics) and ``DIR/comparison.{json,md}``.
 * ``prove-eval ... backend=vllm`` runs both through lm-eval's own ``vllm`` model instead, with the method's
-  speculative config (``prove.decode.vllm_backend``): every request batched, for accuracy at scale.
+  speculative config (``prove.decode.vllm.backend``): every request batched, for accuracy at scale.
 * ``prove-eval lm-eval <lm-eval arguments>`` is lm-eval's own CLI with the ``prove`` model registered:
   ``prove-eval lm-eval --model prove --model_args model=PATH,method=ar --tasks gsm8k``. (The stock
   ``lm_eval`` command cannot find plugin models: lm-eval 0.4.13 has no discovery hook for them.)
@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass, field
 
 from prove.data.loading import check_dtype
-from prove.decode.config import BACKENDS, DecodeParams, VllmOptions
+from prove.decode.config import BACKENDS, DecodeParams, VllmOptions, schema_node
 
 
 @dataclass
@@ -94,7 +94,7 @@ class EvalConfig(DecodeParams):
 def register_configs() -> None:
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name="eval_schema", node=EvalConfig)
+    ConfigStore.instance().store(name="eval_schema", node=schema_node(EvalConfig))
 
 
 def run(cfg: EvalConfig) -> dict:

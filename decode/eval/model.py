@@ -299,12 +299,13 @@ def vllm_model_args(cfg: EvalConfig, method: str) -> dict[str, Any]:
     """lm-eval's ``vllm`` model arguments for ``method``: the engine arguments ``backend=vllm`` resolves (every
     check of ``prove-decode backend=vllm`` run, no engine started), under lm-eval's names; requests batched
     (``batch_size=auto``)."""
-    from prove.decode.vllm_backend import VllmDecoder
+    from prove.decode.vllm.backend import VllmDecoder
 
     plan = VllmDecoder(
         cfg.model,
         method=method,
-        draft=cfg.draft if method in ("sd", "pard") else None,
+        draft=cfg.draft if method in ("sd", "pard", "nsd", "asd") else None,
+        verifier=cfg.verifier if method == "prove" else None,  # prove: the verifier is vLLM's target
         device=cfg.device,
         dtype=cfg.dtype,
         options=cfg.vllm,

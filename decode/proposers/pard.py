@@ -4,7 +4,7 @@ Adaptation"): a small block model drafts for a bigger target of the same tokeniz
 The draft is a MARS-trained checkpoint (``draft=``): it reads ``[pending, M×(K−1)]`` in one pass, exactly as the
 block proposer does on the model itself (``prove.decode.proposers.block``), and the target verifies the K tokens
 (greedy match + correction / bonus, method ``pard``). vLLM runs the same cycle as ``draft_model`` with
-``parallel_drafting`` (``prove.decode.vllm_backend``). Nothing here is new but the model the block pass runs on
+``parallel_drafting`` (``prove.decode.vllm.backend``). Nothing here is new but the model the block pass runs on
 and a vocabulary fit: a small model of the same tokenizer may have fewer or more padded rows than the target
 (Qwen2.5-0.5B has 151,936, Qwen2.5-32B 152,064), so its logits are cut or padded with -inf to the target's.
 """

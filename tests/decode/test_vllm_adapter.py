@@ -1,24 +1,25 @@
-"""The vLLM adapter's translations and checks, without starting vLLM (``prove.decode.vllm_backend``): our method
+"""The vLLM adapter's translations and checks, without starting vLLM (``prove.decode.vllm.backend``): our method
 and parameters → engine arguments and ``speculative_config``, vLLM's per-request metrics → our stats, and every bad
 input refused at start with the fix. The engine itself is exercised in test_vllm_engine.py."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 
 import pytest
-from prove.decode import vllm_backend
 from prove.decode.checkpoint import CONFIG_MASK_KEY, config_mask_id
 from prove.decode.config import DecodeConfig, DecodeParams, VllmOptions
 from prove.decode.methods import get_method
-from prove.decode.vllm_backend import (
+from prove.decode.vllm import backend as vllm_backend
+from prove.decode.vllm.backend import (
     VllmDecoder,
     check_vllm_method,
     engine_args,
     start_llm,
 )
-from prove.decode.vllm_stats import vllm_stats
+from prove.decode.vllm.stats import vllm_stats
 
 pytestmark = pytest.mark.filterwarnings("ignore:checkpoint .* records no trained block size")
 
@@ -64,13 +65,129 @@ def test_engine_arguments_carry_the_knobs_and_any_engine_argument_wins(checkpoin
     assert gpu["dtype"] == "auto" and "enforce_eager" not in gpu and "speculative_config" not in gpu
 
 
-@pytest.mark.parametrize("name", ["prove", "mars", "nsd", "asd"])
-def test_a_method_vllm_cannot_express_is_refused_naming_the_engine(checkpoints, name):
+def test_mars_is_refused_on_vllm_saying_why(checkpoints):
     with pytest.raises(
         ValueError,
-        match=rf"method={name} runs on our engine only, backend=engine .*on vLLM pick one of ar, prove-lossless, sd, pard",
+        match=r"method=mars runs on our engine only, backend=engine \(the MARS confidence rule commits without any "
+        r"verification pass.*on vLLM pick one of ar, prove-lossless, sd, pard, prove, nsd, asd",
     ):
-        plan(checkpoints["mars"], method=name)
+        plan(checkpoints["mars"], method="mars")
+
+
+def test_prove_nsd_asd_run_our_rule_in_vllms_step_through_the_worker_class(checkpoints, monkeypatch):
+    """prove: the small verifier is vLLM's target, the MARS model its parallel drafter; nsd / asd: the draft drafts
+    greedily for the target. The plugin comes with the engine (worker_cls + additional_config), not with vLLM."""
+    from prove.decode.vllm import plugin as vllm_plugin
+
+    mars, verifier = checkpoints["mars"], checkpoints["verifier"]
+    prove = plan(mars, method="prove", verifier=verifier, theta=0.3)
+    args = prove.engine_args
+    assert args["model"] == verifier and prove.spec == {
+        "method": "draft_model",
+        "model": mars,
+        "num_speculative_tokens": 4,
+        "parallel_drafting": True,
+    }
+    assert args["worker_cls"] == "prove.decode.vllm.plugin.RuleCPUWorker"
+    assert args["additional_config"][vllm_plugin.CONFIG_KEY] == {
+        "method": "prove",
+        "theta": 0.3,
+        "verifier_rows": len(prove.tokenizer),
+    }
+    for name in ("nsd", "asd"):
+        dec = plan(verifier, method=name, draft=mars, k=3)
+        assert dec.spec == {"method": "draft_model", "model": mars, "num_speculative_tokens": 3}
+        assert dec.engine_args["worker_cls"].endswith("RuleCPUWorker")
+    asd = plan(verifier, method="asd", draft=mars, budget=4.0)
+    assert asd.engine_args["additional_config"][vllm_plugin.CONFIG_KEY] == {
+        "method": "asd", "budget": 4.0, "gate": 0.25, "max_mismatches": 2
+    }  # fmt: skip
+    for name in ("ar", "prove-lossless"):
+        assert (
+            "worker_cls" not in plan(mars, method=name).engine_args
+        )  # nothing changes for vLLM's own methods
+    with pytest.raises(ValueError, match="method=prove needs ProVe's small verifier: pass verifier=PATH"):
+        plan(mars, method="prove")
+    with pytest.raises(ValueError, match="method=nsd on vLLM is greedy"):
+        plan(verifier, method="nsd", draft=mars, temperature=0.5)
+
+
+def test_a_plugin_request_carries_its_rule_parameters(checkpoints):
+    pytest.importorskip("vllm", reason="SamplingParams is vLLM's")
+    from prove.decode.vllm import plugin as vllm_plugin
+
+    prove = plan(checkpoints["mars"], method="prove", verifier=checkpoints["verifier"], theta=0.3)
+    params = prove.sampling_params(8, None, [1], None, DecodeParams(theta=0.05))
+    assert params.extra_args == {vllm_plugin.METHOD_ARG: "prove", "theta": 0.05}
+    assert prove.sampling_params(8, None, [1], None).extra_args["theta"] == 0.3  # the engine's default
+    with pytest.raises(ValueError, match="returns no log-probs"):
+        prove.sampling_params(8, None, [1], None, logprobs=2)
+
+
+def test_an_untested_vllm_version_is_refused_at_start(checkpoints, monkeypatch):
+    from prove.decode.vllm import plugin as vllm_plugin
+
+    monkeypatch.setattr(vllm_plugin, "vllm_version", lambda: "0.33.1")
+    with pytest.raises(
+        ValueError, match=r"tested on vLLM 0\.32\.0 only, and this is vLLM 0\.33\.1: install a tested"
+    ):
+        VllmDecoder(
+            checkpoints["mars"], method="prove", verifier=checkpoints["verifier"]
+        )  # before vLLM is imported
+    plan(
+        checkpoints["mars"], method="prove", verifier=checkpoints["verifier"]
+    )  # a plan starts nothing: no check
+    with pytest.raises(ValueError, match="tested on vLLM 0.32.0 only"):
+        vllm_plugin.check_vllm_version("nsd", "0.31.2")
+    vllm_plugin.check_vllm_version("prove", "0.32.0")
+
+
+def test_a_verifier_with_fewer_rows_is_refused_naming_pad_vocab(checkpoints, tmp_path, make_lm, tokenizer):
+    from tests.decode.conftest import save_checkpoint
+
+    short = save_checkpoint(
+        tmp_path / "short", make_lm(seed=4, vocab=len(tokenizer) - 2), tokenizer, stage="sft"
+    )
+    with pytest.raises(ValueError, match=r"vLLM needs them equal\. Pad the verifier: .*pad_vocab\("):
+        plan(checkpoints["mars"], method="prove", verifier=short)
+
+
+def test_each_request_is_checked_against_the_engines_method():
+    """The per-request parameters (``vllm_xargs`` on the server) resolve over the engine's defaults by the method's
+    own checks; the server's middleware refuses, with a 400 saying why, what the engine would not run."""
+    from prove.decode.vllm import plugin as vllm_plugin
+
+    settings = {"method": "prove", "theta": 0.1}
+    assert vllm_plugin.resolve_request(settings, None) == {"theta": 0.1}
+    assert vllm_plugin.resolve_request(settings, {"theta": 0.4, "other_plugin": 1}) == {"theta": 0.4}
+    with pytest.raises(
+        ValueError, match="this engine runs method=prove .* a request for method=asd needs an engine"
+    ):
+        vllm_plugin.resolve_request(settings, {vllm_plugin.METHOD_ARG: "asd"})
+    with pytest.raises(ValueError, match="reads theta per request, not budget"):
+        vllm_plugin.resolve_request(settings, {"budget": 2})
+    with pytest.raises(ValueError, match="theta"):
+        vllm_plugin.resolve_request({"method": "nsd", "theta": 0.9}, {"theta": 1.5})
+    ok = {"temperature": 0, "vllm_xargs": {"theta": 0.2}}
+    assert vllm_plugin.check_request("prove", ok) is None
+    assert "is greedy" in vllm_plugin.check_request("prove", {"vllm_xargs": {"theta": 0.2}})
+    assert "no log-probs" in vllm_plugin.check_request("prove", {**ok, "logprobs": 2})
+    assert "method=nsd needs an engine" in vllm_plugin.check_request(
+        "prove", {**ok, "vllm_xargs": {"prove_method": "nsd"}}
+    )
+    assert callable(vllm_plugin.check_asd_requests) and vllm_plugin.middleware("asd").endswith(
+        ".check_asd_requests"
+    )
+
+
+def test_the_plugin_module_imports_no_vllm():
+    """vLLM's processes import it by name (the worker class, the middleware); everything of vLLM's it subclasses is
+    built on first access, in the engine's process."""
+    code = (
+        "import sys, prove.decode.vllm.plugin as p; p.check_prove_requests; assert 'vllm' not in sys.modules"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def test_engine_only_settings_are_refused():
@@ -170,6 +287,17 @@ def test_vllm_stats_count_only_committed_tokens_as_ours():
     assert uncut.committed_per_cycle == [1, 3, 1, 4] and uncut.accepted_by_depth == [2, 2, 1]
     dropped = vllm_stats(5, spec, 0.5)  # the whole last step cut
     assert dropped.committed_per_cycle == [1, 3, 1] and dropped.proposed_by_depth == [2, 2, 2]
+    # prove: rows of m accepted drafts and no bonus, which vLLM counts as m - 1 accepted (its row less a bonus)
+    rows = {
+        **spec,
+        "per_step_accepted": [1, 0, 3],
+        "per_step_drafted": [4, 4, 4],
+    }  # rows of 2, 1 and 4 drafts
+    prove = vllm_stats(8, rows, 0.5, bonus=False)
+    assert prove.committed_per_cycle == [1, 2, 1, 4] and prove.accepted_by_depth == [3, 2, 1, 1]
+    assert prove.proposed_by_depth == [3, 3, 3, 3]
+    cut = vllm_stats(6, rows, 0.5, bonus=False)  # max_new_tokens inside the last block: 2 of its 4 drafts
+    assert cut.committed_per_cycle == [1, 2, 1, 2] and cut.accepted_by_depth == [3, 2, 0, 0]
     ar = vllm_stats(5, None, 0.1)
     assert (
         ar.cycles == 5 and ar.tokens_per_cycle == 1.0 and ar.drafts == 0 and ar.to_dict()["backend"] == "vllm"
@@ -177,7 +305,7 @@ def test_vllm_stats_count_only_committed_tokens_as_ours():
 
 
 def test_prove_serve_builds_the_server_command_and_refuses_what_vllm_cannot_run(checkpoints):
-    from prove.decode.serve import ServeConfig, server_argv
+    from prove.decode.vllm.serve import ServeConfig, server_argv
 
     argv, args = server_argv(ServeConfig(model=checkpoints["mars"], method="prove-lossless", port=8123))
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"] and "--enforce-eager" in argv
@@ -185,7 +313,36 @@ def test_prove_serve_builds_the_server_command_and_refuses_what_vllm_cannot_run(
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert spec == args["speculative_config"] and spec["parallel_drafting"] is True
     assert spec["num_speculative_tokens"] == 4 and argv[argv.index("--dtype") + 1] == "float32"
-    with pytest.raises(ValueError, match="method=prove runs on our engine only, backend=engine"):
-        server_argv(ServeConfig(model=checkpoints["mars"], method="prove"))
+    with pytest.raises(ValueError, match="method=mars runs on our engine only, backend=engine"):
+        server_argv(ServeConfig(model=checkpoints["mars"], method="mars"))
+    mars, verifier = checkpoints["mars"], checkpoints["verifier"]
+    argv, args = server_argv(ServeConfig(model=mars, verifier=verifier, method="prove", theta=0.2))
+    assert argv[argv.index("--model") + 1] == verifier and args["served_model_name"] == mars
+    assert argv[argv.index("--worker-cls") + 1] == "prove.decode.vllm.plugin.RuleCPUWorker"
+    assert argv[argv.index("--middleware") + 1] == "prove.decode.vllm.plugin.check_prove_requests"
+    assert json.loads(argv[argv.index("--additional-config") + 1])["prove_rule"]["theta"] == 0.2
     with pytest.raises(ValueError, match="port=0 must lie in 1..65535"):
         ServeConfig(model="m", port=0)
+
+
+def test_the_vllm_internals_the_plugin_subclasses_are_where_it_expects():
+    """A vLLM upgrade that moves them fails here, loudly, not inside an engine (the plugin is pinned too)."""
+    pytest.importorskip("vllm", reason="the plugin subclasses vLLM's classes")
+    import inspect
+
+    from prove.decode.vllm import plugin as vllm_plugin
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+    from vllm.v1.spec_decode.draft_model import DraftModelProposer
+    from vllm.v1.worker.cpu_worker import CPUWorker
+
+    assert issubclass(vllm_plugin.RuleCPUWorker, CPUWorker) and issubclass(
+        vllm_plugin.RuleSampler, RejectionSampler
+    )
+    assert issubclass(vllm_plugin.RuleDrafter, DraftModelProposer)
+    assert list(inspect.signature(RejectionSampler.forward).parameters) == [
+        "self", "metadata", "draft_probs", "logits", "sampling_metadata"
+    ]  # fmt: skip
+    assert list(inspect.signature(DraftModelProposer._sample_draft_tokens).parameters) == [
+        "self", "hidden_states", "sampling_metadata"
+    ]  # fmt: skip
+    assert "init_device" in vars(CPUWorker) and vllm_plugin.vllm_version() in vllm_plugin.TESTED_VLLM

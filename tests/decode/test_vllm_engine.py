@@ -10,6 +10,7 @@ start on a 2-core CPU: each is built once per module and shared.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -27,7 +28,7 @@ vllm = pytest.importorskip("vllm", reason="backend=vllm needs vLLM (`make instal
 from prove.decode import Decoder  # noqa: E402
 from prove.decode.checkpoint import config_mask_id  # noqa: E402
 from prove.decode.config import DecodeParams, VllmOptions  # noqa: E402
-from prove.decode.vllm_backend import VllmDecoder  # noqa: E402
+from prove.decode.vllm.backend import VllmDecoder  # noqa: E402
 
 from tests.decode.conftest import save_checkpoint  # noqa: E402
 from tests.decode.test_draft import perturbed  # noqa: E402
@@ -70,7 +71,23 @@ def _engine(request, model, **kw) -> VllmDecoder:
 
 @pytest.fixture(scope="module")
 def lossless(request, ckpts):
-    return _engine(request, ckpts["mars"], method="prove-lossless")
+    """The default start-up path: no ``kv_cache_gb``, so prove sizes the KV cache from the free memory
+    (``prove.decode.vllm.memory``) — here the 16 sequences of 512 tokens of the target and its self-drafter."""
+    options = dataclasses.replace(OPTIONS, kv_cache_gb=None)
+    dec = VllmDecoder(ckpts["mars"], method="prove-lossless", options=options)
+    request.addfinalizer(dec.close)
+    return dec
+
+
+def test_the_default_start_up_gets_an_explicit_kv_cache_sized_for_its_sequences(lossless, ckpts):
+    from prove.decode.vllm.memory import footprint
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(ckpts["mars"])
+    fp = footprint([(ckpts["mars"], config)] * 2, dtype="float32", max_model_len=512, max_num_seqs=16)
+    # vLLM's own CPU default (no kv_cache_memory_bytes) would have demanded 92% of the machine free
+    assert lossless.engine_args["kv_cache_memory_bytes"] == fp.max_kv_bytes
+    assert "gpu_memory_utilization" not in lossless.engine_args
 
 
 @pytest.fixture(scope="module")
@@ -129,8 +146,8 @@ def test_prove_decode_backend_vllm_writes_our_records(lossless, ckpts, tokenizer
     """``prove-decode backend=vllm`` (``prompts.run``): the same record per prompt as backend=engine, resumed alike;
     the engine is the shared one (its arguments are checked to be what the CLI asked for)."""
     from prove.decode import prompts as prompt_runs
-    from prove.decode import vllm_backend
     from prove.decode.config import DecodeConfig
+    from prove.decode.vllm import backend as vllm_backend
 
     lines = ["Ana has 3 apples", {"messages": [{"role": "user", "content": "Cleo has 4 pens."}]}, "7"]
     path = tmp_path / "p.jsonl"
@@ -256,8 +273,8 @@ def test_prove_serve_answers_completions_with_our_ar_tokens(ckpts, prompts, ours
     """``prove-serve`` on a free local port (prove-lossless: the server drafts as vLLM's own did above) answers
     ``/v1/completions`` with our ``ar``'s tokens at temperature 0, then stops cleanly on SIGINT."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "prove.decode.serve", f"model={ckpts['mars']}", "method=prove-lossless"]
-    cmd += [f"port={port}", "max_num_seqs=8", "kv_cache_gb=0.25", "max_model_len=512"]
+    cmd = [sys.executable, "-m", "prove.decode.vllm.serve", f"model={ckpts['mars']}", "method=prove-lossless"]
+    cmd += [f"port={port}", "max_num_seqs=8", "max_model_len=512"]  # KV cache sized by prove (no kv_cache_gb)
     server = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ
     )

@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 from prove.decode.config import VllmOptions
-from prove.decode.vllm_backend import VllmDecoder
+from prove.decode.vllm.backend import VllmDecoder
 
 pytestmark = pytest.mark.filterwarnings("ignore:checkpoint .* records no trained block size")
 

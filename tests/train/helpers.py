@@ -94,15 +94,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(driver: str, args: list[str]) -> subprocess.CompletedProcess:
-    """``torchrun --nproc_per_node 2 tests/train/<driver> <args>`` on free ports; the drivers import this module."""
+def torchrun(driver: str, args: list[str], nproc: int = 2) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node <nproc> tests/train/<driver> <args>`` on free ports; the drivers import this
+    module."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--nproc_per_node",
-        "2",
+        str(nproc),
         "--master_port",
         str(free_port()),
         str(HERE / driver),

@@ -228,3 +228,21 @@ def test_bench_real_benches_each_prompt_kind_with_a_config_that_validates():
             "prove": {"theta": [0.05, 0.2]},
             "prove-lossless": {"fuse": [False, True]},
         }
+
+
+def test_one_node_32b_launch_as_written():
+    """`make train-proposer RECIPE=qwen2.5-32b NNODES=1 GPUS_PER_NODE=8`: 8 local ranks through torchrun, and the
+    recipe as composed by each of them offloads the optimizer with the batch at 384 (8 × 12 × 4)."""
+    from tests.train.helpers import train_config
+
+    lines = _lines(make("train-proposer", "RECIPE=qwen2.5-32b", "NNODES=1", "GPUS_PER_NODE=8"))
+    assert len(lines) == 2
+    for stage, line in zip(("sft", "mars"), lines, strict=True):
+        assert "torchrun --nnodes 1 --nproc_per_node 8 --node_rank 0 --master_addr 127.0.0.1" in line
+        overrides = shlex.split(line.split("-m prove.train.cli", 1)[1])
+        assert overrides == ["recipe=qwen2.5-32b", f"stage={stage}"]
+        cfg = train_config(overrides)
+        t = cfg.trainer
+        assert cfg.deepspeed["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+        assert t.per_device_train_batch_size * t.gradient_accumulation_steps * 8 == 384
+        assert cfg.cpu_threads is None  # sized per rank at start: the node's cores / 8, not torchrun's 1

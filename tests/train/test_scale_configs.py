@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from prove.train.config import Stage
 from tests.train.helpers import train_config
 
 ROOT = Path(__file__).resolve().parents[2]
-GPUS = 4 * 8  # the recipe's cluster: 4 nodes × 8 GPUs
+GPUS = 8  # the recipe as written: one node of 8 GPUs
 
 
 @pytest.mark.parametrize("stage", ["sft", "mars", "distill"])
@@ -30,15 +31,40 @@ def test_32b_recipe_composes_with_what_makes_it_fit(stage):
     assert (
         ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
     )  # final dir loads as is
-    assert "offload_optimizer" not in ds["zero_optimization"]
-    # effective batch 384 of the MARS reference, one parameter-gather pass per optimizer step
+    # one node: the optimizer (fp32 master + Adam + fp32 grads, 524 GB) in host memory, the weights on the GPUs
+    assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert "offload_param" not in ds["zero_optimization"]
+    assert _deepspeed_optimizer(ds).__name__ == "DeepSpeedCPUAdam"
+    # effective batch 384 of the MARS reference
     assert t.per_device_train_batch_size * t.gradient_accumulation_steps * GPUS == 384
-    assert t.per_device_train_batch_size == 12 and t.gradient_accumulation_steps == 1
+    assert t.per_device_train_batch_size == 12 and t.gradient_accumulation_steps == 4
     # resumable checkpoints at a ~1–2.5 h interval, only the newest kept (each is ~0.5 TB)
     assert t.save_only_model is False and t.save_steps == 1000 and t.save_total_limit == 1
     assert cfg.data.max_len == 512 and cfg.data.max_len % cfg.stage.block_size == 0
+    assert cfg.data.num_proc == 16 and cfg.data.cache_dir == "runs/qwen2.5-32b/tokenized"  # tokenized once
     assert cfg.stage.block_size == 16 and t.learning_rate == 5e-6 and t.warmup_steps == 0.03
     assert cfg.output_dir == f"runs/qwen2.5-32b/{stage}"
+
+
+def _node_rows() -> dict[int, list[str]]:
+    """The recipe header's overrides per node count (``#   2 nodes  NODES2="..."``)."""
+    text = (ROOT / "recipes" / "qwen2.5-32b.yaml").read_text()
+    return {
+        int(m.group(1)): m.group(2).split()
+        for m in re.finditer(r'^#\s+(\d+) nodes\s+NODES\1="([^"]*)"', text, flags=re.M)
+    }
+
+
+def test_every_node_count_keeps_the_batch_and_runs_without_offload():
+    rows = _node_rows()
+    assert sorted(rows) == [2, 4, 8]
+    for nodes, overrides in rows.items():
+        cfg = train_config(["recipe=qwen2.5-32b", "stage=mars", *overrides])
+        t, zero = cfg.trainer, cfg.deepspeed["zero_optimization"]
+        assert t.per_device_train_batch_size * t.gradient_accumulation_steps * nodes * 8 == 384, nodes
+        assert "offload_optimizer" not in zero, nodes  # 2+ nodes hold the optimizer state on the GPUs
+        # ZeRO-3 shards 524 GB / GPUs + 4 GB in flight + 3 GB an example + 4 GB slack: under 80 GB
+        assert 524 / (nodes * 8) + 4 + 3 * t.per_device_train_batch_size + 4 < 70, nodes
 
 
 def test_prove_train_cfg_job_composes_the_32b_recipe(stage="mars"):
@@ -144,7 +170,8 @@ def test_recipe_header_states_the_sizing():
     text = (ROOT / "recipes" / "qwen2.5-32b.yaml").read_text()
     for needle in (
         "Memory per GPU",
-        "micro-batch 12 × accumulation 1 = 384",
+        "micro-batch 12 × accumulation 4 × 8 GPUs = 384",
+        "host memory per node",
         "Wall time",
         "every 1000 steps",
     ):

@@ -91,3 +91,37 @@ def test_missing_wandb_package_is_a_clear_error_on_every_rank(monkeypatch):
     monkeypatch.setenv("RANK", "1")
     with pytest.raises(ValueError, match="pip install wandb, or pass logger=none"):
         tracking.open_logger(train_config(["logger=wandb"]))
+
+
+def test_a_relaunch_resumes_the_stages_wandb_run(monkeypatch, tmp_path):
+    """The run id lives in the stage's output folder: a resuming relaunch continues that run, a stage that starts
+    over gets a new one."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    fake = _FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    cfg = train_config(["logger=wandb", f"run_dir={tmp_path}"])
+    tracking.open_logger(cfg).close()
+    first = fake.calls[-1]["id"]
+    assert (tmp_path / "sft" / tracking.RUN_ID_FILE).read_text().strip() == first
+    tracking.open_logger(cfg, resuming=True).close()
+    assert fake.calls[-1]["id"] == first and fake.calls[-1]["resume"] == "allow"
+    tracking.open_logger(cfg, resuming=False).close()
+    assert fake.calls[-1]["id"] != first
+    assert (tmp_path / "sft" / tracking.RUN_ID_FILE).read_text().strip() == fake.calls[-1]["id"]
+
+
+def test_offline_wandb_accepts_the_stored_run_id(monkeypatch, tmp_path):
+    """The real wandb, offline: a relaunch's init with the stored id and resume="allow" opens that same run."""
+    pytest.importorskip("wandb")
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = train_config(["logger=wandb", f"run_dir={tmp_path}"])
+    ids = []
+    for _ in range(2):
+        tracker = tracking.open_logger(cfg, resuming=True)
+        ids.append(tracker.run.id)
+        tracker.close()
+    assert ids[0] == ids[1] == tracking.run_id(tmp_path / "sft")

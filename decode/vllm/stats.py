@@ -1,5 +1,5 @@
 """What a vLLM decode returns (:class:`VllmResult`) and its statistics under our names (:class:`VllmStats`), read off
-vLLM's per-request speculative metrics (:func:`vllm_stats`); the adapter itself is :mod:`prove.decode.vllm_backend`.
+vLLM's per-request speculative metrics (:func:`vllm_stats`); the adapter itself is :mod:`prove.decode.vllm.backend`.
 """
 
 from __future__ import annotations
@@ -40,15 +40,21 @@ class VllmStats:
         return dataclasses.asdict(self)
 
 
-def vllm_stats(new_tokens: int, spec: Mapping[str, Any] | None, wall_s: float) -> VllmStats:
+def vllm_stats(
+    new_tokens: int, spec: Mapping[str, Any] | None, wall_s: float, *, bonus: bool = True
+) -> VllmStats:
     """Our stats from vLLM's per-request speculative metrics (``RequestSpecDecodeMetrics.to_dict()`` at the
-    ``detailed`` level: ``per_step_accepted`` / ``per_step_drafted``), or from the token count alone (AR)."""
+    ``detailed`` level: ``per_step_accepted`` / ``per_step_drafted``), or from the token count alone (AR).
+
+    vLLM counts a step's accepted drafts as its row's length less one (the bonus or correction token it assumes).
+    ``bonus=False``: rows of accepted drafts alone (``prove``: d₁..d_m, no verifier token), so m drafts were
+    accepted where vLLM reports m − 1; the step still committed m tokens."""
     if spec is None:
         return VllmStats(new_tokens, new_tokens, 1.0, [1] * new_tokens, [], [], 0, 0, 0, 1.0, wall_s)
     accepted = list(spec.get("per_step_accepted", []))
     drafted = list(spec.get("per_step_drafted", []))
-    commits = [1] + [a + 1 for a in accepted]  # the prefill step's token, then each step's accepted + bonus
-    taken = list(accepted)
+    commits = [1] + [a + 1 for a in accepted]  # the prefill step's token, then each step's row
+    taken = list(accepted) if bonus else [a + 1 for a in accepted]  # drafts accepted a step
     excess = sum(commits) - new_tokens  # committed beyond the output: cut by a stop or max_new_tokens
     while excess > 0 and len(commits) > 1:
         cut = min(excess, commits[-1])

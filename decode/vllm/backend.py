@@ -4,7 +4,7 @@ and output records as our engine (docs/vllm.md).
 
 One thin adapter: our method and parameters → vLLM's engine arguments and ``speculative_config``
 (:func:`speculative_config`, :func:`engine_args`); vLLM's per-request speculative metrics → our stats' names
-(:func:`prove.decode.vllm_stats.vllm_stats`). No rule is copied and no vLLM class is patched: vLLM verifies by its own rule, which for these
+(:func:`prove.decode.vllm.stats.vllm_stats`). No rule is copied and no vLLM class is patched: vLLM verifies by its own rule, which for these
 methods is ours (greedy: the longest prefix equal to the target's greedy tokens + the correction or bonus token;
 sampling ``sd``: speculative sampling, refused on vLLM's CPU build, whose sampler does not keep the distribution:
 :func:`check_sampling`).
@@ -31,6 +31,7 @@ guard.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import warnings
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -48,16 +49,17 @@ from prove.decode.checkpoint import (
 )
 from prove.decode.config import DecodeParams, VllmOptions
 from prove.decode.methods import Method, resolve_params
-from prove.decode.vllm_stats import VllmResult, vllm_stats
+from prove.decode.vllm import plugin
+from prove.decode.vllm.memory import plan_engine_memory
+from prove.decode.vllm.stats import VllmResult, vllm_stats
 
-VLLM_METHODS = ("ar", "prove-lossless", "sd", "pard")
-"""The methods vLLM's verification expresses (greedy match + bonus, or speculative sampling, by the target)."""
+VLLM_METHODS = ("ar", "prove-lossless", "sd", "pard", "prove", "nsd", "asd")
+"""The methods vLLM runs: its own verification (greedy match + bonus, or speculative sampling, by the target) for the
+first four; our rule inside vLLM's step (``prove.decode.vllm.plugin``, greedy) for ``prove``, ``nsd`` and ``asd``."""
 
 _WHY_NOT = {
-    "prove": "ProVe's small verifier scores the block (vLLM verifies with the target alone)",
-    "mars": "the MARS confidence rule commits without any verification",
-    "nsd": "NSD accepts tokens inside the target's nucleus (vLLM accepts exact matches or by min(1, p/q))",
-    "asd": "ASD accepts mismatches within a regret budget (vLLM accepts exact matches or by min(1, p/q))",
+    "mars": "the MARS confidence rule commits without any verification pass, and vLLM's step always runs its target "
+    "to verify (the MARS proposer as vLLM's target would sample its next token, not commit its block)",
 }
 
 INSTALL_HINT = (
@@ -104,6 +106,11 @@ def check_sampling(method: Method, params: DecodeParams, *, speculative: bool, o
     and with top_k it fails on a step without drafts, taking the engine down. Plain sampling (``ar``) is exact."""
     if params.temperature > 0 and method.greedy_only:
         raise ValueError(f"method {method.name} is greedy: set temperature=0, or use method=sd")
+    if params.temperature > 0 and method.name in plugin.PLUGIN_METHODS:
+        raise ValueError(
+            f"method={method.name} on vLLM is greedy (our rule in vLLM's step): set temperature=0, or sample with "
+            "backend=engine"
+        )
     if params.temperature > 0 and speculative and on_cpu:
         raise ValueError(
             f"method={method.name} with temperature={params.temperature} on vLLM's CPU build: its speculative "
@@ -118,8 +125,9 @@ def speculative_config(
     """vLLM's ``speculative_config`` for ``method`` with resolved ``params`` (``block_size`` already the checked K)."""
     if method.name == "ar":
         return None
-    if method.name in ("prove-lossless", "pard"):
-        drafter = model if method.name == "prove-lossless" else draft
+    if method.name in ("prove-lossless", "pard", "prove"):
+        # prove: the MARS proposer (``model``) drafts for the small verifier, vLLM's target (VllmDecoder swaps them)
+        drafter = draft if method.name == "pard" else model
         assert drafter is not None and params.block_size is not None
         return {
             "method": "draft_model",
@@ -127,6 +135,9 @@ def speculative_config(
             "num_speculative_tokens": params.block_size,
             "parallel_drafting": True,
         }
+    if method.name in ("nsd", "asd"):  # greedy: the draft's argmax, its probabilities unread
+        assert draft is not None and params.k is not None
+        return {"method": "draft_model", "model": draft, "num_speculative_tokens": params.k}
     if method.name == "sd":
         assert draft is not None and params.k is not None
         return {
@@ -285,7 +296,11 @@ class VllmDecoder:
     ``model`` and ``draft`` are checkpoint directories or hub ids (vLLM loads them itself); ``params`` are
     ``DecodeParams`` fields, resolved and checked as our Decoder does; ``options`` the ``VllmOptions`` knobs. The
     engine starts here (25-50 s for a tiny model on a 2-core CPU); ``start=False`` only checks and resolves
-    (``engine_args``: what ``prove-serve`` starts the server with). Outputs equal our engine's token for token
+    (``engine_args``: what ``prove-serve`` starts the server with). Either way the engine's memory is planned first
+    (:func:`prove.decode.vllm.memory.plan_engine_memory`: on the CPU an explicit KV cache, computed from free memory
+    unless ``options.kv_cache_gb`` sets it; on a GPU a utilization that is free), and an engine that cannot fit is a
+    :class:`~prove.decode.vllm.memory.EngineMemoryError` naming the knob, ``knob_prefix`` + its name (``vllm.`` on
+    prove-decode's command line). Outputs equal our engine's token for token
     (greedy, fp32): same EOS ids, ``<|mask|>`` and ids past the tokenizer never output, stop strings ending at the
     token that completes them.
     """
@@ -297,12 +312,14 @@ class VllmDecoder:
         *,
         method: str | Method = "prove-lossless",
         draft: str | None = None,
+        verifier: str | None = None,
         proposer: str | None = None,
         device: str = "cpu",
         dtype: str = "float32",
         options: VllmOptions | None = None,
         trace: bool = False,
         start: bool = True,
+        knob_prefix: str = "vllm.",
         **params: Any,
     ) -> None:
         self.method, self.params = resolve_params(method, None, **params)
@@ -317,9 +334,13 @@ class VllmDecoder:
         model = loading.model_folder(model)  # a .gguf: its converted folder, the weights our engine loads
         self.tokenizer = tokenizer if tokenizer is not None else loading.load_tokenizer(model)
         draft = self._check_draft(draft)
+        verifier = self._check_verifier(verifier)
+        self.plugin = self.method.name in plugin.PLUGIN_METHODS
+        if self.plugin and start:
+            plugin.check_vllm_version(self.method.name)
         masks: list[int | None] = [None]
-        if self.method.name in ("prove-lossless", "pard"):
-            drafter, role = (model, "model") if self.method.name == "prove-lossless" else (draft, "draft")
+        if self.method.name in ("prove-lossless", "pard", "prove"):
+            drafter, role = (draft, "draft") if self.method.name == "pard" else (model, "model")
             assert drafter is not None
             mask_id, k = prepare_block_drafter(drafter, self.params.block_size, role)
             self.params = dataclasses.replace(self.params, block_size=k)
@@ -329,15 +350,43 @@ class VllmDecoder:
         configs = {"model": AutoConfig.from_pretrained(model)}
         if draft is not None:
             configs["draft"] = AutoConfig.from_pretrained(draft)
+        if verifier is not None:
+            configs["verifier"] = AutoConfig.from_pretrained(verifier)
+            _check_padded(configs["model"], configs["verifier"], model, verifier)
         self.limits = [(role, getattr(c, "max_position_embeddings", None)) for role, c in configs.items()]
-        rows = [int(c.vocab_size) for c in configs.values()]
+        rows = [plugin.vocab_rows(c) for c in configs.values()]
         self.allowed = allowed_token_ids(self.tokenizer, rows, masks)
         self.generation_eos = _generation_eos(model, configs["model"])
         self.spec = speculative_config(self.method, self.params, model, draft)
-        self.engine_args = engine_args(
-            model, self.spec, self.options, dtype=dtype, device=device, seed=self.params.seed
+        # prove: the small verifier is vLLM's target, the MARS proposer (``model``) its drafter (in ``spec``)
+        target, target_config = (
+            (verifier, configs["verifier"]) if verifier is not None else (model, configs["model"])
         )
-        warn_k_schedule(self.engine_args)
+        args = engine_args(target, self.spec, self.options, dtype=dtype, device=device, seed=self.params.seed)
+        warn_k_schedule(args)
+        # the KV cache sized and the fit checked here, before vLLM's engine process exists (prove.decode.vllm.memory)
+        served = [(target, target_config)]
+        if self.spec is not None:
+            drafter = self.spec["model"]
+            served.append((drafter, configs["model"] if drafter == model else configs["draft"]))
+        self.engine_args, self.memory_plan = plan_engine_memory(
+            args,
+            served,
+            on_cpu=self.on_cpu,
+            user_args=self.options.engine_args,
+            kv_cache_gb=self.options.kv_cache_gb,
+            prefix=knob_prefix,
+        )
+        print(f"prove: vLLM engine memory: {self.memory_plan}", file=sys.stderr, flush=True)
+        if self.plugin:  # our rule in vLLM's step, for this engine only (prove.decode.vllm.plugin)
+            self.engine_args["worker_cls"] = plugin.worker_cls(self.on_cpu)
+            extra = dict(self.engine_args.get("additional_config") or {})
+            extra[plugin.CONFIG_KEY] = plugin.engine_settings(
+                self.method.name,
+                self.params,
+                verifier_rows=None if verifier is None else plugin.vocab_rows(configs["verifier"]),
+            )
+            self.engine_args["additional_config"] = extra
         self.llm = start_llm(self.engine_args) if start else None
         self._requests = 0
 
@@ -357,6 +406,31 @@ class VllmDecoder:
             draft = loading.model_folder(draft)
             check_same_vocab(self.tokenizer, loading.load_tokenizer(draft), "draft", draft, self.model_name)
         return draft
+
+    def _check_verifier(self, verifier: str | None) -> str | None:
+        """ProVe's small verifier (vLLM's target for ``prove``), checked to share the model's vocabulary."""
+        self.verifier_name = None
+        if self.method.needs_verifier and verifier is None:
+            raise ValueError(
+                f"method={self.method.name} needs ProVe's small verifier: pass verifier=PATH (on vLLM it is the "
+                "target, the MARS model= its parallel drafter)"
+            )
+        if verifier is not None and not self.method.needs_verifier:
+            warnings.warn(
+                f"backend=vllm runs no separate verifier for method {self.method.name}; ignoring verifier=",
+                stacklevel=3,
+            )
+            return None
+        if verifier is not None:
+            from prove.decode.decoder import check_same_vocab, check_source
+
+            check_source(verifier, "verifier")
+            verifier = loading.model_folder(verifier)
+            check_same_vocab(
+                self.tokenizer, loading.load_tokenizer(verifier), "verifier", verifier, self.model_name
+            )
+        self.verifier_name = verifier
+        return verifier
 
     # -- what our Decoder does the same way -----------------------------------------------------------------------
 
@@ -397,6 +471,12 @@ class VllmDecoder:
 
         p = sampling or self.params
         check_sampling(self.method, p, speculative=self.spec is not None, on_cpu=self.on_cpu)
+        extra = None
+        if self.plugin:
+            if logprobs:
+                raise ValueError(f"method={self.method.name} on vLLM returns no log-probs: pass logprobs=0")
+            extra = plugin.request_args(self.method.name, p)
+            plugin.resolve_request(self.engine_args["additional_config"][plugin.CONFIG_KEY], extra)
         return SamplingParams(
             temperature=p.temperature,
             top_p=p.top_p,
@@ -410,6 +490,7 @@ class VllmDecoder:
             skip_special_tokens=False,
             allowed_token_ids=self.allowed,
             logprobs=logprobs or None,
+            extra_args=extra,
         )
 
     # -- generation -------------------------------------------------------------------------------------------------
@@ -487,7 +568,8 @@ class VllmDecoder:
         timing = getattr(out, "metrics", None)
         # engine-core timestamps (monotonic): queued to the last token; 0 where vLLM kept none
         wall = 0.0 if timing is None else max(0.0, float(timing.last_token_ts) - float(timing.queued_ts))
-        stats = vllm_stats(len(ids), None if metrics is None else metrics.to_dict(), wall)
+        spec = None if metrics is None else metrics.to_dict()
+        stats = vllm_stats(len(ids), spec, wall, bonus=self.method.name != "prove")
         top = None
         if logprobs and completion.logprobs is not None:
             top = [_top_ranked(position, logprobs) for position in completion.logprobs]
@@ -505,6 +587,18 @@ def _top_ranked(position: Mapping[int, Any], k: int) -> list[tuple[int, float]]:
     past ``k`` when it is not among them), most likely first."""
     ranked = sorted(position.items(), key=lambda item: item[1].rank)
     return [(int(i), float(lp.logprob)) for i, lp in ranked if lp.rank <= k]
+
+
+def _check_padded(model_config: Any, verifier_config: Any, model: str, verifier: str) -> None:
+    """vLLM needs the drafter's (the MARS model's) and the target's (the verifier's) vocabulary sizes equal: a
+    ``ValueError`` naming the fix (:func:`prove.decode.vllm.plugin.pad_vocab`) where they differ."""
+    rows, other = int(model_config.vocab_size), int(verifier_config.vocab_size)
+    if rows != other:
+        raise ValueError(
+            f"verifier {verifier} has {other} logit rows and model {model} {rows}: vLLM needs them equal. Pad the "
+            f"verifier: python -c \"from prove.decode.vllm.plugin import pad_vocab; pad_vocab('{verifier}', {rows}, "
+            f"'{verifier}-rows{rows}')\" and pass verifier={verifier}-rows{rows} (its padded rows stay out of q)"
+        )
 
 
 def _generation_eos(model: str, config: Any) -> Any:

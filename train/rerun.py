@@ -1,0 +1,158 @@
+"""What a (re)launch of a stage does with what its output folder already holds — the one rule behind rerunning
+``make train-proposer`` after a crash, ``resume``, ``force`` and the demo's rerun.
+
+The stage's output folder holds at most a finished checkpoint (its ``prove.json``, written last) and the
+``checkpoint-N/`` folders of the training that produced it (or is producing it):
+
+- a finished ``prove.json`` of **the same config** (:func:`config_differences` is empty): the stage is skipped
+  with a line saying so; ``force=true`` trains it again from its first step;
+- a finished ``prove.json`` of another config (another learning rate, more steps...): the stage trains from its
+  first step — its checkpoints belong to the other config — unless ``resume=true`` continues from the newest;
+- no ``prove.json`` (a half-finished stage), or one whose wall-time cap stopped it before its last step
+  (``stopped_early``): it resumes from its newest ``checkpoint-N`` as ``resume`` says — ``None`` if there is one,
+  ``true`` there must be one, ``false`` start over.
+
+"The same config" compares the whole resolved config recorded in ``prove.json`` (``training_config``) with this
+run's, leaving out what does not change the trained model (:data:`IGNORED`): where outputs and logs go, how
+often the trainer logs and saves, the relaunch knobs themselves, and how the work is laid out on the machines —
+the DeepSpeed config, activation checkpointing, the attention kernel, threads, workers, and the micro-batch ×
+accumulation split (their product × the processes, the effective batch, is compared instead). A finished sft
+run on one node is therefore not redone when mars runs on two.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+from prove.decode.checkpoint import read_prove_json
+from prove.train.config import Stage, TrainConfig, config_dict
+from transformers.trainer_utils import get_last_checkpoint
+
+IGNORED: tuple[str, ...] = (
+    # where things go, and what the run is called
+    "run_name", "run_dir", "output_dir", "trainer.output_dir", "data.cache_dir", "logger",
+    # the relaunch knobs
+    "resume", "force",
+    # top-level knobs: interpolated into the groups, which are compared
+    "block_size", "max_len", "lr", "epochs", "max_steps", "stages",
+    # logging and checkpoint cadence
+    "trainer.logging_steps", "trainer.save_steps", "trainer.save_total_limit",
+    # a wall-time cap: a stage that ran all its steps is the same model whatever the cap (one it cut short resumes)
+    "trainer.max_minutes",
+    # how the work is laid out (the effective batch is compared instead of its split)
+    "deepspeed", "cpu_threads", "data.num_proc", "model.attn_implementation", "trainer.activation_checkpointing",
+    "trainer.dataloader_num_workers", "trainer.per_device_train_batch_size", "trainer.gradient_accumulation_steps",
+    "stage.ce_chunk_rows",
+    # when and how the held-out rows are scored (eval.rows, eval.best and eval.block_size change the model written)
+    "eval.steps", "eval.batch_size", "eval.tau",
+)  # fmt: skip
+"""Dotted config keys (a key covers everything under it) that "the same config" leaves out."""
+IGNORED_UNLESS: dict[str, Stage] = {
+    "distill": Stage.distill,
+    "stage.block_size": Stage.mars,
+    "stage.ar_weight": Stage.mars,
+    "eval": Stage.mars,
+}
+"""Keys only one stage reads: left out for the others (sft's model does not depend on K)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StagePlan:
+    """What the launch does: skip the stage, or train it from ``resume_from`` (``None``: its first step)."""
+
+    skip: bool
+    resume_from: str | None
+    message: str
+    """The line the launch logs."""
+    finished: dict[str, Any] | None = None
+    """The finished ``prove.json``'s ``extra`` when there is one (``global_step``, ``stopped_early``...)."""
+
+
+def world_size(environ: dict[str, str] | None = None) -> int:
+    return int((os.environ if environ is None else environ).get("WORLD_SIZE", "1"))
+
+
+def comparable(config: dict[str, Any], stage: str, processes: int | None) -> dict[str, Any]:
+    """``config`` (``config_dict``) flattened to dotted keys without :data:`IGNORED`, plus its effective batch."""
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        else:
+            flat[prefix] = node
+
+    walk("", config)
+    ignored = [*IGNORED, *(k for k, only in IGNORED_UNLESS.items() if str(only) != stage)]
+    out = {k: v for k, v in flat.items() if not any(k == i or k.startswith(i + ".") for i in ignored)}
+    t = config.get("trainer") or {}
+    micro, accumulation = (
+        int(t.get("per_device_train_batch_size", 0)),
+        int(t.get("gradient_accumulation_steps", 0)),
+    )
+    if processes is None:  # a prove.json from before it recorded its processes: compare the split itself
+        out["trainer.per_device_train_batch_size"] = micro
+        out["trainer.gradient_accumulation_steps"] = accumulation
+    else:
+        out["effective_batch"] = micro * accumulation * processes
+    return out
+
+
+def config_differences(cfg: TrainConfig, finished: dict[str, Any], processes: int | None = None) -> list[str]:
+    """The keys in which this run's config differs from a finished ``prove.json``'s ``extra`` (empty: the same)."""
+    recorded = finished.get("training_config") or {}
+    old_processes = finished.get("world_size")
+    now_processes = None if old_processes is None else (world_size() if processes is None else processes)
+    stage = str(cfg.stage.name)
+    now = comparable(config_dict(cfg), stage, now_processes)
+    then = comparable(recorded, stage, old_processes)
+    return sorted(k for k in now.keys() | then.keys() if now.get(k) != then.get(k))
+
+
+def newest_checkpoint(output_dir: Path) -> str | None:
+    return get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
+
+
+def plan_stage(cfg: TrainConfig) -> StagePlan:
+    """The rule of the module docstring for ``cfg``'s stage and output folder."""
+    out = Path(cfg.trainer.output_dir)
+    name = f"stage {cfg.stage.name} ({cfg.stage.role})"
+    meta = read_prove_json(out) if (out / "prove.json").is_file() else None
+    finished = meta.extra if meta is not None else None
+    early = (finished or {}).get("stopped_early")
+    last = newest_checkpoint(out)
+    if cfg.resume is True and last is None:
+        raise ValueError(f"resume=true but {out} has no checkpoint-* folder: drop resume=true to start fresh")
+    if cfg.force:
+        if finished is not None:
+            return StagePlan(
+                False, None, f"{name}: force=true: training {out} again from its first step", finished
+            )
+        return StagePlan(False, None, f"{name}: force=true: training {out} from its first step", None)
+    if finished is not None and early:
+        # cut short by its wall-time cap: not finished, whatever prove.json says; it continues like a crashed one
+        why = (
+            f"{name}: its wall-time cap stopped {out} at step {early.get('step')} of {early.get('max_steps')}"
+        )
+    elif finished is not None:
+        differs = config_differences(cfg, finished)
+        if not differs:
+            msg = f"{name}: {out} holds a finished prove.json of the same config: skipping (force=true trains it again)"
+            return StagePlan(True, None, msg, finished)
+        shown = ", ".join(differs[:8]) + (f" and {len(differs) - 8} more" if len(differs) > 8 else "")
+        why = f"{name}: {out} holds a finished prove.json of another config (differs in {shown})"
+        if cfg.resume is not True:  # its checkpoints belong to that other config
+            tail = f" (resume=true continues from {last} instead)" if last else ""
+            return StagePlan(False, None, f"{why}: training from its first step{tail}", finished)
+    else:
+        why = f"{name}: training {out}"
+    resume_from = last if cfg.resume is not False else None
+    if resume_from:
+        why += f", resuming from {resume_from}"
+    elif last:
+        why += f" from its first step (resume=false; {last} is left unused)"
+    return StagePlan(False, resume_from, why, finished)
