@@ -54,7 +54,8 @@ def test_a_run_broken_at_depth_3_stops_there_although_depth_4_matches():
 
 def test_an_off_policy_label_inside_a_run_cuts_it_and_is_counted():
     labels, clean = _case()
-    clean[0, 8] += 1  # ĝ_8 is no longer x_9: from depth 3 on, block 8's verification would see another context
+    # ĝ_8 is no longer x_9: from depth 3 on, block 8's verification would see another context
+    clean[0, 8] += 1
     noisy = clean.clone()  # every proposal matches the clean argmax
     out = _sums(labels, clean, noisy)
     assert out["offpolicy"] == pytest.approx(1 / 3)
