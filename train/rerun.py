@@ -13,7 +13,8 @@ The stage's output folder holds at most a finished checkpoint (its ``prove.json`
   ``true`` there must be one, ``false`` start over.
 
 "The same config" compares the whole resolved config recorded in ``prove.json`` (``training_config``) with this
-run's, leaving out what does not change the trained model (:data:`IGNORED`): where outputs and logs go, how
+run's — every key the record holds (a key it lacks came with a newer prove and is named in the skip line) —
+leaving out what does not change the trained model (:data:`IGNORED`): where outputs and logs go, how
 often the trainer logs and saves, the relaunch knobs themselves, and how the work is laid out on the machines —
 the DeepSpeed config, activation checkpointing, the attention kernel, threads, workers, and the micro-batch ×
 accumulation split (their product × the processes, the effective batch, is compared instead). A finished sft
@@ -110,7 +111,18 @@ def config_differences(cfg: TrainConfig, finished: dict[str, Any], processes: in
     stage = str(cfg.stage.name)
     now = comparable(config_dict(cfg), stage, now_processes)
     then = comparable(recorded, stage, old_processes)
-    return sorted(k for k in now.keys() | then.keys() if now.get(k) != then.get(k))
+    # a key the record lacks did not exist when it was written (a newer prove): it cannot have been set otherwise
+    return sorted(k for k in then.keys() if now.get(k) != then[k])
+
+
+def unrecorded_keys(cfg: TrainConfig, finished: dict[str, Any]) -> list[str]:
+    """This run's keys that a finished ``prove.json`` does not record (written by an older prove, before they
+    existed): :func:`config_differences` leaves them out, and the skip line names them."""
+    recorded = finished.get("training_config") or {}
+    stage = str(cfg.stage.name)
+    now = comparable(config_dict(cfg), stage, None)
+    then = comparable(recorded, stage, None)
+    return sorted(now.keys() - then.keys())
 
 
 def newest_checkpoint(output_dir: Path) -> str | None:
@@ -142,6 +154,10 @@ def plan_stage(cfg: TrainConfig) -> StagePlan:
         differs = config_differences(cfg, finished)
         if not differs:
             msg = f"{name}: {out} holds a finished prove.json of the same config: skipping (force=true trains it again)"
+            newer = unrecorded_keys(cfg, finished)
+            if newer:
+                shown = ", ".join(newer[:8]) + (f" and {len(newer) - 8} more" if len(newer) > 8 else "")
+                msg += f"; it was written before {shown} existed"
             return StagePlan(True, None, msg, finished)
         shown = ", ".join(differs[:8]) + (f" and {len(differs) - 8} more" if len(differs) > 8 else "")
         why = f"{name}: {out} holds a finished prove.json of another config (differs in {shown})"

@@ -45,6 +45,17 @@ def test_a_finished_stage_of_the_same_config_is_skipped_unless_forced(tmp_path):
     )  # fmt: skip
     assert config_differences(laid_out, json.loads((tmp_path / "sft" / "prove.json").read_text())) == []
     assert plan_stage(laid_out).skip
+    # a prove.json written before a key existed (an older prove) is still the same config; the line names the key
+    old = config_dict(cfg)
+    del old["trainer"]["seed"]
+    assert config_differences(cfg, {"training_config": old, "world_size": 1}) == []
+    write_prove_json(
+        Path(cfg.trainer.output_dir),
+        ProveMeta(stage="sft", base_model="scratch", extra={"training_config": old, "world_size": 1}),
+    )
+    plan = plan_stage(cfg)
+    assert plan.skip and plan.message.endswith("; it was written before trainer.seed existed")
+    _finish(cfg)
     # the effective batch is compared: micro-batch 8 × accumulation 1 on 1 process is 4 × 1 on 2 processes
     assert config_differences(
         train_config([*base, "trainer.per_device_train_batch_size=4"]), {"training_config": config_dict(cfg), "world_size": 1}, processes=2
