@@ -113,15 +113,20 @@ def test_a_relaunch_resumes_the_stages_wandb_run(monkeypatch, tmp_path):
 
 def test_offline_wandb_accepts_the_stored_run_id(monkeypatch, tmp_path):
     """The real wandb, offline: a relaunch's init with the stored id and resume="allow" opens that same run."""
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
+    # wandb keeps its settings (WANDB_DIR among them) in a process-wide singleton: reset it afterwards, or a later
+    # test's run is written under this test's folder
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_SILENT", "true")
     cfg = train_config(["logger=wandb", f"run_dir={tmp_path}"])
     ids = []
-    for _ in range(2):
-        tracker = tracking.open_logger(cfg, resuming=True)
-        ids.append(tracker.run.id)
-        tracker.close()
+    try:
+        for _ in range(2):
+            tracker = tracking.open_logger(cfg, resuming=True)
+            ids.append(tracker.run.id)
+            tracker.close()
+    finally:
+        wandb.teardown()
     assert ids[0] == ids[1] == tracking.run_id(tmp_path / "sft")

@@ -1,6 +1,7 @@
 """The one-node path of the 32B recipe in small: ZeRO-3 with the optimizer offloaded to the CPU, 2 processes (gloo),
 then a relaunch on 1 process (accumulation doubled: the same effective batch) that resumes the 2-process
-checkpoint through DeepSpeed's universal format — step count, schedule and loss continue as the uninterrupted run's."""
+checkpoint through DeepSpeed's universal format — step count, schedule, loss and the acceptance history continue as
+the uninterrupted run's."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def _mars(tmp_path, run: str, sft, data, nproc: int, accumulation: int) -> dict:
             "trainer.save_steps": 2,
             "trainer.save_total_limit": "null",
             "trainer.lr_scheduler_type": "linear",
+            "eval.rows": 8,  # acceptance scored at each save (steps 2 and 4): its history must survive the move
         },
     )
     out = tmp_path / f"{run}.pt"
@@ -83,6 +85,11 @@ def test_offloaded_zero3_resumes_on_another_world_size_through_a_universal_check
         # one process draws the batches another way than two)
         assert math.isfinite(logged[step]["loss"])
         assert logged[step]["loss"] == pytest.approx(by_step[step]["loss"], rel=0.1), (logged, by_step)
+    # the eval history came along too: step 2's from the checkpoint, step 4's scored after the resume
+    evals = {h["step"]: h for h in resumed["evals"]}
+    assert sorted(evals) == [2, 4] and [h["step"] for h in whole["evals"]] == [2, 4]
+    assert evals[2]["eval_tpc_k4"] == whole["evals"][0]["eval_tpc_k4"]
+    assert math.isfinite(evals[4]["eval_tpc_k4"]) and evals[4]["eval_tpc_k4"] >= 1.0
     meta = json.loads((tmp_path / "one" / "mars" / "prove.json").read_text())
     assert meta["world_size"] == 1 and meta["global_step"] == 4
 
