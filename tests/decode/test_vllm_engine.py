@@ -10,6 +10,7 @@ start on a 2-core CPU: each is built once per module and shared.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -269,15 +270,16 @@ def _post(url: str, body: dict) -> dict:
         return json.loads(r.read())
 
 
-def test_prove_serve_answers_completions_with_our_ar_tokens(ckpts, prompts, ours, lossless):
-    """``prove-serve`` on a free local port (prove-lossless: the server drafts as vLLM's own did above) answers
-    ``/v1/completions`` with our ``ar``'s tokens at temperature 0, then stops cleanly on SIGINT."""
+@contextlib.contextmanager
+def serving(args: list[str]):
+    """``prove-serve`` with ``args`` on a free local port: yields (base URL, a dict that gets the server's output
+    and exit status once it has stopped on SIGINT)."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "prove.decode.vllm.serve", f"model={ckpts['mars']}", "method=prove-lossless"]
-    cmd += [f"port={port}", "max_num_seqs=8", "max_model_len=512"]  # KV cache sized by prove (no kv_cache_gb)
+    cmd = [sys.executable, "-m", "prove.decode.vllm.serve", *args, f"port={port}"]
     server = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ
     )
+    done: dict = {}
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 240
@@ -289,22 +291,31 @@ def test_prove_serve_answers_completions_with_our_ar_tokens(ckpts, prompts, ours
             except OSError:
                 assert time.monotonic() < deadline, "prove-serve did not come up in 240 s"
                 time.sleep(1)
+        yield base, done
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            done["code"] = server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            raise
+        done["out"] = server.stdout.read()
+
+
+def test_prove_serve_answers_completions_with_our_ar_tokens(ckpts, prompts, ours, lossless):
+    """``prove-serve`` on a free local port (prove-lossless: the server drafts as vLLM's own did above) answers
+    ``/v1/completions`` with our ``ar``'s tokens at temperature 0, then stops cleanly on SIGINT."""
+    args = [f"model={ckpts['mars']}", "method=prove-lossless", "max_num_seqs=8", "max_model_len=512"]
+    with serving(args) as (base, done):  # KV cache sized by prove (no kv_cache_gb)
         for p, want in zip(prompts, ours, strict=True):
             body = {"model": ckpts["mars"], "prompt": p, "max_tokens": N, "temperature": 0.0}
             body.update(return_token_ids=True, allowed_token_ids=lossless.allowed, skip_special_tokens=False)
             body.update(stop_token_ids=lossless.eos_ids(), ignore_eos=True)
             choice = _post(base + "/v1/completions", body)["choices"][0]
             assert choice["token_ids"] == want
-    finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            code = server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            raise
-    out = server.stdout.read()
+    out = done["out"]
     assert (
         "prove-serve: prove-lossless on vLLM at http://127.0.0.1:" in out
         and '"parallel_drafting": true' in out
     )
-    assert code == 0, out[-3000:]
+    assert done["code"] == 0, out[-3000:]

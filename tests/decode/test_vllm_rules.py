@@ -19,10 +19,6 @@ import dataclasses
 import functools
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 
@@ -38,7 +34,7 @@ from prove.decode.vllm.plugin import VOCAB_ROWS_KEY, pad_vocab  # noqa: E402
 
 from tests.decode.conftest import save_checkpoint  # noqa: E402
 from tests.decode.test_draft import perturbed  # noqa: E402
-from tests.decode.test_vllm_engine import _free_port, _post  # noqa: E402
+from tests.decode.test_vllm_engine import _post, serving  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -238,24 +234,13 @@ def test_vllm_nsd_and_asd_equal_ours(request, ckpts, prompts, tokenizer, method,
 def test_prove_serve_answers_prove_with_a_per_request_theta(ckpts, prompts, vllm_prove):
     """``prove-serve method=prove``: θ per request (``vllm_xargs``) gives the Python API's tokens at that θ; a
     request for another method, or one that samples, gets a 400 saying why."""
-    port = _free_port()
-    cmd = [sys.executable, "-m", "prove.decode.vllm.serve", f"model={ckpts['mars']}", "method=prove"]
-    cmd += [f"verifier={ckpts['verifier-padded']}", f"port={port}", "max_num_seqs=8", "kv_cache_gb=0.25"]
-    cmd += ["max_model_len=512"]
-    server = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ
-    )
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 240
-        while True:
-            assert server.poll() is None, server.stdout.read()
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=2):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "prove-serve did not come up in 240 s"
-                time.sleep(1)
+    args = [
+        f"model={ckpts['mars']}",
+        "method=prove",
+        f"verifier={ckpts['verifier-padded']}",
+        "max_num_seqs=8",
+    ]
+    with serving([*args, "kv_cache_gb=0.25", "max_model_len=512"]) as (base, done):
         body = {"model": ckpts["mars"], "max_tokens": N, "temperature": 0.0}
         body.update(return_token_ids=True, allowed_token_ids=vllm_prove.allowed, skip_special_tokens=False)
         body.update(stop_token_ids=vllm_prove.eos_ids(), ignore_eos=True)
@@ -277,13 +262,6 @@ def test_prove_serve_answers_prove_with_a_per_request_theta(ckpts, prompts, vllm
             with pytest.raises(urllib.error.HTTPError) as err:
                 _post(base + "/v1/completions", {**body, "prompt": prompts[0], **bad})
             assert err.value.code == 400 and why in err.value.read().decode()
-    finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            code = server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            raise
-    out = server.stdout.read()
+    out = done["out"]
     assert "prove-serve: prove on vLLM at http://127.0.0.1:" in out and "RuleCPUWorker" in out
-    assert code == 0, out[-3000:]
+    assert done["code"] == 0, out[-3000:]
