@@ -198,7 +198,17 @@ class StageConfig:
     (4096 rows × V = 152k: 2.5 GB). ``None``: all at once (no recompute; under ZeRO-3 each chunk gathers the head
     again)."""
 
+    depth_decay: float = 1.0
+    """Weight ``depth_decay ** (d − 2)`` of a noisy target at decode depth d (mars; depth 1 weighs as 2): below 1 the
+    shallow depths, which decide tokens per cycle, lead the noisy loss; 1 is MARS's uniform mean
+    (:func:`prove.train.losses.depth_weights`)."""
+
     def __post_init__(self) -> None:
+        if not self.depth_decay > 0:
+            raise ValueError(
+                f"stage.depth_decay={self.depth_decay}: use a weight ratio > 0 (1 = MARS's uniform noisy loss, "
+                "0.7 = each depth weighs 0.7 of the one before)"
+            )
         if self.ce_chunk_rows is not None and self.ce_chunk_rows < 1:
             raise ValueError(f"stage.ce_chunk_rows={self.ce_chunk_rows}: use ≥ 1, or null for one chunk")
 

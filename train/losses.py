@@ -65,19 +65,25 @@ def mars_loss(logits: torch.Tensor, labels: torch.Tensor, ar_weight: float = 1.0
 
 
 def mars_loss_terms(
-    ce: torch.Tensor, rows: torch.Tensor, noisy: torch.Tensor, batch_size: int, ar_weight: float = 1.0
+    ce: torch.Tensor,
+    rows: torch.Tensor,
+    noisy: torch.Tensor,
+    batch_size: int,
+    ar_weight: float = 1.0,
+    noisy_weight: torch.Tensor | None = None,
 ) -> MarsLoss:
     """The MARS loss from the CE of every target, however the targets were laid out.
 
     ``ce``, ``rows`` (the example of each target), ``noisy`` (True for a noisy-stream target): ``(n,)``.
     ``loss = mean over sequences with a target of [noisy_sum / noisy_count + ar_weight · clean_sum / clean_count]``.
+    ``noisy_weight`` ``(n,)`` (read at noisy targets only; :func:`depth_weights`): the noisy term becomes each
+    sequence's weighted mean ``Σ w·ce / Σ w``; ``None`` is weight 1 everywhere (MARS's loss).
     """
+    w = noisy.to(ce.dtype) if noisy_weight is None else torch.where(noisy, noisy_weight.to(ce.dtype), 0.0)
     zeros = torch.zeros(batch_size, dtype=ce.dtype, device=ce.device)
-    sums = torch.stack(
-        [zeros.index_add(0, rows, ce * noisy), zeros.index_add(0, rows, ce * ~noisy)]
-    )  # (2, B)
+    sums = torch.stack([zeros.index_add(0, rows, ce * w), zeros.index_add(0, rows, ce * ~noisy)])  # (2, B)
     counts = torch.stack(
-        [zeros.index_add(0, rows, noisy.to(ce.dtype)), zeros.index_add(0, rows, (~noisy).to(ce.dtype))]
+        [zeros.index_add(0, rows, w), zeros.index_add(0, rows, (~noisy).to(ce.dtype))]
     )  # (2, B)
     means = sums / counts.clamp(min=1)  # (2, B): noisy, clean per sequence
     per_sequence = means[0] + ar_weight * means[1]  # (B,)
@@ -87,6 +93,13 @@ def mars_loss_terms(
         noisy=means[0].detach().sum() / n_seq,
         clean=means[1].detach().sum() / n_seq,
     )
+
+
+def depth_weights(depth: torch.Tensor, decay: float) -> torch.Tensor:
+    """Weights ``decay ** (d − 2)`` of noisy targets at decode depth ``d`` (:func:`prove.train.masks.noisy_depth`),
+    depth 1 weighing as depth 2: with ``decay`` < 1 the shallow depths, which decide tokens per cycle, dominate the
+    noisy gradient instead of the deep ones (nearly unlearnable at K = 8 and above); 1 is MARS's uniform loss."""
+    return torch.full_like(depth, decay, dtype=torch.float32) ** (depth - 2).clamp(min=0)
 
 
 def _head_ce(

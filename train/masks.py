@@ -158,6 +158,17 @@ def first_target_block(labels: torch.Tensor, block_size: int) -> torch.Tensor:
     return torch.where(first < length, (first - 1).clamp(min=0) // block_size, -(-length // block_size))
 
 
+def noisy_depth(stream_index: torch.Tensor, first_response: torch.Tensor, block_size: int) -> torch.Tensor:
+    """The decode depth of noisy outputs at ``stream_index`` (any shape, with ``first_response`` broadcast to it: P of
+    each output's example): 1 + the placeholders in its block up to and with it, i.e. ``p − max(β(p)·K, P) + 2`` for
+    a response position p, and 1 for the output at P − 1 (ordinary next-token prediction, the block's first proposal).
+
+    A block wholly inside the response gives depths 2..K + 1 (:mod:`prove.train.acceptance`: depth d of the cycle that
+    starts at the block is the noisy output at s + d − 2); the block holding the boundary counts from P."""
+    start = (stream_index // block_size) * block_size
+    return (stream_index - torch.maximum(start, first_response) + 2).clamp(min=1)
+
+
 @dataclass(frozen=True)
 class TrimmedInputs:
     """The input ``[noisy blocks from (P − 1) // K on | clean]`` of a batch, right-padded per example.

@@ -55,6 +55,7 @@ IGNORED_UNLESS: dict[str, Stage] = {
     "distill": Stage.distill,
     "stage.block_size": Stage.mars,
     "stage.ar_weight": Stage.mars,
+    "stage.depth_decay": Stage.mars,
     "eval": Stage.mars,
 }
 """Keys only one stage reads: left out for the others (sft's model does not depend on K)."""

@@ -41,6 +41,7 @@ def prove_meta(
         "stopped_early": stopped_early,
         "eval": evaluation,
         "ar_weight": None,
+        "depth_decay": None,
         "init_from": cfg.stage.init_from,
         "peft": str(cfg.peft.kind),
         "training_config": config_dict(cfg),

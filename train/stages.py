@@ -118,6 +118,7 @@ class MarsStage(StageUnit):
             block_size=cfg.stage.block_size,
             ar_weight=cfg.stage.ar_weight,
             ce_chunk_rows=cfg.stage.ce_chunk_rows,
+            depth_decay=cfg.stage.depth_decay,
             eval_batch_size=cfg.eval.batch_size,
             eval_tau=cfg.eval.tau,
         )
@@ -126,7 +127,7 @@ class MarsStage(StageUnit):
         return cfg.stage.block_size
 
     def meta_extra(self, cfg: TrainConfig) -> dict[str, Any]:
-        return {"ar_weight": cfg.stage.ar_weight}
+        return {"ar_weight": cfg.stage.ar_weight, "depth_decay": cfg.stage.depth_decay}
 
 
 class DistillStage(StageUnit):

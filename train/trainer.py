@@ -11,8 +11,14 @@ from typing import Any
 import torch
 from prove.data.chat import IGNORE_INDEX
 from prove.train.acceptance import AcceptanceSums, allowed_argmax, block_acceptance
-from prove.train.losses import distill_loss, head_cross_entropy, mars_loss_terms
-from prove.train.masks import TrimmedInputs, trimmed_attention_mask, trimmed_inputs, trimmed_targets
+from prove.train.losses import depth_weights, distill_loss, head_cross_entropy, mars_loss_terms
+from prove.train.masks import (
+    TrimmedInputs,
+    noisy_depth,
+    trimmed_attention_mask,
+    trimmed_inputs,
+    trimmed_targets,
+)
 from prove.train.step import final_hidden
 from transformers import Trainer, TrainerCallback
 
@@ -73,6 +79,7 @@ class MarsTrainer(TermLogTrainer):
         block_size: int,
         ar_weight: float = 1.0,
         ce_chunk_rows: int | None = None,
+        depth_decay: float = 1.0,
         eval_batch_size: int | None = None,
         eval_tau: float = 0.95,
         **kwargs: Any,
@@ -82,6 +89,7 @@ class MarsTrainer(TermLogTrainer):
         self.block_size = block_size
         self.ar_weight = ar_weight
         self.ce_chunk_rows = ce_chunk_rows
+        self.depth_decay = depth_decay
         self.eval_batch_size = eval_batch_size or self.args.per_device_train_batch_size
         self.eval_tau = eval_tau
         self._masks: dict[tuple, Any] = {}
@@ -94,7 +102,8 @@ class MarsTrainer(TermLogTrainer):
         noisy = cols < x.noisy_len
         head = self.accelerator.unwrap_model(model).get_output_embeddings()
         ce = head_cross_entropy(head, hidden, targets, self.ce_chunk_rows)  # (n,)
-        out = mars_loss_terms(ce, rows, noisy, inputs["input_ids"].shape[0], self.ar_weight)
+        weight = self._noisy_weight(inputs["labels"], x, rows, cols)
+        out = mars_loss_terms(ce, rows, noisy, inputs["input_ids"].shape[0], self.ar_weight, weight)
         self._record(out.noisy, out.clean)
         return (out.loss, None) if return_outputs else out.loss
 
@@ -108,6 +117,17 @@ class MarsTrainer(TermLogTrainer):
         rows, cols = (t != IGNORE_INDEX).nonzero(as_tuple=True)
         hidden = final_hidden(model, self.accelerator.unwrap_model(model), x.ids, x.position_ids, mask)
         return hidden[rows, cols], t[rows, cols], rows, cols, x
+
+    def _noisy_weight(self, labels, x: TrimmedInputs, rows, cols) -> torch.Tensor | None:
+        """``(n,)`` the depth weight of each target (:func:`prove.train.losses.depth_weights`; read at the noisy ones),
+        or None when ``depth_decay`` is 1 (MARS's uniform noisy loss)."""
+        if self.depth_decay == 1.0:
+            return None
+        length = labels.shape[1]
+        idx = torch.arange(length, device=labels.device).expand_as(labels)
+        first = torch.where(labels != IGNORE_INDEX, idx, length).min(dim=1).values  # (B,) P
+        depth = noisy_depth(x.stream_index[rows, cols], first[rows], self.block_size)  # (n,)
+        return depth_weights(depth, self.depth_decay)
 
     def _attention_mask(self, model, x: TrimmedInputs):
         """The batch's mask, cached by everything it depends on (attention kind, dtype, device, L, N and where each
@@ -233,7 +253,9 @@ class MarsTrainer(TermLogTrainer):
             pred.append(p)
             conf.append(c)
         ce_t, pred_t, conf_t = torch.cat(ce), torch.cat(pred), torch.cat(conf)
-        terms = mars_loss_terms(ce_t, rows, noisy, bsz, self.ar_weight)
+        terms = mars_loss_terms(
+            ce_t, rows, noisy, bsz, self.ar_weight, self._noisy_weight(labels, x, rows, cols)
+        )
         n_seq = int((labels != IGNORE_INDEX).any(dim=1).sum())
         # back to stream positions: clean column N + j is clean j, noisy column c is noisy stream index p
         p = x.stream_index[rows, cols]  # (n,) < L: only real positions carry targets
