@@ -181,6 +181,18 @@ TOKENIZE_ARGS ?=
 bench-tokenize: install ## tokenization rows/s on a synthetic 200k-row Dolci-schema set -> outputs/bench-tokenize (TOKENIZE_ARGS)
 	$(OFFLINE) $(PY) tools/bench_tokenize.py $(TOKENIZE_ARGS)
 
+# make bench-step: seconds per step (median of 3 after 1 warm-up) and peak RSS of one MARS optimizer step — the
+# trainer's (target-only head and CE, trimmed noisy stream) and the full 2L reference — against a plain causal-LM
+# step on the same rows, each in a process of its own, twice in alternating order, at SmolLM2-135M's shape (random
+# weights: nothing downloaded) and recipes/smollm2-135m.yaml's settings -> outputs/bench-step/result.json and a table
+# (docs/training.md, "How to measure a MARS step"). STEP_ARGS, e.g. "--steps 5 --repeats 3", "--model <folder>",
+# "--rows rows.jsonl", "trainer.per_device_train_batch_size=8". Threads: OMP_NUM_THREADS (this Makefile's 1 unless
+# set). 24 steps by default (3 variants × 2 repeats × 4); a benchmark, not a test: run it idle.
+STEP_ARGS ?=
+.PHONY: bench-step
+bench-step: install ## a MARS step's s/step and peak RSS vs a plain causal-LM step, SmolLM2-135M shape -> outputs/bench-step (STEP_ARGS)
+	$(OFFLINE) $(PY) tools/bench_mars_step.py $(STEP_ARGS)
+
 # make gpu-check: on one CUDA GPU, the bf16 MARS training path (FlexAttention BlockMask vs dense mask), CUDA
 # decoding of every method (fp32 lossless = transformers' generate), the pass cost curve t(w) of Qwen2.5
 # 0.5B/3B/7B/32B shapes and the speedups it predicts -> outputs/gpu-check/{gpu-check.json,gpu-check.md,cost_curve.png}.
