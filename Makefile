@@ -147,7 +147,9 @@ demo: install ## the tiny recipe end to end on CPU: train proposer + verifier, t
 
 # make bench: every method against AR over one prompt set in one process (prove-bench, conf/decode/bench.yaml)
 # -> outputs/bench/{bench.json,bench.md,*.png}. ARGS adds any key, e.g. ARGS="n_prompts=100 repeats=3 device=cuda
-# 'method_params={prove:{theta:[0.05,0.1,0.2]}}'" or a K sweep "block_size=[2,4,8]".
+# 'method_params={prove:{theta:[0.05,0.1,0.2]}}'" or a K sweep "block_size=[2,4,8]". With ARGS="backend=vllm" vLLM's
+# rows join them at 1..64 requests in flight: one engine a method, a row per θ of prove's sweep (θ sent per request;
+# 'vllm_method_params={prove:{theta:[0.1]}}' narrows vLLM's sweep alone, as make demo does).
 BENCH_MODEL ?= runs/$(RECIPE)/mars
 BENCH_VERIFIER ?= runs/$(RECIPE)/verifier-distill
 BENCH_PROMPTS ?= runs/data/arithmetic/test.jsonl

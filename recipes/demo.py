@@ -10,9 +10,10 @@ use), proposer SFT → MARS (K = 8), a 2-layer verifier SFT'd from scratch → d
 outputs, then every method over the held-out prompts: ar, mars, prove (a θ sweep), prove-lossless (unfused
 and fused, one model pass a cycle), and the
 speculative-decoding family (sd, nsd, asd) with the tiny verifier as the draft, beside transformers' own
-greedy and assisted generation. With vLLM installed, vLLM's ar, prove-lossless, sd and prove (the MARS model drafting
-for the verifier, our rule in vLLM's step) run in the same bench with 1 and 8 requests in flight (``prove-bench
-backend=vllm``, docs/vllm.md; ``make bench`` sweeps 1..64); ``--no-vllm`` (and ``--smoke``) leave them out.
+greedy and assisted generation. With vLLM installed, vLLM's ar, prove-lossless, sd and prove at θ = 0.1 (the MARS
+model drafting for the verifier, our rule in vLLM's step; our rows sweep θ) run in the same bench with 1 and 8
+requests in flight (``prove-bench backend=vllm``, docs/vllm.md; ``make bench`` sweeps 1..64 and every θ of its sweep);
+``--no-vllm`` (and ``--smoke``) leave them out.
 
 Every stage runs through the ``prove-train`` CLI in a subprocess (``prove.decode`` never imports ``prove.train``,
 docs/design.md §3.2), which skips a stage whose folder holds a finished ``prove.json`` of the same config — one
@@ -36,6 +37,9 @@ from prove.decode.checkpoint import read_prove_json
 RECIPE = "tiny"
 METHODS = ("ar", "mars", "prove", "prove-lossless", "sd", "nsd", "asd")
 THETAS = (0.02, 0.05, 0.1, 0.2, 0.4)
+VLLM_THETAS = (0.1,)
+"""θ of the demo's vLLM prove row (ProVe's headline θ; one engine would serve every θ of ``THETAS``, at a sweep's
+time each)."""
 DEMO_CONCURRENCY = (1, 8)
 """Requests in flight of the demo's vLLM rows (the full sweep is ``make bench``'s)."""
 FUSE_GROUPS = ("all", 1, 2, "auto")
@@ -161,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         device=args.device,
         backend="vllm" if with_vllm else "engine",
         vllm_concurrency=concurrency,
+        vllm_method_params={"prove": {"theta": list(VLLM_THETAS)}} if with_vllm else None,
         vllm_methods=[
             "ar",
             "prove-lossless",
@@ -182,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         f"pass_cost_widths={cfg.pass_cost_widths} output_dir={out}"
         + (
             f" backend=vllm 'vllm_methods=[ar,prove-lossless,sd,prove]' "
+            f"'vllm_method_params={{prove:{{theta:[{','.join(f'{t:g}' for t in VLLM_THETAS)}]}}}}' "
             f"vllm_concurrency=[{','.join(map(str, concurrency))}] vllm.kv_cache_gb=0.5 "
             "vllm.max_model_len=1024"
             if with_vllm

@@ -126,10 +126,16 @@ class BenchConfig:
     (:mod:`prove.decode.bench.vllm_rows`): each of ``vllm_methods`` decoding every prompt at each concurrency of
     ``vllm_concurrency``, checked token for token against our ``ar``."""
     vllm_methods: list[str] = field(default_factory=lambda: ["ar", "prove-lossless", "sd", "prove"])
-    """The methods vLLM runs with ``backend=vllm`` (``prove.decode.vllm.backend.VLLM_METHODS``); ``sd``, ``pard``,
-    ``nsd`` and ``asd`` only where a ``draft`` is given, ``prove`` where a ``verifier`` is. K, k and the rule's
-    parameters (θ; ASD's budget, gate, max_mismatches) are the first values of their sweeps (``method_params`` first,
-    then the shared key)."""
+    """The methods vLLM runs with ``backend=vllm`` (``prove.decode.vllm.backend.VLLM_METHODS``), one engine each;
+    ``sd``, ``pard``, ``nsd`` and ``asd`` only where a ``draft`` is given, ``prove`` where a ``verifier`` is. K and k
+    are the first values of their sweeps (an engine starts with one); each point of the rule's sweep (θ; ASD's budget,
+    gate, max_mismatches) is a row of its own, ``vllm prove θ=0.1``, served by the method's one engine with the values
+    sent per request (:mod:`prove.decode.bench.vllm_rows`)."""
+    vllm_method_params: Any = None
+    """The vLLM rows' own per-method values or sweeps, shaped as ``method_params`` (K / k: one value; the rule's keys:
+    a list for a row each), e.g. ``vllm_method_params={prove:{theta:[0.1]}}`` for one vLLM prove row beside our
+    rows' θ sweep. A method it names takes these instead of its ``method_params``; the others keep theirs (null: all
+    do), over the shared keys."""
     vllm_concurrency: list[int] = field(default_factory=lambda: list(VLLM_CONCURRENCY))
     """Requests kept in flight by the vLLM rows: one row per method and value."""
     vllm: VllmOptions = field(default_factory=VllmOptions)
@@ -188,14 +194,19 @@ class BenchConfig:
             raise ValueError("methods is empty: give e.g. methods=[ar,prove-lossless]")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend={self.backend!r}: pick one of {', '.join(BACKENDS)}")
-        if self.backend == "vllm":
-            self._check_vllm()
         for key in SWEEP_KEYS:
             as_values(getattr(self, key))
-        mp = self.method_params or {}
-        if not isinstance(mp, Mapping) or not all(isinstance(v, Mapping) for v in mp.values()):
+        for key in ("method_params", "vllm_method_params"):
+            mp = getattr(self, key) or {}
+            if not isinstance(mp, Mapping) or not all(isinstance(v, Mapping) for v in mp.values()):
+                raise ValueError(
+                    f"{key}={mp!r} must map a method to its params, e.g. {key}={{prove:{{theta:[0.05,0.1]}}}}"
+                )
+        if self.backend == "vllm":
+            self._check_vllm()
+        elif self.vllm_method_params:
             raise ValueError(
-                f"method_params={mp!r} must map a method to its params, e.g. method_params={{prove:{{theta:[0.05,0.1]}}}}"
+                "vllm_method_params sets the vLLM rows' sweeps: add backend=vllm, or drop vllm_method_params"
             )
 
     def _check_vllm(self) -> None:
@@ -216,6 +227,9 @@ class BenchConfig:
                 f"{self.vllm.max_num_seqs} caps a step: raise vllm.max_num_seqs"
             )
         self.vllm_concurrency = sorted(set(self.vllm_concurrency))
+        from prove.decode.bench.vllm_rows import plan
+
+        plan(self)  # every vLLM row's values checked: vllm_method_params' methods and keys, the rules' ranges
 
     def sweeps(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in SWEEP_KEYS}

@@ -6,8 +6,9 @@
 - ``tokens_per_cycle.png``: mean tokens committed per cycle along the response.
 - ``roc.png``: ROC curves and AUC of p̃, q and p̃·q for predicting "matches greedy".
 - ``speed_accuracy.png``: speedup over AR against accuracy (or agreement with AR), sweeps joined by lines.
-- ``vllm_concurrency.png`` (``backend=vllm``): vLLM's tokens/s against requests in flight, one line per method, our
-  engine's rows (one request in flight) as horizontal lines, each speculative method's crossover with vLLM ar marked.
+- ``vllm_concurrency.png`` (``backend=vllm``): vLLM's tokens/s against requests in flight, one line per vLLM row (a
+  method at one point of its rule's sweep, ``vllm prove θ=0.1``), our engine's rows (one request in flight) as
+  horizontal lines, each speculative row's crossover with vLLM ar marked.
 """
 
 from __future__ import annotations

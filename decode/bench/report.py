@@ -64,8 +64,9 @@ def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def render_vllm_table(vllm: Mapping[str, Any]) -> str:
-    """bench.md's section for vLLM's rows (``backend=vllm``): one line per method and concurrency, its engines'
-    start-up, and where each speculative method stops paying."""
+    """bench.md's section for vLLM's rows (``backend=vllm``): one line per row (a method at one point of its rule's
+    sweep) and concurrency, its engines' start-up (and the rows an engine serves, where several), and where each
+    speculative row stops paying."""
     head = [
         "vLLM method", "params", "in flight", "tok/s", "× vLLM ar", "acceptance length⁴", "tok/step⁵", "= AR²",
         "accuracy",
@@ -106,7 +107,13 @@ def render_vllm_table(vllm: Mapping[str, Any]) -> str:
         if "skipped" in rec:
             lines.append(f"- {name}: skipped ({rec['skipped']})")
         else:
-            lines.append(f"- {name}: engine start-up {rec['startup_s']:.1f} s")
+            served = rec.get("rows") or []  # bench.json before per-request rule rows: one row an engine
+            also = (
+                f", one engine for {', '.join(served)} (the rule's values per request)"
+                if len(served) > 1
+                else ""
+            )
+            lines.append(f"- {name}: engine start-up {rec['startup_s']:.1f} s{also}")
     for name, cross in (vllm.get("crossover") or {}).items():
         if cross is None:
             lines.append(f"- {name} beats vLLM ar at every concurrency of the sweep")
