@@ -1,0 +1,42 @@
+"""tools/vllm_memory.py: the resident memory it reads covers vLLM's child processes, and a bad call is refused."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "vllm_memory.py"
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("vllm_memory", TOOL)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_reading_counts_child_processes():
+    tool = _tool()
+    before = tool.tree_rss_gib()
+    # a child holding 256 MiB of touched memory, as vLLM's engine-core and worker processes hold the weights
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; b = bytearray(256 * 2**20); time.sleep(30)"],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(1.5)
+        assert tool.tree_rss_gib() - before > 0.2
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_prove_without_a_verifier_is_refused():
+    with pytest.raises(SystemExit, match="needs --verifier"):
+        _tool().main(["--model", "x", "--methods", "prove"])
