@@ -148,6 +148,7 @@ class MarsTrainer(TermLogTrainer):
         """Train, then score the eval set once more unless the last step was just scored; with
         ``metric_for_best_model`` set (``eval.best``), end holding the best-scoring weights: the final ones when
         they score best, else the best ``checkpoint-N`` loaded back (its adapter, with LoRA)."""
+        self._train_start = time.perf_counter()
         out = super().train(*args, **kwargs)
         if self.eval_dataset is None:
             return out
@@ -232,6 +233,9 @@ class MarsTrainer(TermLogTrainer):
         metrics[f"{metric_key_prefix}_loss"] = round(float(losses[0]) / n_seq, 4)
         metrics[f"{metric_key_prefix}_loss_noisy"] = round(float(losses[1]) / n_seq, 4)
         metrics[f"{metric_key_prefix}_loss_clean"] = round(float(losses[2]) / n_seq, 4)
+        start = getattr(self, "_train_start", None)
+        if start is not None:  # wall minutes since this launch began training: the curves' CPU-time axis
+            metrics[f"{metric_key_prefix}_minutes"] = round((time.perf_counter() - start) / 60, 2)
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
