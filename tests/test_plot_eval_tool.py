@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from prove.decode.checkpoint import ProveMeta, write_prove_json
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "plot_eval.py"
 
@@ -33,8 +34,8 @@ def test_finished_and_running_runs_on_one_figure(tmp_path):
     done = tmp_path / "mars-a"
     done.mkdir()
     history = [_log(10, 2.1, 2.0, 3.0), _log(20, 2.6, 2.4, 6.1), _log(30, 2.5, 2.45, 9.0)]
-    meta = {"stage": "mars", "block_size": 8, "extra": {"eval": {"history": history}}}
-    (done / "prove.json").write_text(json.dumps(meta))
+    meta = ProveMeta(stage="mars", base_model="tiny", block_size=8, extra={"eval": {"history": history}})
+    write_prove_json(done, meta)  # the layout training writes
     running = tmp_path / "mars-b"
     for n, logs in ((10, [_log(10, 2.2, 2.1, 2.5)]), (20, [_log(10, 2.2, 2.1, 2.5), {"loss": 3.0, "step": 15},
                                                            _log(20, 2.9, 2.6, 5.0)])):  # fmt: skip

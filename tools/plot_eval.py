@@ -20,12 +20,12 @@ from typing import Any
 
 def history(run: Path) -> tuple[list[dict[str, Any]], int | None]:
     """``(eval logs, trained K)`` of a stage folder: prove.json's eval history, else its newest checkpoint's."""
-    meta = run / "prove.json"
-    if meta.exists():
-        data = json.loads(meta.read_text())
-        extra = data.get("extra") or {}
-        evaluation = extra.get("eval") or {}
-        return list(evaluation.get("history") or []), data.get("block_size")
+    from prove.decode.checkpoint import read_prove_json
+
+    meta = read_prove_json(run)
+    if meta is not None:
+        evaluation = (meta.extra or {}).get("eval") or {}
+        return list(evaluation.get("history") or []), meta.block_size
     checkpoints = sorted(
         run.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1])
     )
