@@ -71,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         steps, minutes, tpc = zip(*points, strict=True)
         label = f"{run.name} (K′={k})"
-        by_step.plot(steps, tpc, marker="o", label=label)
-        if all(m is not None for m in minutes):
-            by_min.plot(minutes, tpc, marker="o", label=label)
+        (line,) = by_step.plot(steps, tpc, marker="o", label=label)
+        if all(m is not None for m in minutes):  # older runs logged no eval_minutes: on the step axis only
+            by_min.plot(minutes, tpc, marker="o", label=label, color=line.get_color())
         best = max(points, key=lambda t: t[2])
         lines.append(
             f"| {run.name} | {k} | {len(points)} | {tpc[-1]:.3f} ({steps[-1]}) | {best[2]:.3f} ({best[0]}) |"
