@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 from prove.decode.checkpoint import ProveMeta, write_prove_json
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "plot_eval.py"
-
-
-def _tool():
-    spec = importlib.util.spec_from_file_location("plot_eval", TOOL)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.tools_helpers import load_tool
 
 
 def _log(step, tpc8, tpc4, minutes):
@@ -41,7 +31,7 @@ def test_finished_and_running_runs_on_one_figure(tmp_path):
                                                            _log(20, 2.9, 2.6, 5.0)])):  # fmt: skip
         (running / f"checkpoint-{n}").mkdir(parents=True)
         (running / f"checkpoint-{n}" / "trainer_state.json").write_text(json.dumps({"log_history": logs}))
-    tool = _tool()
+    tool = load_tool("plot_eval")
     assert tool.history(running)[1] == 8  # K read off the logged keys
     out = tmp_path / "c.png"
     assert tool.main([str(done), str(running), "--out", str(out)]) == 0
@@ -55,4 +45,4 @@ def test_finished_and_running_runs_on_one_figure(tmp_path):
 
 def test_a_folder_without_evals_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="neither prove.json nor checkpoint"):
-        _tool().main([str(tmp_path)])
+        load_tool("plot_eval").main([str(tmp_path)])

@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "vllm_memory.py"
-
-
-def _tool():
-    spec = importlib.util.spec_from_file_location("vllm_memory", TOOL)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.tools_helpers import load_tool
 
 
 def test_the_reading_counts_child_processes():
-    tool = _tool()
+    tool = load_tool("vllm_memory")
     before = tool.tree_rss_gib()
     # a child holding 256 MiB of touched memory, as vLLM's engine-core and worker processes hold the weights
     child = subprocess.Popen(
@@ -39,4 +29,4 @@ def test_the_reading_counts_child_processes():
 
 def test_prove_without_a_verifier_is_refused():
     with pytest.raises(SystemExit, match="needs --verifier"):
-        _tool().main(["--model", "x", "--methods", "prove"])
+        load_tool("vllm_memory").main(["--model", "x", "--methods", "prove"])

@@ -5,7 +5,6 @@ each variant runs in a process of its own (slow)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -15,22 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.tools_helpers import load_tool
+
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "bench_mars_step.py"
 K = 8  # the recipe's block size
 # (prompt, answer) tokens: prompts ending on a block edge (16, 8, 24) and off it
 SHAPES = [(16, 10), (13, 7), (21, 12), (8, 5), (19, 9), (24, 14), (11, 3), (30, 8)]
 
 
-def _load_tool():
-    spec = importlib.util.spec_from_file_location("bench_mars_step", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_tool()
+bench = load_tool("bench_mars_step")
 
 
 def _write_rows(path: Path, n_tokens: int) -> Path:

@@ -51,6 +51,7 @@ def recipe(tmp_path_factory, stock_tokenizer):
         "+stages.proposer.distill.batch_size=5",  # 12 prompts: batches of 5, 5, 2
         "+stages.verifier.distill.batch_size=4",
         "trainer.per_device_train_batch_size=4",
+        "stages.proposer.mars.eval_rows=3",  # the recipe's 48 held out of 2,000; here 3 of the 12 responses
         "trainer.save_steps=2",
         "trainer.seed=0",
     ]
@@ -135,6 +136,10 @@ def test_lora_trains_the_new_mask_row_and_merges_into_the_contract(pipeline, rec
     v = len(stock_tokenizer)
     meta = read_prove_json(lora.output_dir)
     assert meta.mask_token_id == v and meta.block_size == 8 and meta.extra["peft"] == "lora"
+    # the recipe's mars: a constant rate, the depth-weighted noisy loss, acceptance scored on the held-out rows
+    cfg = meta.extra["training_config"]
+    assert cfg["trainer"]["lr_scheduler_type"] == "constant_with_warmup" and cfg["stage"]["depth_decay"] == 0.6
+    assert meta.extra["eval"]["output"]["eval_blocks"] > 0
     assert (
         read_prove_json(pipeline[2].output_dir).extra["peft"] == "none"
     )  # LoRA is the MARS stage's choice only
