@@ -33,7 +33,9 @@ def tree_rss_gib() -> float:
     return total / 2**30
 
 
-def measure(model: str, method: str, verifier: str | None, kv_cache_gb: float, settle_s: float) -> dict:
+def measure(
+    model: str, method: str, verifier: str | None, kv_cache_gb: float, max_model_len: int, settle_s: float
+) -> dict:
     from prove.decode.config import VllmOptions
     from prove.decode.vllm.backend import VllmDecoder
 
@@ -43,7 +45,7 @@ def measure(model: str, method: str, verifier: str | None, kv_cache_gb: float, s
         model,
         method=method,
         verifier=verifier if method == "prove" else None,
-        options=VllmOptions(kv_cache_gb=kv_cache_gb),
+        options=VllmOptions(kv_cache_gb=kv_cache_gb, max_model_len=max_model_len),
     )
     try:
         startup = time.perf_counter() - t0
@@ -68,12 +70,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--verifier", default=None, help="ProVe's small verifier (needed by method prove)")
     p.add_argument("--methods", nargs="+", default=["prove-lossless", "prove"])
     p.add_argument("--kv-cache-gb", type=float, default=0.5)
+    p.add_argument(
+        "--max-model-len", type=int, default=1024, help="tokens a sequence may hold (sizes the KV check)"
+    )
     p.add_argument("--settle-s", type=float, default=2.0, help="wait after the first request before reading")
     p.add_argument("--out", default="outputs/vllm-memory/result.json")
     args = p.parse_args(argv)
     if "prove" in args.methods and args.verifier is None:
         raise SystemExit("method prove needs --verifier <the small verifier's folder>")
-    rows = [measure(args.model, m, args.verifier, args.kv_cache_gb, args.settle_s) for m in args.methods]
+    rows = [
+        measure(args.model, m, args.verifier, args.kv_cache_gb, args.max_model_len, args.settle_s)
+        for m in args.methods
+    ]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
