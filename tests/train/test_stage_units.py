@@ -36,7 +36,7 @@ def test_units_differ_where_the_stages_do(arithmetic_jsonl):
     )
     unit = stage_unit(mars.stage.name)
     assert unit.adds_mask_token and unit.lora_trains_mask_token
-    assert unit.block_size(mars) == 8 and unit.meta_extra(mars) == {"ar_weight": 0.5}
+    assert unit.block_size(mars) == 8 and unit.meta_extra(mars) == {"ar_weight": 0.5, "depth_decay": 1.0}
     assert unit.collator(mars, _Tok()) == Collator(pad_token_id=0, eos_token_id=1, block_size=8)
 
     sft = train_config(["stage=sft", f"data.path={arithmetic_jsonl}"])
