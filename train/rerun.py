@@ -24,13 +24,15 @@ run on one node is therefore not redone when mars runs on two.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from prove.decode.checkpoint import read_prove_json
 from prove.train.config import Stage, TrainConfig, config_dict
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 IGNORED: tuple[str, ...] = (
     # where things go, and what the run is called
@@ -59,6 +61,8 @@ IGNORED_UNLESS: dict[str, Stage] = {
     "eval": Stage.mars,
 }
 """Keys only one stage reads: left out for the others (sft's model does not depend on K)."""
+TRAINER_STATE_NAME = "trainer_state.json"
+"""The file the Trainer writes last into a ``checkpoint-N`` (``transformers.trainer.TRAINER_STATE_NAME``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,8 +130,31 @@ def unrecorded_keys(cfg: TrainConfig, finished: dict[str, Any]) -> list[str]:
     return sorted(now.keys() - then.keys())
 
 
+def checkpoint_complete(folder: Path) -> bool:
+    """Whether a ``checkpoint-N`` folder was written to the end: the Trainer writes its ``trainer_state.json``
+    last (after the weights, the optimizer and the RNG states), so a node that died mid-save leaves a folder
+    without one, or with a truncated one."""
+    try:
+        json.loads((folder / TRAINER_STATE_NAME).read_text())
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def checkpoints(output_dir: Path) -> list[Path]:
+    """``output_dir``'s ``checkpoint-N`` folders, newest (highest N) first."""
+    pattern = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+    found = [
+        (int(m.group(1)), p)
+        for p in (output_dir.iterdir() if output_dir.is_dir() else ())
+        if p.is_dir() and (m := pattern.match(p.name))
+    ]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
 def newest_checkpoint(output_dir: Path) -> str | None:
-    return get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
+    """The newest complete ``checkpoint-N`` (:func:`checkpoint_complete`); a newer half-written one is passed over."""
+    return next((str(p) for p in checkpoints(output_dir) if checkpoint_complete(p)), None)
 
 
 def plan_stage(cfg: TrainConfig) -> StagePlan:
@@ -139,7 +166,7 @@ def plan_stage(cfg: TrainConfig) -> StagePlan:
     early = (finished or {}).get("stopped_early")
     last = newest_checkpoint(out)
     if cfg.resume is True and last is None:
-        raise ValueError(f"resume=true but {out} has no checkpoint-* folder: drop resume=true to start fresh")
+        raise ValueError(f"resume=true but {out} has no complete checkpoint-* folder: drop resume=true to start fresh")
     if cfg.force:
         if finished is not None:
             return StagePlan(
@@ -170,6 +197,9 @@ def plan_stage(cfg: TrainConfig) -> StagePlan:
     resume_from = last if cfg.resume is not False else None
     if resume_from:
         why += f", resuming from {resume_from}"
+        torn = [p.name for p in checkpoints(out)[: [str(c) for c in checkpoints(out)].index(resume_from)]]
+        if torn:
+            why += f" ({', '.join(torn)}: no complete {TRAINER_STATE_NAME}, a save cut short; passed over)"
     elif last:
         why += f" from its first step (resume=false; {last} is left unused)"
     return StagePlan(False, resume_from, why, finished)

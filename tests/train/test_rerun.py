@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -28,6 +29,12 @@ def _finish(cfg, world_size: int = 1, **extra) -> None:
     )
     Path(cfg.trainer.output_dir).mkdir(parents=True, exist_ok=True)
     write_prove_json(Path(cfg.trainer.output_dir), meta)
+
+
+def _checkpoint(folder: Path, state: str = '{"global_step": 2}') -> None:
+    """A ``checkpoint-N`` the Trainer finished writing: its trainer_state.json (written last) is there."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "trainer_state.json").write_text(state)
 
 
 def test_a_finished_stage_of_the_same_config_is_skipped_unless_forced(tmp_path):
@@ -62,7 +69,7 @@ def test_a_finished_stage_of_the_same_config_is_skipped_unless_forced(tmp_path):
     ) == []  # fmt: skip
     # what it does not: a different model, schedule or batch trains — from its first step, the checkpoints being
     # the other config's, unless resume=true continues from the newest
-    (tmp_path / "sft" / "checkpoint-4").mkdir()
+    _checkpoint(tmp_path / "sft" / "checkpoint-4")
     longer = train_config([*base, "max_steps=12"])
     plan = plan_stage(longer)
     assert not plan.skip and plan.resume_from is None
@@ -80,7 +87,7 @@ def test_a_finished_stage_of_the_same_config_is_skipped_unless_forced(tmp_path):
     assert not forced.skip and forced.resume_from is None and "force=true" in forced.message
     with pytest.raises(ValueError, match="drop one of them"):
         train_config([*base, "force=true", "resume=true"])
-    # resume=false decides about checkpoints of an unfinished stage, not about a finished one
+    # resume=false decides about checkpoints of an cfg stage, not about a finished one
     assert plan_stage(train_config([*base, "resume=false"])).skip
     assert {"deepspeed", "logger", "trainer.logging_steps", "output_dir"} <= set(IGNORED)
 
@@ -88,7 +95,7 @@ def test_a_finished_stage_of_the_same_config_is_skipped_unless_forced(tmp_path):
 def test_a_half_finished_stage_resumes_and_block_size_matters_only_to_mars(tmp_path):
     base = tiny_overrides(tmp_path, tmp_path / "d.jsonl", stage="mars")
     cfg = train_config(base)
-    (tmp_path / "mars" / "checkpoint-2").mkdir(parents=True)
+    _checkpoint(tmp_path / "mars" / "checkpoint-2")
     plan = plan_stage(cfg)
     assert not plan.skip and plan.resume_from.endswith("checkpoint-2") and "resuming from" in plan.message
     fresh = plan_stage(train_config([*base, "resume=false"]))
@@ -110,6 +117,18 @@ def test_a_half_finished_stage_resumes_and_block_size_matters_only_to_mars(tmp_p
     assert "its wall-time cap stopped" in plan.message and "at step 2 of 8, resuming from" in plan.message
     _finish(cfg)  # one that ran all its steps is the same model whatever its cap
     assert plan_stage(train_config([*base, "trainer.max_minutes=5"])).skip
+    (tmp_path / "mars" / "prove.json").unlink()  # it crashes instead, several times
+    # a save the node died in: the weights are there, the trainer state (written last) is missing or cut short;
+    # the newest complete one is resumed (by number, not by name: checkpoint-10 is newer than checkpoint-2)
+    (tmp_path / "mars" / "checkpoint-10").mkdir()
+    (tmp_path / "mars" / "checkpoint-10" / "model.safetensors").write_bytes(b"\0" * 8)
+    _checkpoint(tmp_path / "mars" / "checkpoint-8", state='{"global_step": 8, "log_hi')
+    _checkpoint(tmp_path / "mars" / "checkpoint-6")
+    plan = plan_stage(cfg)
+    assert plan.resume_from.endswith("checkpoint-6"), plan.message
+    assert "(checkpoint-10, checkpoint-8: no complete trainer_state.json" in plan.message
+    _checkpoint(tmp_path / "mars" / "checkpoint-10")
+    assert plan_stage(cfg).resume_from.endswith("checkpoint-10")
 
 
 def _make(run_dir: Path, data: Path) -> subprocess.Popen:
@@ -133,12 +152,19 @@ def test_rerunning_train_proposer_after_a_kill_during_mars_leaves_sft_untouched(
     run_dir = tmp_path / "runs"
     proc = _make(run_dir, arithmetic_jsonl)
     deadline = time.monotonic() + 300
-    while not list((run_dir / "mars").glob("checkpoint-*")):  # mars is under way
+    while not list((run_dir / "mars").glob("checkpoint-*/trainer_state.json")):  # mars saved once
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
         time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGKILL)  # the node dies mid-stage
     proc.wait()
     assert not (run_dir / "mars" / "prove.json").exists()
+    # and, as often happens, in the middle of a save: the next checkpoint has its weights, not its trainer state
+    # (a kill above may have made one already; CI once resumed into such a folder and failed)
+    steps = sorted(int(p.parent.name.split("-")[1]) for p in (run_dir / "mars").glob("checkpoint-*/trainer_state.json"))
+    torn = run_dir / "mars" / f"checkpoint-{steps[-1] + 3}"
+    if not torn.exists():
+        shutil.copytree(run_dir / "mars" / f"checkpoint-{steps[-1]}", torn)
+        (torn / "trainer_state.json").unlink()
     sft = {p.name: p.stat().st_mtime_ns for p in (run_dir / "sft").iterdir() if p.is_file()}
     tokenized = sorted(p.name for p in (run_dir / "tokenized").iterdir())
 
@@ -149,6 +175,7 @@ def test_rerunning_train_proposer_after_a_kill_during_mars_leaves_sft_untouched(
         "stage sft (proposer)" in out and "of the same config: skipping (force=true trains it again)" in out
     )
     assert "stage mars (proposer): training" in out and "resuming from" in out
+    assert "no complete trainer_state.json, a save cut short; passed over" in out
     assert {p.name: p.stat().st_mtime_ns for p in (run_dir / "sft").iterdir() if p.is_file()} == sft
     meta = json.loads((run_dir / "mars" / "prove.json").read_text())
     assert meta["global_step"] == 30
