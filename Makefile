@@ -159,20 +159,25 @@ bench: install ## speedup, tokens/cycle, agreement with AR, accuracy, plots of e
 	$(VENV)/bin/prove-bench model=$(BENCH_MODEL) verifier=$(BENCH_VERIFIER) draft=$(BENCH_VERIFIER) \
 	  prompts=$(BENCH_PROMPTS) 'methods=$(BENCH_METHODS)' $(ARGS)
 
-# make bench-real: the bench of recipes/smollm2-135m.yaml once its three steps have run (runs/smollm2-135m/{mars,
-# verifier-distill}): ar, mars, prove over a θ sweep, prove-lossless unfused and fused, on the first REAL_N held-out
-# prompts of each kind -> outputs/smollm2-135m/<kind>. 256 new tokens reach the answers (responses average ~130).
+# make bench-real: the bench of recipes/smollm2-135m.yaml once its steps have run: ar, mars, prove over a θ sweep,
+# prove-lossless unfused and fused, on the first REAL_N held-out prompts of each kind -> outputs/smollm2-135m/<kind>.
+# The prove rows need step 3's verifier (REAL_VERIFIER): without its prove.json they are left out and the verifier
+# is not loaded, so steps 1-2 alone bench the rows that need no verifier. REAL_METHODS picks rows (REAL_PARAMS
+# follows it: prove's θ sweep only where prove is named). 256 new tokens reach the answers (responses average ~130).
 # ARGS adds any key, e.g. ARGS="backend=vllm vllm_methods=[ar,prove-lossless] vllm_concurrency=[1,6]".
 REAL_RUN ?= runs/smollm2-135m
 REAL_PROMPTS ?= runs/data/smollm2-mix
 REAL_KINDS ?= arithmetic lists
-REAL_N ?= 6
+REAL_N ?= 30
 REAL_THETAS ?= [0.05,0.2]
+REAL_VERIFIER ?= $(REAL_RUN)/verifier-distill
+REAL_METHODS ?= [ar,mars,$(if $(wildcard $(REAL_VERIFIER)/prove.json),prove$(comma))prove-lossless]
+real_prove = $(filter prove,$(subst $(comma), ,$(subst [,,$(subst ],,$(REAL_METHODS)))))
+REAL_PARAMS ?= {$(if $(real_prove),prove:{theta:$(REAL_THETAS)}$(comma))prove-lossless:{fuse:[false,true]}}
 .PHONY: bench-real
-bench-real: install-real ## SmolLM2-135M's bench per prompt kind -> outputs/smollm2-135m/<kind> (REAL_RUN, REAL_KINDS, REAL_N, REAL_THETAS, ARGS)
-	$(foreach k,$(REAL_KINDS),$(VENV)/bin/prove-bench model=$(REAL_RUN)/mars verifier=$(REAL_RUN)/verifier-distill \
-	  prompts=$(REAL_PROMPTS)/test-$(k).jsonl 'methods=[ar,mars,prove,prove-lossless]' \
-	  'method_params={prove:{theta:$(REAL_THETAS)},prove-lossless:{fuse:[false,true]}}' \
+bench-real: install-real ## SmolLM2-135M's bench per prompt kind -> outputs/smollm2-135m/<kind> (REAL_RUN, REAL_KINDS, REAL_N, REAL_METHODS, REAL_THETAS, ARGS)
+	$(foreach k,$(REAL_KINDS),$(VENV)/bin/prove-bench model=$(REAL_RUN)/mars $(if $(real_prove),verifier=$(REAL_VERIFIER) )\
+	  prompts=$(REAL_PROMPTS)/test-$(k).jsonl 'methods=$(REAL_METHODS)' 'method_params=$(REAL_PARAMS)' \
 	  n_prompts=$(REAL_N) max_new_tokens=256 hf=false output_dir=outputs/smollm2-135m/$(k) $(ARGS)$(newline))
 
 # make bench-tokenize: rows/s of the training set's tokenization (chat template + encode, datasets.map) on a synthetic

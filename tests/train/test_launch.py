@@ -203,31 +203,46 @@ def test_forwarded_env_rules(tmp_path):
     assert path.read_text() == "HF_HOME=/x\n"
 
 
-def test_bench_real_benches_each_prompt_kind_with_a_config_that_validates():
+def test_bench_real_benches_each_prompt_kind_with_a_config_that_validates(tmp_path):
     """make bench-real: one prove-bench per kind, each on its own held-out file and output folder, composing into a
-    BenchConfig that validates (a misspelt key or a dropped θ sweep / fused row would fail here)."""
+    BenchConfig that validates (a misspelt key or a dropped θ sweep / fused row would fail here); the prove rows
+    and their verifier only once step 3's verifier is there (before it, a bench that loads one would fail)."""
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
     from prove.decode.bench.config import register_configs
 
-    lines = [
-        ln for ln in _lines(make("bench-real", "-o", "install-real", "REAL_N=4")) if "prove-bench " in ln
-    ]
-    assert len(lines) == 2
     register_configs()
-    for kind, line in zip(["arithmetic", "lists"], lines, strict=True):
-        overrides = shlex.split(line)[1:]
-        with initialize_config_module(config_module="prove.conf.decode", version_base=None):
-            cfg = OmegaConf.to_object(compose("bench", overrides=overrides))
-        assert cfg.prompts == f"runs/data/smollm2-mix/test-{kind}.jsonl"
-        assert cfg.output_dir == f"outputs/smollm2-135m/{kind}"
-        assert (cfg.model, cfg.verifier) == ("runs/smollm2-135m/mars", "runs/smollm2-135m/verifier-distill")
-        assert cfg.n_prompts == 4 and cfg.max_new_tokens == 256
+    verifier = tmp_path / "verifier-distill"
+
+    def configs(*args: str) -> list:
+        lines = [ln for ln in _lines(make("bench-real", "-o", "install-real", *args)) if "prove-bench " in ln]
+        assert len(lines) == 2
+        out = []
+        for kind, line in zip(["arithmetic", "lists"], lines, strict=True):
+            with initialize_config_module(config_module="prove.conf.decode", version_base=None):
+                cfg = OmegaConf.to_object(compose("bench", overrides=shlex.split(line)[1:]))
+            assert cfg.prompts == f"runs/data/smollm2-mix/test-{kind}.jsonl"
+            assert cfg.output_dir == f"outputs/smollm2-135m/{kind}"
+            assert cfg.model == "runs/smollm2-135m/mars" and cfg.max_new_tokens == 256
+            out.append(cfg)
+        return out
+
+    for cfg in configs(f"REAL_VERIFIER={verifier}"):  # steps 1-2 only
+        assert cfg.verifier is None and cfg.n_prompts == 30  # the issue's "at least 30 of each kind"
+        assert cfg.methods == ["ar", "mars", "prove-lossless"]
+        assert cfg.method_params == {"prove-lossless": {"fuse": [False, True]}}
+    verifier.mkdir()
+    (verifier / "prove.json").write_text("{}")
+    for cfg in configs(f"REAL_VERIFIER={verifier}", "REAL_N=4"):
+        assert cfg.verifier == str(verifier) and cfg.n_prompts == 4
         assert cfg.methods == ["ar", "mars", "prove", "prove-lossless"]
         assert cfg.method_params == {
             "prove": {"theta": [0.05, 0.2]},
             "prove-lossless": {"fuse": [False, True]},
         }
+    for cfg in configs(f"REAL_VERIFIER={verifier}", "REAL_METHODS=[ar,prove-lossless]"):
+        assert cfg.verifier is None and cfg.methods == ["ar", "prove-lossless"]
+        assert set(cfg.method_params) == {"prove-lossless"}
 
 
 def test_one_node_32b_launch_as_written():
