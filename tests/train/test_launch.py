@@ -214,13 +214,16 @@ def test_bench_real_benches_each_prompt_kind_with_a_config_that_validates(tmp_pa
     register_configs()
     verifier = tmp_path / "verifier-distill"
 
-    def configs(*args: str) -> list:
+    def configs(*args: str, threads: int = len(os.sched_getaffinity(0))) -> list:
         lines = [ln for ln in _lines(make("bench-real", "-o", "install-real", *args)) if "prove-bench " in ln]
         assert len(lines) == 2
         out = []
         for kind, line in zip(["arithmetic", "lists"], lines, strict=True):
+            words = shlex.split(line)
+            # every core: SmolLM2's wide passes are compute-bound (make's default of 1 thread is for tiny models)
+            assert words[0] == f"OMP_NUM_THREADS={threads}" and words[1].endswith("prove-bench")
             with initialize_config_module(config_module="prove.conf.decode", version_base=None):
-                cfg = OmegaConf.to_object(compose("bench", overrides=shlex.split(line)[1:]))
+                cfg = OmegaConf.to_object(compose("bench", overrides=words[2:]))
             assert cfg.prompts == f"runs/data/smollm2-mix/test-{kind}.jsonl"
             assert cfg.output_dir == f"outputs/smollm2-135m/{kind}"
             assert cfg.model == "runs/smollm2-135m/mars" and cfg.max_new_tokens == 256
@@ -240,7 +243,7 @@ def test_bench_real_benches_each_prompt_kind_with_a_config_that_validates(tmp_pa
             "prove": {"theta": [0.05, 0.2]},
             "prove-lossless": {"fuse": [False, True]},
         }
-    for cfg in configs(f"REAL_VERIFIER={verifier}", "REAL_METHODS=[ar,prove-lossless]"):
+    for cfg in configs(f"REAL_VERIFIER={verifier}", "REAL_METHODS=[ar,prove-lossless]", "REAL_THREADS=3", threads=3):
         assert cfg.verifier is None and cfg.methods == ["ar", "prove-lossless"]
         assert set(cfg.method_params) == {"prove-lossless"}
 
