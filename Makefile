@@ -139,7 +139,7 @@ eval: install ## accuracy (Δ pts vs AR) and speed of EVAL_METHOD on lm-eval tas
 # The demo's processes use every core: on an idle 2-core CPU its training ran 1.9x faster with 2 OpenMP threads than
 # with 1 (60 SFT steps: 12.8 s vs 23.9 s; the bench is overhead-bound either way). On a busy machine DEMO_THREADS=1.
 DEMO_ARGS ?=
-DEMO_THREADS ?= $(shell nproc 2>/dev/null || echo 1)
+DEMO_THREADS ?= $(shell env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 1)
 demo: export OMP_NUM_THREADS = $(DEMO_THREADS)
 demo: export HF_HUB_OFFLINE ?= 1
 demo: install ## the tiny recipe end to end on CPU: train proposer + verifier, then bench every method -> outputs/demo
@@ -176,7 +176,7 @@ real_prove = $(filter prove,$(subst $(comma), ,$(subst [,,$(subst ],,$(REAL_METH
 REAL_PARAMS ?= {$(if $(real_prove),prove:{theta:$(REAL_THETAS)}$(comma))prove-lossless:{fuse:[false,true]}}
 # A 135M model's passes are compute-bound, not overhead-bound like the tiny ones: every core (REAL_THREADS) helps a
 # pass of 9 tokens more than a pass of one (measured: prove-lossless at 3.65 tokens per cycle 0.99x AR on 1 thread).
-REAL_THREADS ?= $(shell nproc 2>/dev/null || echo 1)
+REAL_THREADS ?= $(shell env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 1)
 .PHONY: bench-real
 bench-real: install-real ## SmolLM2-135M's bench per prompt kind -> outputs/smollm2-135m/<kind> (REAL_RUN, REAL_KINDS, REAL_N, REAL_METHODS, REAL_THETAS, ARGS)
 	$(foreach k,$(REAL_KINDS),OMP_NUM_THREADS=$(REAL_THREADS) $(VENV)/bin/prove-bench model=$(REAL_RUN)/mars $(if $(real_prove),verifier=$(REAL_VERIFIER) )\

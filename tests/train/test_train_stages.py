@@ -140,7 +140,7 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path, arithmetic_jsonl):
     assert second.global_step == 6
     logged = [h for h in second.log_history if "loss" in h]
     assert [h["step"] for h in logged] == [1, 2, 3, 4, 5, 6] and logged[0]["loss"] == 123.0
-    with pytest.raises(ValueError, match="no checkpoint"):
+    with pytest.raises(ValueError, match="has no complete checkpoint"):
         train(train_config(tiny_overrides(tmp_path / "fresh", arithmetic_jsonl, stage="sft", resume="true")))
 
 
