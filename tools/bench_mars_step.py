@@ -29,6 +29,11 @@ nothing downloaded — or ``--model`` (its tokenizer gains ``<|mask|>`` as stage
 chat-shaped ones (``--prompt-len`` / ``--answer-len`` tokens ± ``--jitter``, random ids, the answer ending on EOS,
 cut at max_len), or ``--rows``, a JSONL file of ``{"prompt_ids", "answer_ids"}`` (or ``{"input_ids", "labels"}``).
 
+``--profile`` adds a step after the timed ones, run under ``torch.profiler``, and splits its operators'
+own CPU time four ways (:func:`breakdown`): the decoder's matrix products, attention, the vocabulary-sized work (the
+head, its cross-entropy, and the full-vocabulary weight PEFT's trainable ``<|mask|>`` row merges and differentiates)
+and the rest — where a MARS step's extra time over the plain one goes (a second table).
+
 Each variant runs in a process of its own (so ``getrusage``'s peak RSS is that variant's), ``--warmup`` steps then
 ``--steps`` timed ones (the median is its s/step); ``--repeats`` runs every variant again, the order reversed every
 other repeat. Threads: as ``OMP_NUM_THREADS`` says (recorded). -> ``--out``/result.json, a Markdown table on stdout.
@@ -115,6 +120,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--in-process",
         action="store_true",
         help="run the variants in this process, one after another (no per-variant peak RSS; for tests)",
+    )
+    p.add_argument(
+        "--profile", action="store_true", help="one more step, profiled: its CPU time by kind of operator"
     )
     p.add_argument("--out", type=Path, default=Path("outputs/bench-step"), help="result.json goes here")
     p.add_argument("--worker", choices=VARIANTS, default=None, help=argparse.SUPPRESS)
@@ -263,7 +271,7 @@ def build(args: argparse.Namespace, cfg: Any) -> Built:
 
 def step_rows(args: argparse.Namespace, cfg: Any, built: Built) -> list[dict[str, list[int]]]:
     """The rows of every step of a variant, in order (every variant reads the same)."""
-    n = cfg.trainer.per_device_train_batch_size * (args.warmup + args.steps)
+    n = cfg.trainer.per_device_train_batch_size * (args.warmup + args.steps + int(args.profile))
     max_len = cfg.data.max_len
     if args.rows is not None:
         return file_rows(args.rows, n, max_len)
@@ -336,6 +344,46 @@ def mars_loss_full(model: Any, batch: dict[str, Any], cfg: Any, mask_id: int) ->
 LOSSES = {"plain": plain_loss, "mars": mars_loss_now, "mars-full": mars_loss_full}
 
 
+PROFILE_KINDS = ("matmul", "attention", "vocabulary", "other")
+
+
+def breakdown(ops: list[tuple[str, list[list[int]], float]], vocab: int) -> dict[str, float]:
+    """Seconds of operators' own CPU time by kind, from ``(name, input shapes, self seconds)`` rows (the profiler's
+    averages grouped by input shape): ``vocabulary`` where any input has a dimension of ``vocab`` (the embedding
+    rows: the head's products, the cross-entropy's softmax, the merged weight of a trainable ``<|mask|>`` row),
+    else ``attention`` for the scaled-dot-product kernels, ``matmul`` for the other matrix products, ``other`` for
+    the rest; with ``total``."""
+    out = dict.fromkeys(PROFILE_KINDS, 0.0)
+    for name, shapes, seconds in ops:
+        if any(vocab in shape for shape in shapes if isinstance(shape, list)):
+            kind = "vocabulary"
+        elif "scaled_dot_product" in name:
+            kind = "attention"
+        elif name in ("aten::mm", "aten::addmm", "aten::bmm"):
+            kind = "matmul"
+        else:
+            kind = "other"
+        out[kind] += seconds
+    out["total"] = sum(out[k] for k in PROFILE_KINDS)
+    return out
+
+
+def profiled(step: Any) -> list[tuple[str, list[list[int]], float]]:
+    """Run ``step()`` under ``torch.profiler`` (CPU, shapes recorded); its operators as :func:`breakdown` reads them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        step()
+    return [
+        (
+            e.key,
+            [list(s) if isinstance(s, (list, tuple)) else s for s in e.input_shapes],
+            e.self_cpu_time_total / 1e6,
+        )
+        for e in prof.key_averages(group_by_input_shape=True)
+    ]
+
+
 def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
@@ -353,20 +401,30 @@ def run_variant(args: argparse.Namespace, variant: str) -> dict[str, Any]:
     setup_rss = peak_rss_bytes()
     load = os.getloadavg()[0]
     times, losses, fed, targets = [], [], [], []
+    profile = None
     for i, batch in enumerate(steps):
+        record: dict[str, Any] = {}
+
+        def step(batch: dict[str, Any] = batch, record: dict[str, Any] = record) -> None:
+            loss, record["fed"], record["targets"] = loss_fn(model, batch, cfg, built.mask_id)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, cfg.trainer.max_grad_norm)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            record["loss"] = float(loss.detach())
+
         t0 = time.perf_counter()
-        loss, n_fed, n_targets = loss_fn(model, batch, cfg, built.mask_id)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.trainer.max_grad_norm)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        if args.profile and i == args.warmup + args.steps:  # one more step, after the timed ones
+            profile = breakdown(profiled(step), built.shape["vocab"])
+        else:
+            step()
         times.append(time.perf_counter() - t0)
-        losses.append(float(loss.detach()))
-        fed.append(n_fed)
-        targets.append(n_targets)
-        kind = "warm-up" if i < args.warmup else "timed"
+        losses.append(record["loss"])
+        fed.append(record["fed"])
+        targets.append(record["targets"])
+        kind = "warm-up" if i < args.warmup else "timed" if i < args.warmup + args.steps else "profiled"
         print(f"  {variant} step {i + 1}/{len(steps)} ({kind}): {times[-1]:.3g} s", file=sys.stderr)
-    timed = times[args.warmup :]
+    timed = times[args.warmup : args.warmup + args.steps]
     return {
         "variant": variant,
         "pid": os.getpid(),
@@ -383,6 +441,7 @@ def run_variant(args: argparse.Namespace, variant: str) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "loadavg_1min": [load, os.getloadavg()[0]],
         "trainable_parameters": sum(p.numel() for p in params),
+        "profile": profile,
         "config": settings(args, cfg, built),
     }
 
@@ -489,6 +548,18 @@ def table(result: dict[str, Any]) -> str:
     lines.append("| " + " | ".join(["median", *cells, *(f"**{rat[n]:.2f}×**" for n in names)]) + " |")
     if not isolated:
         lines.append("\n(--in-process: one process ran every variant, so no peak RSS per variant)")
+    # per variant, its last repeat's profile
+    profiles = {r["variant"]: r["profile"] for r in runs if r.get("profile")}
+    if profiles:
+        lines += [
+            "",
+            "| profiled step (operators' own CPU s) | " + " | ".join([*PROFILE_KINDS, "total"]) + " |",
+        ]
+        lines.append("|---|" + "---:|" * (len(PROFILE_KINDS) + 1))
+        for v in order:
+            if v in profiles:
+                cells = [f"{profiles[v][k]:.2f}" for k in (*PROFILE_KINDS, "total")]
+                lines.append("| " + " | ".join([v, *cells]) + " |")
     return "\n".join(lines)
 
 

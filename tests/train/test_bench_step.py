@@ -183,12 +183,28 @@ def test_order_alternates_and_bad_flags_are_refused():
             bench.parse_args(bad)
 
 
+def test_profile_breakdown_sorts_operators_by_kind():
+    """A product with a vocabulary-sized input is the head's, not the decoder's; shapes the profiler records as []
+    (scalars) are skipped; the kinds add up to the total."""
+    v = 300
+    ops = [
+        ("aten::mm", [[10, 64], [64, v]], 1.0),  # the head
+        ("aten::mm", [[10, 64], [64, 128]], 2.0),  # an MLP projection
+        ("aten::_scaled_dot_product_flash_attention_for_cpu", [[1, 4, 10, 16]] * 3 + [[], []], 0.5),
+        ("aten::_log_softmax", [[10, v], [], []], 0.25),  # the cross-entropy
+        ("aten::mul", [[10, 128], [10, 128]], 0.125),
+        ("aten::copy_", [[v, 64], [v, 64], []], 0.0625),  # a merged embedding weight
+    ]
+    got = bench.breakdown(ops, vocab=v)
+    assert got == {"matmul": 2.0, "attention": 0.5, "vocabulary": 1.3125, "other": 0.125, "total": 3.9375}
+
+
 @pytest.mark.slow
 def test_each_variant_runs_in_a_process_of_its_own(tmp_path):
     """The command line as ``make bench-step`` runs it: a fresh interpreter per (repeat, variant), the order reversed
     in the second repeat, the same first loss in every process (same rows, same weights), the table on stdout."""
     out = tmp_path / "out"
-    flags = "--tiny --order plain,mars --repeats 2 --prompt-len 24 --answer-len 12".split()
+    flags = "--tiny --order plain,mars --repeats 2 --prompt-len 24 --answer-len 12 --profile".split()
     cmd = [sys.executable, str(TOOL), *flags, "--out", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
@@ -208,3 +224,17 @@ def test_each_variant_runs_in_a_process_of_its_own(tmp_path):
     assert lines[0] == "| run | plain | mars | mars / plain |"
     assert lines[2].startswith("| 1 (plain, mars) |") and lines[3].startswith("| 2 (mars, plain) |")
     assert lines[4].startswith("| median |") and " GB" in lines[4]
+    # --profile: one more step each, profiled and not timed; its time split by kind in a second table
+    assert all(len(r["step_s"]) == 1 and len(r["losses"]) == 3 for r in runs)
+    for r in runs:
+        p = r["profile"]
+        assert (
+            p["matmul"] > 0
+            and p["vocabulary"] > 0
+            and p["total"] == pytest.approx(sum(p[k] for k in bench.PROFILE_KINDS))
+        )
+    assert (
+        lines[6].startswith("| profiled step")
+        and lines[8].startswith("| plain |")
+        and lines[9].startswith("| mars |")
+    )
