@@ -214,7 +214,12 @@ def test_bench_real_benches_each_prompt_kind_with_a_config_that_validates(tmp_pa
     register_configs()
     verifier = tmp_path / "verifier-distill"
 
-    def configs(*args: str, threads: int = len(os.sched_getaffinity(0))) -> list:
+    def configs(
+        *args: str,
+        threads: int = len(os.sched_getaffinity(0)),
+        model: str = "runs/smollm2-135m/mars",
+        out_dir: str = "outputs/smollm2-135m",
+    ) -> list:
         lines = [ln for ln in _lines(make("bench-real", "-o", "install-real", *args)) if "prove-bench " in ln]
         assert len(lines) == 2
         out = []
@@ -225,8 +230,8 @@ def test_bench_real_benches_each_prompt_kind_with_a_config_that_validates(tmp_pa
             with initialize_config_module(config_module="prove.conf.decode", version_base=None):
                 cfg = OmegaConf.to_object(compose("bench", overrides=words[2:]))
             assert cfg.prompts == f"runs/data/smollm2-mix/test-{kind}.jsonl"
-            assert cfg.output_dir == f"outputs/smollm2-135m/{kind}"
-            assert cfg.model == "runs/smollm2-135m/mars" and cfg.max_new_tokens == 256
+            assert cfg.output_dir == f"{out_dir}/{kind}"
+            assert cfg.model == model and cfg.max_new_tokens == 256
             out.append(cfg)
         return out
 
@@ -243,9 +248,21 @@ def test_bench_real_benches_each_prompt_kind_with_a_config_that_validates(tmp_pa
             "prove": {"theta": [0.05, 0.2]},
             "prove-lossless": {"fuse": [False, True]},
         }
-    for cfg in configs(f"REAL_VERIFIER={verifier}", "REAL_METHODS=[ar,prove-lossless]", "REAL_THREADS=3", threads=3):
+    for cfg in configs(
+        f"REAL_VERIFIER={verifier}", "REAL_METHODS=[ar,prove-lossless]", "REAL_THREADS=3", threads=3
+    ):
         assert cfg.verifier is None and cfg.methods == ["ar", "prove-lossless"]
         assert set(cfg.method_params) == {"prove-lossless"}
+    # another round's proposer, benched into its own folders (the first round's bench is kept)
+    model, out_dir = "runs/smollm2-135m/mars-onpolicy", "outputs/onpolicy"
+    for cfg in configs(
+        f"REAL_VERIFIER={verifier}",
+        f"REAL_MODEL={model}",
+        f"REAL_OUT={out_dir}",
+        model=model,
+        out_dir=out_dir,
+    ):
+        assert cfg.verifier == str(verifier)  # the verifier stays the run's
 
 
 def test_one_node_32b_launch_as_written():
