@@ -166,7 +166,9 @@ def plan_stage(cfg: TrainConfig) -> StagePlan:
     early = (finished or {}).get("stopped_early")
     last = newest_checkpoint(out)
     if cfg.resume is True and last is None:
-        raise ValueError(f"resume=true but {out} has no complete checkpoint-* folder: drop resume=true to start fresh")
+        raise ValueError(
+            f"resume=true but {out} has no complete checkpoint-* folder: drop resume=true to start fresh"
+        )
     if cfg.force:
         if finished is not None:
             return StagePlan(

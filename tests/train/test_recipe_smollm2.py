@@ -138,7 +138,9 @@ def test_lora_trains_the_new_mask_row_and_merges_into_the_contract(pipeline, rec
     assert meta.mask_token_id == v and meta.block_size == 8 and meta.extra["peft"] == "lora"
     # the recipe's mars: a constant rate, the depth-weighted noisy loss, acceptance scored on the held-out rows
     cfg = meta.extra["training_config"]
-    assert cfg["trainer"]["lr_scheduler_type"] == "constant_with_warmup" and cfg["stage"]["depth_decay"] == 0.6
+    assert (
+        cfg["trainer"]["lr_scheduler_type"] == "constant_with_warmup" and cfg["stage"]["depth_decay"] == 0.6
+    )
     assert meta.extra["eval"]["output"]["eval_blocks"] > 0
     assert (
         read_prove_json(pipeline[2].output_dir).extra["peft"] == "none"

@@ -160,7 +160,9 @@ def test_rerunning_train_proposer_after_a_kill_during_mars_leaves_sft_untouched(
     assert not (run_dir / "mars" / "prove.json").exists()
     # and, as often happens, in the middle of a save: the next checkpoint has its weights, not its trainer state
     # (a kill above may have made one already; CI once resumed into such a folder and failed)
-    steps = sorted(int(p.parent.name.split("-")[1]) for p in (run_dir / "mars").glob("checkpoint-*/trainer_state.json"))
+    steps = sorted(
+        int(p.parent.name.split("-")[1]) for p in (run_dir / "mars").glob("checkpoint-*/trainer_state.json")
+    )
     torn = run_dir / "mars" / f"checkpoint-{steps[-1] + 3}"
     if not torn.exists():
         shutil.copytree(run_dir / "mars" / f"checkpoint-{steps[-1]}", torn)
