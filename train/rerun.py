@@ -12,6 +12,13 @@ The stage's output folder holds at most a finished checkpoint (its ``prove.json`
   (``stopped_early``): it resumes from its newest ``checkpoint-N`` as ``resume`` says — ``None`` if there is one,
   ``true`` there must be one, ``false`` start over.
 
+A resume continues the run its checkpoints belong to. Each launch that trains records its config and process count
+in :data:`START_RECORD` when it starts (``prove.json`` comes only at the end); a resume whose config differs from
+that record (or, without one, from a capped ``prove.json``'s) is refused with a line naming the keys and the fixes:
+``force=true`` trains from the first step, ``resume=true`` continues with the new config on purpose. Raising
+``max_steps`` is allowed (that is how a capped run is extended). Another effective batch is refused even with
+``resume=true`` — the Trainer would skip the wrong rows — and the line names the accumulation that keeps it.
+
 "The same config" compares the whole resolved config recorded in ``prove.json`` (``training_config``) with this
 run's — every key the record holds (a key it lacks came with a newer prove and is named in the skip line) —
 leaving out what does not change the trained model (:data:`IGNORED`): where outputs and logs go, how
@@ -61,6 +68,8 @@ IGNORED_UNLESS: dict[str, Stage] = {
     "eval": Stage.mars,
 }
 """Keys only one stage reads: left out for the others (sft's model does not depend on K)."""
+START_RECORD = "stage_start.json"
+"""``{"training_config", "world_size"}`` of the launch that last trained the stage, written when it starts."""
 TRAINER_STATE_NAME = "trainer_state.json"
 """The file the Trainer writes last into a ``checkpoint-N`` (``transformers.trainer.TRAINER_STATE_NAME``)."""
 
@@ -157,6 +166,82 @@ def newest_checkpoint(output_dir: Path) -> str | None:
     return next((str(p) for p in checkpoints(output_dir) if checkpoint_complete(p)), None)
 
 
+def record_start(cfg: TrainConfig, processes: int | None = None) -> None:
+    """Write :data:`START_RECORD` for a launch that trains ``cfg``'s stage (rank 0, before training begins)."""
+    out = Path(cfg.trainer.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    record = {
+        "training_config": config_dict(cfg),
+        "world_size": world_size() if processes is None else processes,
+    }
+    tmp = out / f".{START_RECORD}.tmp"
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(out / START_RECORD)
+
+
+def read_start(output_dir: Path) -> dict[str, Any] | None:
+    """:data:`START_RECORD` in ``output_dir`` (None: no launch of this prove trained there)."""
+    try:
+        return json.loads((output_dir / START_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def resume_differences(cfg: TrainConfig, record: dict[str, Any], processes: int | None = None) -> list[str]:
+    """:func:`config_differences` against the record of the run being resumed, less a raised ``max_steps`` (which
+    extends it)."""
+    differs = config_differences(cfg, record, processes)
+    then = ((record.get("training_config") or {}).get("trainer") or {}).get("max_steps")
+    now = cfg.trainer.max_steps
+    if "trainer.max_steps" in differs and isinstance(then, int) and then > 0 and now > then:
+        differs.remove("trainer.max_steps")
+    return differs
+
+
+def _value(config: dict[str, Any], key: str) -> Any:
+    for part in key.split("."):
+        config = config.get(part) if isinstance(config, dict) else None
+    return config
+
+
+def _refuse_resume(
+    cfg: TrainConfig, name: str, resume_from: str, record: dict[str, Any], differs: list[str]
+) -> None:
+    """Raise the one-line ``ValueError`` for a resume whose config differs from its run's (``differs``); nothing
+    when only config keys differ and ``resume=true`` asked for it."""
+    ckpt = Path(resume_from).name
+    then = record.get("training_config") or {}
+    now = config_dict(cfg)
+    t_then = then.get("trainer") or {}
+    procs_then, procs_now = record.get("world_size"), world_size()
+    batch_keys = {
+        "effective_batch",
+        "trainer.per_device_train_batch_size",
+        "trainer.gradient_accumulation_steps",
+    }
+    if batch_keys & set(differs):
+        micro, acc = cfg.trainer.per_device_train_batch_size, cfg.trainer.gradient_accumulation_steps
+        m0, a0 = t_then.get("per_device_train_batch_size"), t_then.get("gradient_accumulation_steps")
+        p0 = procs_then if procs_then is not None else procs_now
+        want = m0 * a0 * p0
+        fix = ""
+        if want % (micro * procs_now) == 0:
+            fix = f"set trainer.gradient_accumulation_steps={want // (micro * procs_now)} to keep it, or "
+        raise ValueError(
+            f"{name}: {ckpt} was trained at an effective batch of {want} (micro-batch {m0} × accumulation {a0} × "
+            f"{p0} processes), this launch's is {micro * acc * procs_now} ({micro} × {acc} × {procs_now}), and "
+            f"the resume would skip the wrong rows: {fix}force=true trains from the first step"
+        )
+    if cfg.resume is True:
+        return
+    shown = ", ".join(f"{k} {_value(then, k)!r} → {_value(now, k)!r}" for k in differs[:6])
+    more = f" and {len(differs) - 6} more" if len(differs) > 6 else ""
+    raise ValueError(
+        f"{name}: {ckpt} was trained with another config ({shown}{more}): force=true trains from the first step "
+        f"with this one, resume=true continues from {ckpt} with it, or relaunch with the old values"
+    )
+
+
 def plan_stage(cfg: TrainConfig) -> StagePlan:
     """The rule of the module docstring for ``cfg``'s stage and output folder."""
     out = Path(cfg.trainer.output_dir)
@@ -198,7 +283,13 @@ def plan_stage(cfg: TrainConfig) -> StagePlan:
         why = f"{name}: training {out}"
     resume_from = last if cfg.resume is not False else None
     if resume_from:
+        record = read_start(out) or (finished if early else None)
+        differs = resume_differences(cfg, record) if record is not None else []
+        if differs:
+            _refuse_resume(cfg, name, resume_from, record or {}, differs)
         why += f", resuming from {resume_from}"
+        if differs:  # resume=true: on purpose
+            why += f" with another config than its checkpoints' ({', '.join(differs)}; resume=true)"
         torn = [p.name for p in checkpoints(out)[: [str(c) for c in checkpoints(out)].index(resume_from)]]
         if torn:
             why += f" ({', '.join(torn)}: no complete {TRAINER_STATE_NAME}, a save cut short; passed over)"

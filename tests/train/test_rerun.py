@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from prove.decode.checkpoint import ProveMeta, write_prove_json
 from prove.train.config import config_dict
-from prove.train.rerun import IGNORED, config_differences, plan_stage
+from prove.train.rerun import IGNORED, START_RECORD, config_differences, plan_stage, record_start
 
 from tests.train.helpers import ROOT, tiny_overrides, train_config
 
@@ -129,6 +129,58 @@ def test_a_half_finished_stage_resumes_and_block_size_matters_only_to_mars(tmp_p
     assert "(checkpoint-10, checkpoint-8: no complete trainer_state.json" in plan.message
     _checkpoint(tmp_path / "mars" / "checkpoint-10")
     assert plan_stage(cfg).resume_from.endswith("checkpoint-10")
+
+
+def test_a_resume_with_another_config_or_effective_batch_is_refused_at_start(tmp_path, monkeypatch):
+    """Catches a resume that silently changes the run: a capped (stopped_early) prove.json once bypassed the
+    comparison, and a mid-stage resume never compared the config or the effective batch with its checkpoints'."""
+    base = tiny_overrides(tmp_path, tmp_path / "d.jsonl", stage="mars", max_steps=8)
+    cfg = train_config(base)
+    _checkpoint(tmp_path / "mars" / "checkpoint-2")
+    # a capped run (no start record: written by an older prove) relaunched with another lr and K
+    early = {
+        "reason": "max_minutes",
+        "step": 2,
+        "max_steps": 8,
+        "max_minutes": 1.0,
+        "setting": "trainer.max_minutes",
+    }
+    _finish(cfg, stopped_early=early)
+    with pytest.raises(
+        ValueError,
+        match=r"checkpoint-2 was trained with another config \(stage.block_size 4 → 8, "
+        r"trainer.learning_rate .*force=true trains from the first step.*resume=true continues",
+    ):
+        plan_stage(train_config([*base, "lr=0.5", "block_size=8"]))
+    # raising max_steps extends the capped run; lowering it is another schedule
+    assert plan_stage(train_config([*base, "max_steps=16"])).resume_from.endswith("checkpoint-2")
+    with pytest.raises(ValueError, match=r"trainer.max_steps 8 → 6"):
+        plan_stage(train_config([*base, "max_steps=6"]))
+    # resume=true: on purpose, said in the line
+    plan = plan_stage(train_config([*base, "lr=0.5", "resume=true"]))
+    assert (
+        plan.resume_from.endswith("checkpoint-2") and "(trainer.learning_rate; resume=true)" in plan.message
+    )
+    (tmp_path / "mars" / "prove.json").unlink()
+    # a crashed run: compared with what its launch recorded when it started (2 processes, micro 8 × accumulation 1)
+    record_start(cfg, processes=2)
+    assert json.loads((tmp_path / "mars" / START_RECORD).read_text())["world_size"] == 2
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(
+        ValueError,
+        match=r"effective batch of 16 .*this launch's is 8 .*"
+        r"set trainer.gradient_accumulation_steps=2 to keep it, or force=true",
+    ):
+        plan_stage(cfg)
+    with pytest.raises(
+        ValueError, match="effective batch"
+    ):  # resume=true does not make the skipped rows right
+        plan_stage(train_config([*base, "resume=true"]))
+    assert plan_stage(train_config([*base, "trainer.gradient_accumulation_steps=2"])).resume_from is not None
+    with pytest.raises(ValueError, match=r"stage.ar_weight 1.0 → 0.5"):
+        plan_stage(train_config([*base, "trainer.gradient_accumulation_steps=2", "stage.ar_weight=0.5"]))
+    assert plan_stage(train_config([*base, "lr=0.5", "force=true"])).resume_from is None
+    assert plan_stage(train_config([*base, "lr=0.5", "resume=false"])).resume_from is None
 
 
 def _make(run_dir: Path, data: Path) -> subprocess.Popen:
