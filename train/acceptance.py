@@ -11,8 +11,8 @@ clean tokens before s:
   ĝ_{s+d−2}, the clean argmax there; the noisy in-block index K − 1 (depth K + 1) is trained but never decoded;
 - ĝ_{s+d−2} is what verification computes only if the tokens before it are the ones committed, so a leading run
   counts only while the labels inside it are the clean argmax (x_{j+1} = ĝ_j); a block whose labels differ from the
-  clean argmax within its reach is *off-policy* (counted apart: their share says how far the data is from the
-  model's own outputs);
+  clean argmax within its reach (in-block indices 0..K − 2: the last label precedes no proposal) is *off-policy*
+  (counted apart: their share says how far the data is from the model's own outputs);
 - prove-lossless commits run + 1 tokens (the run of accepted depths, then the correction or bonus token), never past
   the end-of-turn token (EOS block padding is never counted: a block that starts past it is no cycle); the MARS rule
   commits 1 + the run of depths 2.. whose confidence p̃ (the noisy argmax's probability) reaches τ, no bonus token.
@@ -144,7 +144,8 @@ def block_acceptance(
     cap = eot[:, None] - starts + 1  # (B, C) tokens up to and with the end of turn
     counted = (starts >= first[:, None]) & (starts >= 1) & (cap >= 1) & lab.ne(IGNORE_INDEX)[..., 0]  # (B, C)
     within = i[None, None, :] < cap[..., None].clamp(max=k)  # (B, C, K) positions a cycle may commit
-    offpolicy = ((~labels_on_policy) & within).any(dim=-1) & counted
+    # the labels a run reads: those of y_1..y_{K−1} (in-block index K − 1 precedes no proposal: it never cuts one)
+    offpolicy = ((~labels_on_policy) & within)[..., : k - 1].any(dim=-1) & counted
 
     depth = i + 1  # (K,)
     reach = (cap[..., None] >= depth) & counted[..., None]  # (B, C, K) depth d before the end of turn

@@ -64,6 +64,14 @@ def test_an_off_policy_label_inside_a_run_cuts_it_and_is_counted():
     assert out["tpc_k2"] == pytest.approx(3.0)
 
 
+def test_an_off_policy_label_at_the_blocks_last_index_cuts_nothing_and_is_not_counted():
+    """Catches counting the label at in-block index K − 1 as off-policy: it precedes no proposal of its block."""
+    labels, clean = _case()
+    clean[0, 6] += 1  # ĝ_6 ≠ x_7: x_7 is block 4's last token
+    out = _sums(labels, clean, clean.clone())
+    assert out["offpolicy"] == 0.0 and out["tpc_k4"] == pytest.approx((5 + 5 + 4) / 3)
+
+
 def test_eos_padding_is_never_counted_and_the_boundary_block_is_left_out():
     labels, clean = _case(eot_at=9, prompt=5)  # P = 5: block 4 holds the prompt's last token
     out = _sums(labels, clean, clean.clone())
