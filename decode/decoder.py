@@ -324,15 +324,14 @@ class Decoder:
         check_positions(prompt_len, max_new_tokens, limits)
 
     def eos_ids(self, eos_token_id: int | Sequence[int] | None = None) -> list[int]:
-        if eos_token_id is None:
-            eos_token_id = getattr(
-                getattr(self.models.target.model, "generation_config", None), "eos_token_id", None
-            )
-        if eos_token_id is None and self.tokenizer is not None:
-            eos_token_id = self.tokenizer.eos_token_id
-        if eos_token_id is None:
-            return []
-        return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(t) for t in eos_token_id]
+        """The ids that end a request: ``eos_token_id`` when given, else :func:`prove.decode.engine.end_of_turn_ids`
+        (the target's generation config's EOS and the tokenizer's)."""
+        if eos_token_id is not None:
+            return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(t) for t in eos_token_id]
+        generation = getattr(
+            getattr(self.models.target.model, "generation_config", None), "eos_token_id", None
+        )
+        return engine.end_of_turn_ids(generation, getattr(self.tokenizer, "eos_token_id", None))
 
     def generate(
         self,

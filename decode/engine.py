@@ -249,6 +249,16 @@ class Models:
         return [r for r in (self.target, self.verifier, self.draft) if r is not None]
 
 
+def end_of_turn_ids(generation_eos: int | Sequence[int] | None, tokenizer_eos: int | None) -> list[int]:
+    """The ids that end an answer, sorted: the union of the model's generation config's EOS id(s) and the
+    tokenizer's EOS (a chat model's generation config often names only its end-of-turn token, its tokenizer another
+    end). The one definition: the decoders stop on it, and stage mars's simulated acceptance ends a row on it."""
+    ids = [generation_eos] if isinstance(generation_eos, int) else list(generation_eos or ())
+    if tokenizer_eos is not None:
+        ids.append(tokenizer_eos)
+    return sorted({int(t) for t in ids})
+
+
 class Stopper:
     """Ends the output exactly where AR decoding would: at the first EOS (included), at the token that
     completes a stop string (included), or at ``max_new_tokens``."""

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from prove.data.chat import IGNORE_INDEX
+from prove.decode.engine import end_of_turn_ids
 from prove.train.acceptance import AcceptanceSums, allowed_argmax, block_acceptance
 from prove.train.losses import depth_weights, distill_loss, head_cross_entropy, mars_loss_terms
 from prove.train.masks import (
@@ -295,12 +296,10 @@ class MarsTrainer(TermLogTrainer):
         return self._allowed.to(device)
 
     def _stop_ids(self) -> list[int]:
-        """The end-of-turn ids: the model's generation config's EOS ids and the tokenizer's EOS, as decoding stops."""
+        """The end-of-turn ids, as decoding stops (:func:`prove.decode.engine.end_of_turn_ids`)."""
         model = self.accelerator.unwrap_model(self.model)
-        ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        out = [ids] if isinstance(ids, int) else list(ids or [])
-        tok = getattr(self.processing_class, "eos_token_id", None)
-        return sorted({int(t) for t in [*out, *([tok] if tok is not None else [])]})
+        generation = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        return end_of_turn_ids(generation, getattr(self.processing_class, "eos_token_id", None))
 
 
 class EvalCallback(TrainerCallback):

@@ -445,15 +445,13 @@ class VllmDecoder:
         check_positions(prompt_len, max_new_tokens, self.limits)
 
     def eos_ids(self, eos_token_id: int | Sequence[int] | None = None) -> list[int]:
-        """The ids that end a request: ``eos_token_id``, else the model's generation config's, else the
-        tokenizer's (as our Decoder)."""
-        if eos_token_id is None:
-            eos_token_id = self.generation_eos
-        if eos_token_id is None:
-            eos_token_id = self.tokenizer.eos_token_id
-        if eos_token_id is None:
-            return []
-        return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(t) for t in eos_token_id]
+        """The ids that end a request: ``eos_token_id`` when given, else the model's generation config's and the
+        tokenizer's EOS (:func:`prove.decode.engine.end_of_turn_ids`, as our Decoder)."""
+        from prove.decode.engine import end_of_turn_ids
+
+        if eos_token_id is not None:
+            return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(t) for t in eos_token_id]
+        return end_of_turn_ids(self.generation_eos, self.tokenizer.eos_token_id)
 
     def sampling_params(
         self,

@@ -100,3 +100,29 @@ def test_sums_add_up_over_batches_and_the_argmax_skips_disallowed_ids():
     logits = torch.tensor([[0.0, 5.0, 1.0, 9.0]])  # id 3: <|mask|> or a spare row
     idx, conf = allowed_argmax(logits, torch.tensor([True, True, True, False]))
     assert idx.item() == 1 and conf.item() == pytest.approx(torch.softmax(logits[0, :3], -1)[1].item())
+
+
+def test_training_and_decoding_end_an_answer_on_the_same_tokens(tmp_path, qwen2_factory, tokenizer):
+    """Catches the decoder and the simulated acceptance disagreeing on where an answer ends: a generation config that
+    names ``<|endoftext|>`` while the tokenizer's EOS is ``<|im_end|>`` (the decoder once stopped on the first only,
+    stage mars's eval on both)."""
+    from prove.decode import Decoder
+    from prove.train.trainer import MarsTrainer
+    from transformers import TrainingArguments
+
+    from tests.train.helpers import write_checkpoint
+
+    end = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert end != tokenizer.eos_token_id
+    model = qwen2_factory(len(tokenizer), seed=0, init_std=0.3)
+    model.generation_config.eos_token_id = [end]
+    ckpt = write_checkpoint(tmp_path / "m", model, tokenizer, block_size=K)
+    dec = Decoder.from_pretrained(str(ckpt), method="ar")
+    trainer = MarsTrainer(
+        model=model,
+        args=TrainingArguments(output_dir=str(tmp_path / "t"), use_cpu=True, report_to=[]),
+        processing_class=tokenizer,
+        mask_token_id=tokenizer.convert_tokens_to_ids("<|mask|>"),
+        block_size=K,
+    )
+    assert dec.eos_ids() == trainer._stop_ids() == sorted({end, tokenizer.eos_token_id})
