@@ -14,7 +14,8 @@ previous one ended). The checkpoint's own in-training eval (on held-out *trainin
 greedy tokens) is printed beside, from its prove.json: the gap between that and the greedy-output figure is the
 off-policy gap of the training data.
 
-Writes ``--out`` (JSON): measured and simulated tokens per cycle, per-depth acceptance both ways, the relative error.
+Writes ``--out`` (JSON): measured and simulated tokens per cycle, per-depth acceptance both ways (counted as the
+decoder counts it: a depth proposed past the end of turn is proposed, not accepted), the relative error.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from prove.train.acceptance import AcceptanceSums
 from tqdm import tqdm
 
 
@@ -84,8 +86,9 @@ def _add(a: list[int], b: list[int]) -> list[int]:
 
 def simulate(
     model: Any, tokenizer: Any, rows: list[dict[str, Any]], block_size: int, mask_id: int, batch_size: int = 8
-) -> dict[str, float]:
-    """Stage mars's eval (:meth:`MarsTrainer.evaluate`) on ``rows``: its ``eval_*`` metrics without the prefix."""
+) -> tuple[dict[str, float], AcceptanceSums]:
+    """Stage mars's eval (:meth:`MarsTrainer.evaluate`) on ``rows``: its ``eval_*`` metrics without the prefix, and
+    the counts behind them."""
     from prove.train.collate import Collator
     from prove.train.trainer import MarsTrainer
     from transformers import TrainingArguments
@@ -106,7 +109,16 @@ def simulate(
             block_size=block_size,
         )
         metrics = trainer.evaluate(rows)
-    return {k.removeprefix("eval_"): v for k, v in metrics.items()}
+    assert trainer.last_acceptance is not None
+    return {k.removeprefix("eval_"): v for k, v in metrics.items()}, trainer.last_acceptance
+
+
+def accept_by_depth(sums: AcceptanceSums, k: int) -> list[float]:
+    """Per-depth acceptance at depths 1..``k`` counted as the decoder counts it (``Stats.accepted_by_depth`` /
+    ``proposed_by_depth``): every cycle proposes every depth, so a depth past the end of turn counts as proposed and
+    not accepted (stage mars's ``eval_accept_d{d}`` leaves such blocks out of depth d instead)."""
+    blocks = max(float(sums.blocks), 1.0)
+    return [float(sums.depth_hits[d]) / blocks for d in range(k)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,10 +161,10 @@ def main(argv: list[str] | None = None) -> int:
         args.device,
     )
     assert meta.mask_token_id is not None, "a checkpoint with a block size has its <|mask|> id (prove.json)"
-    sim = simulate(dec.model, dec.tokenizer, rows, meta.block_size, meta.mask_token_id, args.batch_size)
+    sim, sums = simulate(dec.model, dec.tokenizer, rows, meta.block_size, meta.mask_token_id, args.batch_size)
     simulated = {
         "tokens_per_cycle": sim[f"tpc_k{k}"],
-        "accept_by_depth": [sim[f"accept_d{d}"] for d in range(1, k + 1)],
+        "accept_by_depth": accept_by_depth(sums, k),
         "offpolicy": sim["offpolicy"],
         "blocks": sim["blocks"],
     }

@@ -95,6 +95,8 @@ class MarsTrainer(TermLogTrainer):
         self.eval_tau = eval_tau
         self._masks: dict[tuple, Any] = {}
         self._allowed: torch.Tensor | None = None
+        self.last_acceptance: AcceptanceSums | None = None
+        """The counts behind the last :meth:`evaluate`'s acceptance metrics (summed over ranks)."""
 
     # -- the training step ---------------------------------------------------------------------------------------
 
@@ -228,7 +230,8 @@ class MarsTrainer(TermLogTrainer):
         losses = self.accelerator.reduce(losses, reduction="sum")
         if was_training:
             model.train()
-        summary = AcceptanceSums.from_tensor(total.cpu()).summary()
+        self.last_acceptance = AcceptanceSums.from_tensor(total.cpu())
+        summary = self.last_acceptance.summary()
         n_seq = max(float(losses[3]), 1.0)
         metrics = {f"{metric_key_prefix}_{k}": round(v, 4) for k, v in summary.items()}
         metrics[f"{metric_key_prefix}_loss"] = round(float(losses[0]) / n_seq, 4)
