@@ -29,13 +29,13 @@ from typing import Any
 import torch
 from prove.train.config import PeftKind, TrainConfig, run_label
 from prove.train.modeling import apply_lora, build_model_and_tokenizer, mask_token_id
-from prove.train.rerun import StagePlan, plan_stage, world_size
+from prove.train.rerun import StagePlan, plan_stage, record_start, world_size
 from prove.train.saving import barrier, prove_meta, save_checkpoint
 from prove.train.stages import stage_unit
 from prove.train.threads import set_cpu_threads
 from prove.train.tracking import open_logger
 from prove.train.trainer import WallClockCallback
-from prove.train.universal import prepare_resume
+from prove.train.universal import UniversalResumeCallback, prepare_resume
 from transformers import TrainingArguments
 
 log = logging.getLogger(__name__)
@@ -84,8 +84,11 @@ def _run(cfg: TrainConfig, tracker: Any, plan: StagePlan) -> StageResult:
     if (generated := unit.untrained_output(cfg)) is not None:  # only the generated set: nothing to train
         return StageResult(generated, 0, None, False, [])
     rank = int(os.environ.get("RANK", "0"))
+    if rank == 0:  # what a later resume must match (prove.json comes only at the end)
+        record_start(cfg)
     ds = prepare_resume(plan.resume_from, cfg.deepspeed, world_size(), rank)  # another world size: universal
-    if ds is not cfg.deepspeed:
+    universal_resume = ds is not cfg.deepspeed
+    if universal_resume:
         cfg = dataclasses.replace(cfg, deepspeed=ds)
     args = training_arguments(cfg, report_to=tracker.report_to)  # 1)
     tokenizer, model, base_model = build_model_and_tokenizer(cfg, args)  # 2)
@@ -108,6 +111,8 @@ def _run(cfg: TrainConfig, tracker: Any, plan: StagePlan) -> StageResult:
         processing_class=tokenizer,
         callbacks=[wall] if wall else [],
     )
+    if universal_resume:  # load_universal for the resume's own load only
+        trainer.add_callback(UniversalResumeCallback(trainer))
     result = trainer.train(resume_from_checkpoint=plan.resume_from)
     stopped_early = wall.stopped_early if wall else None
     meta = prove_meta(

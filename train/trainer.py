@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from prove.data.chat import IGNORE_INDEX
 from prove.decode.engine import end_of_turn_ids
+from prove.train import universal
 from prove.train.acceptance import AcceptanceSums, allowed_argmax, block_acceptance
 from prove.train.losses import depth_weights, distill_loss, head_cross_entropy, mars_loss_terms
 from prove.train.masks import (
@@ -171,7 +172,10 @@ class MarsTrainer(TermLogTrainer):
                 self.args.metric_for_best_model,
                 state.best_metric,
             )
-            self._load_best_model()
+            # written by another number of processes (before a world-size resume): loaded as a universal checkpoint
+            engine = self.model_wrapped if self.is_deepspeed_enabled else None
+            with universal.loading(engine, best, self.args.world_size, self.args.process_index):
+                self._load_best_model()
         return out
 
     def eval_record(self) -> dict[str, Any] | None:

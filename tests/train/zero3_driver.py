@@ -2,10 +2,12 @@
 in-memory (still partitioned) model's logits on a fixed input, saved by rank 0 for the test to compare, with the
 process's CPU thread count and whether DeepSpeed ran the optimizer on the CPU.
 
-    torchrun --nproc_per_node 2 tests/train/zero3_driver.py OUT.pt [--best-at=STEP] override=value ...
+    torchrun --nproc_per_node 2 tests/train/zero3_driver.py OUT.pt [--best-at=STEP] [--probe] override=value ...
 
 ``--best-at=STEP`` scripts the eval score (``eval_tpc_k4``) to peak at STEP, so ``eval.best`` must reload that
-checkpoint into the engine.
+checkpoint into the engine. ``--probe`` records the loss on a fixed batch at the end of every step, of the stage's
+final model, and, in a resumed run, right after the resume has loaded (before its first step), with the optimizer's
+full state then (``deepspeed.utils.safe_get_full_optimizer_state``: each parameter's moments, its step counts).
 """
 
 from __future__ import annotations
@@ -34,12 +36,71 @@ def script_best(step: int) -> None:
     MarsTrainer.evaluate = scored
 
 
+PROBED: dict = {}
+
+
+def fixed_batch_loss(model) -> float:
+    """The causal-LM loss of ``model`` (every rank takes part under ZeRO-3) on one fixed batch, in eval mode."""
+    was_training = model.training
+    model.eval()
+    x = torch.arange(3, 35).view(2, 16)
+    with torch.no_grad():
+        loss = float(model(input_ids=x, labels=x).loss)
+    model.train(was_training)
+    return loss
+
+
+def probe() -> None:
+    """Record into :data:`PROBED` what ``--probe`` says."""
+    from deepspeed.utils import safe_get_full_optimizer_state
+    from prove.train.trainer import MarsTrainer
+    from transformers import TrainerCallback
+
+    class Probe(TrainerCallback):
+        def __init__(self, trainer):
+            self.trainer = trainer
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            if state.global_step == 0:
+                return
+            model = self.trainer.model
+            PROBED["resumed_at"] = state.global_step
+            PROBED["loss_after_load"] = fixed_batch_loss(model)
+            PROBED["moments"] = {
+                name: {
+                    k: safe_get_full_optimizer_state(p, k).cpu().clone() for k in ("exp_avg", "exp_avg_sq")
+                }
+                for name, p in model.named_parameters()
+                if p.requires_grad
+            }
+            inner = self.trainer.model_wrapped.optimizer.optimizer  # the torch optimizer under ZeRO's
+            PROBED["optimizer_steps"] = sorted({int(s["step"]) for s in inner.state.values() if "step" in s})
+
+        def on_step_end(self, args, state, control, **kwargs):
+            PROBED.setdefault("loss_at_step", {})[state.global_step] = fixed_batch_loss(self.trainer.model)
+
+    real_init = MarsTrainer.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self.add_callback(Probe(self))
+
+    MarsTrainer.__init__ = init
+
+
 def main() -> None:
     out, overrides = sys.argv[1], sys.argv[2:]
-    if overrides and overrides[0].startswith("--best-at="):
-        script_best(int(overrides.pop(0).split("=", 1)[1]))
+    while overrides and overrides[0].startswith("--"):
+        flag = overrides.pop(0)
+        if flag == "--probe":
+            probe()
+        else:
+            assert flag.startswith("--best-at="), flag
+            script_best(int(flag.split("=", 1)[1]))
     res = train(train_config(overrides))
     model = res.model
+    if PROBED:
+        PROBED["final_loss"] = fixed_batch_loss(model)
     model.eval()
     x = torch.arange(3, 23).view(2, 10)
     with torch.no_grad():
@@ -56,6 +117,7 @@ def main() -> None:
                 "threads": torch.get_num_threads(),
                 "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
                 "cpu_offload": bool(model.zero_cpu_offload()),
+                **PROBED,
             },
             out,
         )
