@@ -199,9 +199,10 @@ def resume_differences(cfg: TrainConfig, record: dict[str, Any], processes: int 
 
 
 def _value(config: dict[str, Any], key: str) -> Any:
+    node: Any = config
     for part in key.split("."):
-        config = config.get(part) if isinstance(config, dict) else None
-    return config
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
 
 
 def _refuse_resume(
@@ -221,8 +222,11 @@ def _refuse_resume(
     }
     if batch_keys & set(differs):
         micro, acc = cfg.trainer.per_device_train_batch_size, cfg.trainer.gradient_accumulation_steps
-        m0, a0 = t_then.get("per_device_train_batch_size"), t_then.get("gradient_accumulation_steps")
-        p0 = procs_then if procs_then is not None else procs_now
+        m0, a0 = (
+            int(t_then.get("per_device_train_batch_size", 0)),
+            int(t_then.get("gradient_accumulation_steps", 0)),
+        )
+        p0 = int(procs_then) if procs_then is not None else procs_now
         want = m0 * a0 * p0
         fix = ""
         if want % (micro * procs_now) == 0:
