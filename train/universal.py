@@ -167,7 +167,7 @@ def ensure_universal(checkpoint: str | Path, rank: int) -> None:
 def set_load_universal(engine: Any, on: bool) -> None:
     """Whether the DeepSpeed ``engine``'s next ``load_checkpoint`` reads a universal checkpoint.
 
-    DeepSpeed (0.16–0.19) reads it from the engine's parsed config (``engine._config.load_universal_checkpoint``)
+    DeepSpeed (checked on 0.19.8) reads it from the engine's parsed config (``engine._config.load_universal_checkpoint``)
     on every load and offers no setter: this is the one place that writes it."""
     config = getattr(engine, "_config", None)
     if config is None or not hasattr(config, "load_universal_checkpoint"):
