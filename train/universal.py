@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 
 LATEST_UNIVERSAL = "latest_universal"
 FAILED = "universal_failed"
-"""Rank 0 writes it into the checkpoint when ds_to_universal fails (its error inside); the waiting ranks raise on it."""
+"""Rank 0 writes it into the checkpoint when ds_to_universal fails (its error inside); the waiting ranks raise
+on it."""
 _RANK_FILE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
 
 
@@ -167,8 +168,9 @@ def ensure_universal(checkpoint: str | Path, rank: int) -> None:
 def set_load_universal(engine: Any, on: bool) -> None:
     """Whether the DeepSpeed ``engine``'s next ``load_checkpoint`` reads a universal checkpoint.
 
-    DeepSpeed (checked on 0.19.8) reads it from the engine's parsed config (``engine._config.load_universal_checkpoint``)
-    on every load and offers no setter: this is the one place that writes it."""
+    DeepSpeed (checked on 0.19.8) reads it from the engine's parsed config
+    (``engine._config.load_universal_checkpoint``) on every load and offers no setter: this is the one place that
+    writes it."""
     config = getattr(engine, "_config", None)
     if config is None or not hasattr(config, "load_universal_checkpoint"):
         raise RuntimeError(
