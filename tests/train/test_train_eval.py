@@ -67,8 +67,9 @@ def test_a_noisy_stream_equal_to_the_clean_argmax_simulates_k_prime_plus_one_per
     assert out["eval_blocks"] == len(expected[1])
     for k in range(1, K + 1):
         assert out[f"eval_tpc_k{k}"] == pytest.approx(sum(expected[k]) / len(expected[k]), abs=1e-4), k
-    # off-policy: only the blocks holding the end of turn (ĝ never says EOT there)
-    assert out["eval_offpolicy"] == pytest.approx(4 / len(expected[1]), abs=1e-4)
+    # off-policy: only the blocks holding the end of turn (ĝ never says EOT there), but for the one where it is the
+    # block's last token (19 = 4·4 + 3: a label at in-block index K − 1 precedes no proposal)
+    assert out["eval_offpolicy"] == pytest.approx(3 / len(expected[1]), abs=1e-4)
     assert trainer.state.log_history[-1]["eval_tpc_k4"] == out["eval_tpc_k4"]  # logged through the Trainer
 
 
