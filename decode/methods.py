@@ -190,6 +190,14 @@ def _check_nsd(params: Any) -> None:
         )
 
 
+def _check_prove(params: Any) -> None:
+    if not 0.0 <= params.theta <= 1.0:
+        raise ValueError(
+            f"prove's theta={params.theta} bounds p̃·q, a product of probabilities: pass a value in [0, 1] "
+            "(above 1 nothing past y_1 is ever accepted, which is method=ar)"
+        )
+
+
 def register_method(method: Method, *, replace: bool = False) -> Method:
     if method.name in METHODS and not replace:
         raise ValueError(f"method {method.name!r} is already registered")
@@ -251,7 +259,14 @@ register_method(
 )
 register_method(
     Method(
-        "prove", "block", "small", _prove, {"theta": 0.1}, ("theta", "block_size"), summary="ProVe: p̃·q ≥ θ"
+        "prove",
+        "block",
+        "small",
+        _prove,
+        {"theta": 0.1},
+        ("theta", "block_size"),
+        summary="ProVe: p̃·q ≥ θ",
+        check=_check_prove,
     )
 )
 register_method(
