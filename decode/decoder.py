@@ -87,6 +87,11 @@ class Decoder:
 
     ``fuse=True`` (block proposals the model verifies itself) makes each cycle one model pass: the
     verification pass also drafts the next block (``prove.decode.fused``; ``fuse_groups="auto"``, "all" or m).
+
+    ``fast`` (``True``, ``False``, ``"auto"``; default auto) runs ``ar`` and greedy unfused ``prove-lossless`` on
+    the fast path (``prove.decode.fast``: a static slot cache of ``cache_len`` slots, default
+    min(max_position_embeddings, 4096), CUDA graphs on CUDA); auto takes it on CUDA only, and only after the slot
+    cache agreed with ``DynamicCache`` on this model. The tokens are the same either way.
     """
 
     def __init__(
@@ -102,6 +107,7 @@ class Decoder:
         dtype: str = "float32",
         mask_token_id: int | None = None,
         trace: bool = False,
+        cache_len: int | None = None,
         **params: Any,
     ) -> None:
         loading.check_dtype(dtype, "dtype")
@@ -121,6 +127,7 @@ class Decoder:
         if self.method.drafts_blocks:  # pard: the draft's blocks, its own <|mask|> and trained K
             mask_id = self._check_draft_blocks(draft, aux["draft"], mask_token_id)
         self._assemble(target, aux, model_meta, mask_id)
+        self.fast_engine = self._build_fast(target, mask_id, cache_len)
 
     # -- the steps of __init__: resolve, load, check, assemble --------------------------------------------------
 
@@ -224,6 +231,41 @@ class Decoder:
             self.verifier = build_verifier(self.method.verifier, self.models)
         probe_wanted = self.trace and self.models.verifier is not None and not self.method.needs_verifier
         self.probe = ModelVerifier(self.models.verifier, is_target=False) if probe_wanted else None
+
+    def _build_fast(self, target: Any, mask_id: int | None, cache_len: int | None) -> Any:
+        """The fast path's engine when ``fast`` (true, or auto on CUDA) applies, else None: a clear error when
+        ``fast=true`` asks for what it cannot serve; auto falls back with one line when the slot cache's
+        self-check against ``DynamicCache`` fails on this model."""
+        from prove.decode import fast
+
+        want = self.params.fast if self.params.fast is not None else "auto"
+        if want is False or (want == "auto" and self.device.type != "cuda"):
+            return None
+        reason = fast.why_not(self.method, self.params, target)
+        if reason is None and self.trace:
+            reason = "it records no trace (trace=false)"
+        if reason is None:
+            reason = fast.self_check(target)
+        if reason is not None:
+            if want is True:
+                raise ValueError(
+                    f"fast=true cannot serve this decode: {reason}; pass fast=auto or fast=false"
+                )
+            if reason.startswith("the slot cache"):
+                warnings.warn(f"fast path off: {reason}; decoding on the reference path", stacklevel=3)
+            return None
+        limit = getattr(target.config, "max_position_embeddings", None) or fast.DEFAULT_CACHE_LEN
+        capacity = cache_len if cache_len is not None else min(limit, fast.DEFAULT_CACHE_LEN)
+        if capacity < 2:
+            raise ValueError(f"cache_len={capacity} must be ≥ 2 (a prompt token and a new one)")
+        block = self.params.block_size if self.method.name == "prove-lossless" else 0
+        return fast.FastEngine(
+            target,
+            block_size=int(block or 0),
+            mask_token_id=mask_id,
+            allowed=self.models.allowed,
+            capacity=capacity,
+        )
 
     @property
     def model(self) -> Any:
@@ -358,6 +400,14 @@ class Decoder:
         tok = self.tokenizer
         decode = None if tok is None else (lambda t: tok.decode(t, skip_special_tokens=False))
         stopper = Stopper(max_new_tokens, self.eos_ids(eos_token_id), list(stop or ()), decode)
+        if self.fast_engine is not None and on_cycle is not None and self.params.fast is True:
+            raise ValueError(
+                "on_cycle watches the reference loop: pass fast=false (or auto) to the Decoder to use it"
+            )
+        if self.fast_engine is not None and on_cycle is None:
+            new, stats = self.fast_engine.run(ids, stopper)
+            text = "" if tok is None else tok.decode(new, skip_special_tokens=True)
+            return GenerationResult(token_ids=new, text=text, stats=stats)
         new, stats = engine.run(
             ids,
             models=self.models,

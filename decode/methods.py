@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from prove.decode.config import SAMPLING_KEYS, DecodeParams
+from prove.decode.config import ENGINE_KEYS, SAMPLING_KEYS, DecodeParams
 from prove.decode.engine import CycleView
 from prove.decode.proposers import ProposerFactory
 from prove.decode.rules.base import Accept
@@ -141,9 +141,9 @@ DRAFT_K = 5
 
 METHODS: dict[str, Method] = {}
 
-METHOD_KEYS = tuple(k for k in DecodeParams.field_names() if k not in SAMPLING_KEYS)
-"""The ``DecodeParams`` that only some methods read (``Method.uses``); the sampling keys and the seed apply
-to every method."""
+METHOD_KEYS = tuple(k for k in DecodeParams.field_names() if k not in (*SAMPLING_KEYS, *ENGINE_KEYS))
+"""The ``DecodeParams`` that only some methods read (``Method.uses``); the sampling keys, the seed and the
+engine's ``fast`` apply to every method."""
 
 
 def resolve_params(

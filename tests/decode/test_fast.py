@@ -1,0 +1,146 @@
+"""The fast path (``prove.decode.fast``) on the CPU (no graphs): the same tokens as transformers' greedy
+``generate`` and the same per-cycle stats as the reference loop, the regular cycle under
+``torch.compile(fullgraph=True)`` with recompiles fatal, and its one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from prove.decode import Decoder
+
+from tests.decode.decode_helpers import hf_generate, mask_ids
+
+N = 24
+
+
+@pytest.fixture(scope="module")
+def echo_lm(make_lm):
+    """A random model with a narrow init: its block passes are often right, so blocks of several tokens get
+    accepted and EOS / stop strings / max_new_tokens fall inside them."""
+    return make_lm(seed=7, std=0.12)
+
+
+@pytest.fixture(scope="module")
+def fast_refs(lm, echo_lm, prompts, tokenizer):
+    return {
+        name: [hf_generate(m, p, N, suppress=mask_ids(tokenizer)) for p in prompts[:3]]
+        for name, m in (("lm", lm), ("echo", echo_lm))
+    }
+
+
+def _stats_key(stats):
+    return (
+        stats.committed_per_cycle,
+        stats.accepted_by_depth,
+        stats.proposed_by_depth,
+        stats.model_passes,
+        stats.new_tokens,
+    )
+
+
+@pytest.mark.parametrize("k", [0, 4, 16])
+@pytest.mark.parametrize("which", ["lm", "echo"])
+def test_fast_path_equals_generate_and_the_reference_loop(request, k, which, prompts, tokenizer, fast_refs):
+    """k = 0 is ``ar``. Fails if a slot, a position or the pending token is off by one (the tokens drift from
+    ``generate``), if the device rule commits other tokens than the reference rule, or if EOS / a stop string /
+    max_new_tokens cut a block elsewhere than the reference loop does (the per-cycle stats differ)."""
+    model = request.getfixturevalue("lm" if which == "lm" else "echo_lm")
+    method = {"method": "ar"} if k == 0 else {"method": "prove-lossless", "block_size": k}
+    fast = Decoder(model, tokenizer, fast=True, **method)
+    ref = Decoder(model, tokenizer, fast=False, **method)
+    assert fast.fast_engine is not None and ref.fast_engine is None
+    inside = 0
+    for p, want in zip(prompts[:3], fast_refs[which], strict=True):
+        cases = [{"max_new_tokens": n, "eos_token_id": []} for n in (1, 5, N)]
+        cases += [{"max_new_tokens": N, "eos_token_id": [want[j]]} for j in (3, 9)]
+        cases += [{"max_new_tokens": N, "eos_token_id": [], "stop": [tokenizer.decode(want[:7])[-2:]]}]
+        for kw in cases:
+            a, b = fast.generate(p, **kw), ref.generate(p, **kw)
+            assert a.token_ids == b.token_ids, kw
+            assert _stats_key(a.stats) == _stats_key(b.stats), kw
+            assert a.stats.fast is not None and b.stats.fast is None
+            if not kw["eos_token_id"] and "stop" not in kw:
+                assert a.token_ids == want[: kw["max_new_tokens"]]
+            last = a.stats.committed_per_cycle[-1]
+            inside += last > 1 and len(a.token_ids) < N
+    if which == "echo" and k > 0:
+        assert inside > 0, "no case ended inside a multi-token block: the test lost its point"
+
+
+SYNCS = {"item", "tolist", "nonzero", "_local_scalar_dense", "masked_select", "unique"}
+"""Operators that read a device value on the host (or size a tensor by one)."""
+
+
+def no_sync_backend(gm, example_inputs):
+    """``backend="eager"`` that first refuses a captured graph holding a host sync: torch ≥ 2.13 traces
+    ``.item()`` / ``int(t)`` into the graph as a data-dependent value instead of breaking it, so ``fullgraph=True``
+    alone no longer catches one."""
+    found = [str(n.target) for n in gm.graph.nodes if getattr(n.target, "__name__", str(n.target)) in SYNCS]
+    found += [
+        str(n.target) for n in gm.graph.nodes if str(n.target).split(".")[-2:-1] == ["_local_scalar_dense"]
+    ]
+    assert not found, f"host syncs inside the cycle: {found}"
+    return gm.forward
+
+
+def test_no_sync_backend_catches_a_host_read():
+    """The backend itself: fails if it let ``int(t)`` (a host read traced as a value) through."""
+
+    def f(x):
+        x.add_(int(x.sum()) + 1)
+        return x
+
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="host syncs inside the cycle"):
+        torch.compile(f, fullgraph=True, backend=no_sync_backend)(torch.zeros(3, dtype=torch.long))
+
+
+def test_regular_cycle_compiles_whole_without_syncs_or_recompiles(echo_lm, tokenizer, prompts):
+    """The regular-width cycle of every cycle of a whole decode under ``torch.compile(fullgraph=True)`` with
+    recompiles fatal after a warm-up decode. Fails on a host sync (``.item()``, ``int(t)``, ``.tolist()``,
+    ``nonzero``) or any graph break inside the cycle, and on shape or value drift that recompiles (e.g. a Python
+    int position)."""
+    torch._dynamo.reset()
+    dec = Decoder(echo_lm, tokenizer, method="prove-lossless", block_size=4, fast=True)
+    compiled = []
+
+    def wrap(step):
+        fn = torch.compile(step, fullgraph=True, backend=no_sync_backend)
+        compiled.append(fn)
+        return fn
+
+    dec.fast_engine.wrap_step(wrap)
+    want = [dec.generate(p, max_new_tokens=N, eos_token_id=[]).token_ids for p in prompts[:2]]
+    ref = Decoder(echo_lm, tokenizer, method="prove-lossless", block_size=4, fast=False)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for p, w in zip(prompts[:2], want, strict=True):
+            out = dec.generate(p, max_new_tokens=N, eos_token_id=[])
+            assert out.token_ids == w == ref.generate(p, max_new_tokens=N, eos_token_id=[]).token_ids
+            assert out.stats.fast["cycles"] > out.stats.fast["eager_cycles"] > 0
+    assert len(compiled) == 1
+
+
+def test_fast_true_refuses_what_it_cannot_serve(make_lm, lm, small, tokenizer, prompts):
+    """Fails if fast=true silently falls back (or crashes later) on a method, a setting or a model it does not
+    serve, or lets a request outgrow the cache it allocated."""
+    cases = [
+        ({"method": "mars", "block_size": 4}, "method mars is not on it"),
+        ({"method": "prove-lossless", "block_size": 4, "fuse": True}, "fused cycles"),
+        ({"method": "prove-lossless", "block_size": 4, "draft_threshold": 0.5}, "draft_threshold"),
+        ({"method": "ar", "temperature": 0.7}, "greedy only"),
+    ]
+    for kw, match in cases:
+        with pytest.raises(ValueError, match=f"fast=true cannot serve this decode: .*{match}.*fast=false"):
+            Decoder(lm, tokenizer, fast=True, **kw)
+    sliding = make_lm(seed=2)
+    sliding.config.use_sliding_window, sliding.config.sliding_window = True, 4
+    with pytest.raises(ValueError, match="sliding attention window; pass fast=auto or fast=false"):
+        Decoder(sliding, tokenizer, method="ar", fast=True)
+    # auto on the CPU: the reference path (the demo's speed is unchanged)
+    assert Decoder(lm, tokenizer, method="ar").fast_engine is None
+    dec = Decoder(lm, tokenizer, method="ar", fast=True, cache_len=12)
+    with pytest.raises(ValueError, match=r"need 14 KV slots but the fast path allocated 12: .*cache_len=14"):
+        dec.generate(prompts[0][:4], max_new_tokens=10)
+    assert len(dec.generate(prompts[0][:4], max_new_tokens=8, eos_token_id=[]).token_ids) == 8
+    with pytest.raises(ValueError, match="fast='yes': give true, false or auto"):
+        Decoder(lm, tokenizer, method="ar", fast="yes")
