@@ -88,6 +88,8 @@ class FastEngine:
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         self._graph: Any = None
         self._regular: Any = self.step
+        self._inject: torch.Tensor | None = None
+        self._inject_at = torch.zeros((), dtype=torch.long, device=self.device)
         self.counters = {"cycles": 0, "graph_replays": 0, "eager_cycles": 0, "syncs": 0, "passes": 0}
         self.cycle_s = 0.0
         """Host seconds from launching a cycle to holding its record (the device's work included)."""
@@ -124,9 +126,22 @@ class FastEngine:
         greedy = self._forward(torch.cat([self.last, y]), self.pos, k + 1).argmax(-1)  # (k+1,)
         # 3) accept: the rule's sync-free twin; 4) commit on the device: the new pending token and its position
         n, extra = greedy_match_twin(y, greedy)
+        if self._inject is not None:  # a benchmark's preset acceptance, after the rule's full computation
+            n = torch.minimum(self._inject[self._inject_at], torch.tensor(k, device=self.device))
+            extra = greedy.gather(0, n.view(1)).view(())
+            self._inject_at.add_(1).remainder_(self._inject.shape[0])
         self.last.copy_(extra.view(1))
         self.pos.add_(n + 1)
         return commit_record(y, n, extra)
+
+    def inject(self, accepted: Sequence[int] | None) -> None:
+        """Benchmarks only (random weights accept nothing): from now on cycle c accepts ``accepted[c % len]`` proposed
+        tokens (at most its block; c counts from each request's first cycle), read from a preloaded device buffer after the rule has run, so a cycle costs what
+        a real one with that acceptance costs; the committed tokens are then not the model's greedy ones. ``None``
+        turns it off. The captured graph is rebuilt."""
+        self._inject = None if accepted is None else torch.tensor(list(accepted), device=self.device)
+        self._inject_at.zero_()
+        self._graph = None
 
     def wrap_step(self, wrapper: Any) -> None:
         """Run the regular-width cycle through ``wrapper(self.step)`` (the tests: ``torch.compile`` with
@@ -200,6 +215,7 @@ class FastEngine:
             raise ValueError("the prompt is empty: give at least one token")
         self.check_room(len(prompt_ids), stopper.max_new_tokens)
         start, start_s = dict(self.counters), self.cycle_s
+        self._inject_at.zero_()  # an injected acceptance starts over with every request
         t0 = time.perf_counter()
         self.prefill(prompt_ids)
         new: list[int] = []

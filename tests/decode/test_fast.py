@@ -144,3 +144,16 @@ def test_fast_true_refuses_what_it_cannot_serve(make_lm, lm, small, tokenizer, p
     assert len(dec.generate(prompts[0][:4], max_new_tokens=8, eos_token_id=[]).token_ids) == 8
     with pytest.raises(ValueError, match="fast='yes': give true, false or auto"):
         Decoder(lm, tokenizer, method="ar", fast="yes")
+
+
+def test_injected_acceptance_sets_each_cycles_count(lm, tokenizer, prompts):
+    """The benchmark hook (gpu-check's injected acceptance): fails if the preset counts do not decide each cycle's
+    committed length (n + 1, n capped by the block), or if turning it off does not restore the model's greedy
+    output."""
+    dec = Decoder(lm, tokenizer, method="prove-lossless", block_size=4, fast=True)
+    want = dec.generate(prompts[0], max_new_tokens=20, eos_token_id=[]).token_ids
+    dec.fast_engine.inject([3, 1, 9])
+    out = dec.generate(prompts[0], max_new_tokens=20, eos_token_id=[])
+    assert out.stats.committed_per_cycle == [4, 2, 5, 4, 2, 3]  # the last: 2 tokens of budget left
+    dec.fast_engine.inject(None)
+    assert dec.generate(prompts[0], max_new_tokens=20, eos_token_id=[]).token_ids == want
