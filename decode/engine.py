@@ -319,7 +319,8 @@ class Stats:
     fast: dict[str, int] | None = None
     """Only when the fast path ran (``prove.decode.fast``): its counters for this request — ``cycles``,
     ``graph_replays`` (CUDA graphs replayed), ``eager_cycles`` (cycles of another width, run without the graph),
-    ``syncs`` (host reads of the device), ``passes`` (prefill included), ``graphs`` (1 if graphs were on)."""
+    ``syncs`` (host reads of the device), ``passes`` (prefill included), ``captures`` (CUDA graphs captured),
+    ``graphs`` (1 if graphs were on)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a JSON-ready dict (``trace`` and ``fast`` only when present): what output records store."""

@@ -90,7 +90,14 @@ class FastEngine:
         self._regular: Any = self.step
         self._inject: torch.Tensor | None = None
         self._inject_at = torch.zeros((), dtype=torch.long, device=self.device)
-        self.counters = {"cycles": 0, "graph_replays": 0, "eager_cycles": 0, "syncs": 0, "passes": 0}
+        self.counters = {
+            "cycles": 0,
+            "graph_replays": 0,
+            "eager_cycles": 0,
+            "syncs": 0,
+            "passes": 0,
+            "captures": 0,
+        }
         self.cycle_s = 0.0
         """Host seconds from launching a cycle to holding its record (the device's work included)."""
 
@@ -186,7 +193,31 @@ class FastEngine:
             self.record.copy_(self.step(self.K))
         self.last.copy_(saved[0])
         self.pos.copy_(saved[1])
+        self.counters["captures"] += 1
         return graph
+
+    def replay_ms(self, repeats: int = 20) -> float | None:
+        """GPU milliseconds of one regular cycle: back-to-back replays of the captured graph timed with CUDA events
+        (launches queue ahead, so this is the device's time, not the host's). None without a captured graph (off
+        CUDA, or before a request). The replays start at position 0 (a pass attends every slot, so its cost does
+        not depend on where it sits) and overwrite the cache: what they leave is stale, and the next request's
+        prefill and passes write every slot before a row may read it; the pending token and position are restored."""
+        if self._graph is None:
+            return None
+        repeats = min(repeats, self.capacity // (self.K + 1))
+        saved = (self.last.clone(), self.pos.clone(), self._inject_at.clone())
+        self.pos.zero_()
+        torch.cuda.synchronize(self.device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            self._graph.replay()
+        end.record()
+        end.synchronize()
+        self.last.copy_(saved[0])
+        self.pos.copy_(saved[1])
+        self._inject_at.copy_(saved[2])
+        return float(start.elapsed_time(end)) / repeats
 
     # -- a request ----------------------------------------------------------------------------------------------
 
