@@ -232,7 +232,6 @@ def graph_curve(model: Any, cfg: CheckConfig, vocab: int) -> dict[int, float]:
             else:
                 times = [timer(pass_, ids, start)[0] for _ in range(cfg.warmup + cfg.repeats)]
             out[w] = statistics.median(times[cfg.warmup :])
-    del cache
     return out
 
 
