@@ -134,7 +134,7 @@ class FastEngine:
         # 3) accept: the rule's sync-free twin; 4) commit on the device: the new pending token and its position
         n, extra = greedy_match_twin(y, greedy)
         if self._inject is not None:  # a benchmark's preset acceptance, after the rule's full computation
-            n = torch.minimum(self._inject[self._inject_at], torch.tensor(k, device=self.device))
+            n = self._inject[self._inject_at].clamp(max=k)  # a scalar bound: no host-to-device copy
             extra = greedy.gather(0, n.view(1)).view(())
             self._inject_at.add_(1).remainder_(self._inject.shape[0])
         self.last.copy_(extra.view(1))
