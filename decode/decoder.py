@@ -126,8 +126,11 @@ class Decoder:
         aux = self._load_aux(verifier, draft, dtype)
         if self.method.drafts_blocks:  # pard: the draft's blocks, its own <|mask|> and trained K
             mask_id = self._check_draft_blocks(draft, aux["draft"], mask_token_id)
+        fast_on = self._fast_applies(target)
+        if fast_on and self.params.fuse:  # the fast path runs every group: skip auto's start-up timing
+            self.params = dataclasses.replace(self.params, fuse_groups="all")
         self._assemble(target, aux, model_meta, mask_id)
-        self.fast_engine = self._build_fast(target, mask_id, cache_len)
+        self.fast_engine = self._build_fast(target, mask_id, cache_len) if fast_on else None
 
     # -- the steps of __init__: resolve, load, check, assemble --------------------------------------------------
 
@@ -232,15 +235,15 @@ class Decoder:
         probe_wanted = self.trace and self.models.verifier is not None and not self.method.needs_verifier
         self.probe = ModelVerifier(self.models.verifier, is_target=False) if probe_wanted else None
 
-    def _build_fast(self, target: Any, mask_id: int | None, cache_len: int | None) -> Any:
-        """The fast path's engine when ``fast`` (true, or auto on CUDA) applies, else None: a clear error when
-        ``fast=true`` asks for what it cannot serve; auto falls back with one line when the slot cache's
-        self-check against ``DynamicCache`` fails on this model."""
+    def _fast_applies(self, target: Any) -> bool:
+        """Whether the fast path runs this decode: ``fast`` true, or auto on CUDA, and a method, setting and model
+        it serves. ``fast=true`` on what it cannot serve is a clear error; auto falls back with one line when the
+        slot cache's self-check against ``DynamicCache`` fails on this model."""
         from prove.decode import fast
 
         want = self.params.fast if self.params.fast is not None else "auto"
         if want is False or (want == "auto" and self.device.type != "cuda"):
-            return None
+            return False
         reason = fast.why_not(self.method, self.params, target)
         if reason is None and self.trace:
             reason = "it records no trace (trace=false)"
@@ -252,8 +255,14 @@ class Decoder:
                     f"fast=true cannot serve this decode: {reason}; pass fast=auto or fast=false"
                 )
             if reason.startswith("the slot cache"):
-                warnings.warn(f"fast path off: {reason}; decoding on the reference path", stacklevel=3)
-            return None
+                warnings.warn(f"fast path off: {reason}; decoding on the reference path", stacklevel=4)
+            return False
+        return True
+
+    def _build_fast(self, target: Any, mask_id: int | None, cache_len: int | None) -> Any:
+        """The fast path's engine (``_fast_applies`` said yes), its cache of ``cache_len`` slots allocated."""
+        from prove.decode import fast
+
         limit = getattr(target.config, "max_position_embeddings", None) or fast.DEFAULT_CACHE_LEN
         capacity = cache_len if cache_len is not None else min(limit, fast.DEFAULT_CACHE_LEN)
         if capacity < 2:
@@ -265,6 +274,7 @@ class Decoder:
             mask_token_id=mask_id,
             allowed=self.models.allowed,
             capacity=capacity,
+            fused=bool(self.params.fuse),
         )
 
     @property

@@ -1,24 +1,28 @@
-"""The fast path (docs/design.md §3.0): a static slot cache, a fixed-width cycle on the device, one small record
-to the host per cycle.
+"""The fast path (docs/design.md §3, "The fast path"): a static slot cache, a fixed-width cycle on the device, one
+small record to the host per cycle.
 
-What runs here: ``ar`` and ``prove-lossless`` (unfused), greedy. Their cycle is one function of persistent
+What runs here: ``ar`` and greedy ``prove-lossless``, unfused and fused. Their cycle is one function of persistent
 device buffers (``FastEngine.step``): the pending token ``last`` and its position ``pos`` (= the valid length of
-the slot cache: slot = position, always). A ``prove-lossless`` cycle feeds the block pass ``[last, M×(K−1)]`` at
-positions pos..pos+K−1, takes its argmaxes y_1..y_K, feeds the verification pass ``[last, y_1..y_K]`` over the
-same slots (the placeholders' stale K/V simply overwritten), runs the rule's sync-free twin
-(``rules.twins.greedy_match_twin``), moves ``last`` / ``pos`` on by the committed count and writes the record
-[count, tokens]. An ``ar`` cycle is the same with K = 0 (the verification pass alone). The host reads the record
-(the one sync of a cycle) and applies EOS, stop strings and ``max_new_tokens`` with the engine's ``Stopper``, exactly
-as the reference loop (``prove.decode.engine.run``) does; a block that ran past EOS is cut there.
+the slot cache: slot = position, always). An unfused ``prove-lossless`` cycle feeds the block pass
+``[last, M×(K−1)]`` at positions pos..pos+K−1, takes its argmaxes y_1..y_K, feeds the verification pass
+``[last, y_1..y_K]`` over the same slots (the placeholders' stale K/V simply overwritten), runs the rule's sync-free
+twin (``rules.twins.greedy_match_twin``), moves ``last`` / ``pos`` on by the committed count and writes the record
+[count, tokens]. An ``ar`` cycle is the same with K = 0 (the verification pass alone). A fused cycle
+(``fused_step``) is one tree pass of K² entries — the carried proposal and, after every acceptance length, its
+group of K − 1 placeholders (``prove.decode.fused`` with ``fuse_groups=all``, without the second candidate) — whose
+accepted group becomes the next proposal. The host reads the record (the one sync of a cycle) and applies EOS,
+stop strings and ``max_new_tokens`` with the engine's ``Stopper``, exactly as the reference loop
+(``prove.decode.engine.run``) does; a block that ran past EOS is cut there.
 
-Widths. The regular cycle has fixed widths (K and K + 1; 1 for ar). On CUDA it is captured once as a CUDA graph and
-replayed; elsewhere the same function runs as is (so every CPU test exercises it). A cycle of any other width
-(the last cycles, when the token budget is below K) runs the same function eagerly on the same slot cache, and the
-stats count it (``Stats.fast['eager_cycles']``). Prefill is eager.
+Widths. The regular cycle has fixed widths (K and K + 1; 1 for ar; K² fused). On CUDA it is captured once as a CUDA
+graph and replayed; elsewhere the same function runs as is (so every CPU test exercises it). An unfused cycle of
+another width (the last cycles, when the token budget is below K) runs the same function eagerly on the same slot
+cache, and the stats count it (``Stats.fast['eager_cycles']``); a fused cycle keeps its tree to the end and the host
+cuts what runs past the budget. Prefill is eager.
 
-Everything else (sampling, mars, prove, the SD family, fused cycles, ``draft_threshold``, a trace or an
-``on_cycle`` hook) takes the reference path; ``fast=auto`` chooses this path on CUDA for a model the slot cache
-serves (``slot_cache.unsupported_reason``) after a self-check against ``DynamicCache`` (``self_check``).
+Everything else (sampling, mars, prove, pard, the SD family, ``draft_threshold``, a trace or an ``on_cycle`` hook)
+takes the reference path; ``fast=auto`` chooses this path on CUDA for a model the slot cache serves
+(``slot_cache.unsupported_reason``) after a self-check against ``DynamicCache`` (``self_check``).
 """
 
 from __future__ import annotations
@@ -30,11 +34,12 @@ from typing import Any
 import torch
 from prove.decode.engine import Stats, Stopper, _Tally
 from prove.decode.rules.twins import commit_record, greedy_match_twin
-from prove.decode.slot_cache import SlotCache, linear_mask, unsupported_reason
+from prove.decode.slot_cache import SlotCache, linear_mask, slot_mask, unsupported_reason
 from transformers import DynamicCache
 
 FAST_METHODS = ("ar", "prove-lossless")
-"""The methods the fast path runs (greedy, unfused, without draft_threshold); the rest take the reference path."""
+"""The methods the fast path runs (greedy, without draft_threshold; prove-lossless fused or not); the rest take the
+reference path."""
 
 DEFAULT_CACHE_LEN = 4096
 """Slots the fast path allocates unless ``cache_len`` says otherwise (capped by ``max_position_embeddings``)."""
@@ -46,8 +51,8 @@ def why_not(method: Any, params: Any, model: Any) -> str | None:
         return f"method {method.name} is not on it (it runs {', '.join(FAST_METHODS)})"
     if params.temperature > 0:
         return "it is greedy only (temperature=0)"
-    if params.fuse:
-        return "fused cycles are not on it yet (fuse=false)"
+    if params.fuse and (params.block_size or 0) < 2:
+        return "a fused cycle needs block_size ≥ 2"
     if params.draft_threshold:
         return "draft_threshold cuts proposals to varying widths (draft_threshold=0)"
     reason = unsupported_reason(model.config)
@@ -69,9 +74,11 @@ class FastEngine:
         allowed: torch.Tensor | None,
         capacity: int,
         graphs: bool | None = None,
+        fused: bool = False,
     ) -> None:
         self.model = model
         self.K = block_size
+        self.fused = fused
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.cache = SlotCache.for_model(model, capacity)
@@ -85,6 +92,8 @@ class FastEngine:
         self.last = torch.zeros(1, dtype=torch.long, device=self.device)
         self.pos = torch.zeros((), dtype=torch.long, device=self.device)
         self.record = torch.zeros(block_size + 2, dtype=torch.long, device=self.device)
+        if fused:
+            self._tree_constants(block_size)
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         self._graph: Any = None
         self._regular: Any = self.step
@@ -102,6 +111,74 @@ class FastEngine:
         """Host seconds from launching a cycle to holding its record (the device's work included)."""
 
     # -- the device cycle ---------------------------------------------------------------------------------------
+
+    def _tree_constants(self, K: int) -> None:
+        """The fused tree of block size K with every group (``fuse_groups=all``, no second candidate): entries
+        [c, y_1..y_{K−1}, G_0, …, G_{K−1}], each G_j of K − 1 placeholders, W = K² in all, written at slots
+        pos..pos+W−1 in that order, so the chain c, y_1.. sits at slot = position and the groups in scratch slots
+        past it (never kept: the accepted y's are contiguous after the context, as in ``prove.decode.fused``).
+        Positions: y_i at pos + i; G_j's placeholder r at pos + 1 + j + r. G_j's row r sees c, y_1..y_j and G_j's
+        rows 0..r: the block pass from y_j."""
+        from prove.decode.fused import tree_layout
+
+        k = K - 1
+        layout = tree_layout(k, [(j, k) for j in range(k + 1)])
+        attend = layout.attend  # (E, E) over [y, groups]
+        E = layout.width
+        W = E + 1
+        local = torch.zeros(W, W + 1, dtype=torch.bool)  # a last column of False: "not in the pass"
+        local[:, 0] = True  # every entry sees c
+        local[1:, 1:W] = attend
+        self.tree_local = local.to(self.device)
+        self.tree_pos = torch.cat([torch.zeros(1, dtype=torch.long), layout.offsets + 1]).to(
+            self.device
+        )  # (W,)
+        self.group_rows = torch.tensor(
+            [1 + start for _, start, _ in layout.groups], device=self.device
+        )  # (K,)
+        self.carried = torch.zeros(k, dtype=torch.long, device=self.device)  # the proposal y_1..y_{K−1}
+        self.have = torch.zeros((), dtype=torch.long, device=self.device)  # 0 before the first cycle
+        self.record = torch.zeros(K + 1, dtype=torch.long, device=self.device)
+        self.width = W
+
+    def fused_step(self) -> torch.Tensor:
+        """One fused cycle: the tree pass verifies the carried proposal and drafts the next one after every
+        acceptance length (``prove.decode.fused``); the rule's twin picks n, and G_n's rows are the next proposal.
+        The first cycle of a request carries nothing (``have`` = 0): n = 0, the pass's first row is an AR step and
+        G_0 drafts. No host sync, fixed width."""
+        K, W, S = self.K, self.width, self.capacity
+        ids = torch.cat([self.last, self.carried, self.mask_fill.repeat(K)])  # (W,) = [c, y, G_0..G_{K−1}]
+        slots = self.pos + torch.arange(W, device=self.device)  # chain at slot = position, groups after it
+        self.cache.set_slots(slots)
+        rel = torch.arange(S, device=self.device) - self.pos  # (S,) a slot's index within the pass
+        inside = (rel >= 0) & (rel < W)
+        see = (
+            torch.index_select(self.tree_local, 1, torch.where(inside, rel, W)) | (rel < 0)[None, :]
+        )  # (W, S)
+        out = self.model(
+            input_ids=ids[None],
+            position_ids=(self.pos + self.tree_pos)[None],
+            past_key_values=self.cache,
+            attention_mask=slot_mask(see, self.dtype),
+            use_cache=True,
+            logits_to_keep=W,
+        )
+        logits = out.logits[0].float() + self.penalty  # (W, V)
+        greedy = logits[:K].argmax(-1)  # (K,): g_1..g_K after c, y_1..y_{K−1}
+        n, extra = greedy_match_twin(self.carried, greedy)
+        n = n * self.have  # nothing carried yet: an AR step
+        extra = greedy.gather(0, n.view(1)).view(())
+        if self._inject is not None:
+            n = self._inject.gather(0, self._inject_at.view(1)).view(()).clamp(max=K - 1) * self.have
+            extra = greedy.gather(0, n.view(1)).view(())
+            self._inject_at.add_(1).remainder_(self._inject.shape[0])
+        record = commit_record(self.carried, n, extra)
+        rows = self.group_rows.gather(0, n.view(1)) + torch.arange(K - 1, device=self.device)  # G_n's rows
+        self.carried.copy_(torch.softmax(logits.index_select(0, rows), -1).argmax(-1))
+        self.have.fill_(1)
+        self.last.copy_(extra.view(1))
+        self.pos.add_(n + 1)
+        return record
 
     def _forward(self, ids: torch.Tensor, start: torch.Tensor, rows: int) -> torch.Tensor:
         """The model over ``ids`` (W,) at positions = slots start..start+W−1 on the slot cache; logits of the last
@@ -121,7 +198,10 @@ class FastEngine:
 
     def step(self, k: int) -> torch.Tensor:
         """One cycle with a block of ``k`` (0 = AR): reads and advances ``last`` / ``pos`` in place and returns the
-        record (k + 2,): [committed count, tokens...]. No host sync, no shape that depends on a value."""
+        record (k + 2,): [committed count, tokens...]. No host sync, no shape that depends on a value. Fused: the
+        fused cycle (``fused_step``; k is always K)."""
+        if self.fused:
+            return self.fused_step()
         if k > 0:
             # 1) propose: the block pass [last, M×(k−1)]; y_i = argmax of the softmax (ties: first index, as the
             # reference BlockProposer)
@@ -134,7 +214,9 @@ class FastEngine:
         # 3) accept: the rule's sync-free twin; 4) commit on the device: the new pending token and its position
         n, extra = greedy_match_twin(y, greedy)
         if self._inject is not None:  # a benchmark's preset acceptance, after the rule's full computation
-            n = self._inject[self._inject_at].clamp(max=k)  # a scalar bound: no host-to-device copy
+            n = (
+                self._inject.gather(0, self._inject_at.view(1)).view(()).clamp(max=k)
+            )  # a scalar bound: no host-to-device copy
             extra = greedy.gather(0, n.view(1)).view(())
             self._inject_at.add_(1).remainder_(self._inject.shape[0])
         self.last.copy_(extra.view(1))
@@ -169,7 +251,7 @@ class FastEngine:
         else:
             record = self.step(k)
             self.counters["eager_cycles"] += 1
-        self.counters["passes"] += 1 + (k > 0)
+        self.counters["passes"] += 1 + (k > 0 and not self.fused)
         self.counters["syncs"] += 1
         self.counters["cycles"] += 1
         out = record.tolist()
@@ -179,22 +261,34 @@ class FastEngine:
     def _capture(self) -> Any:
         """The regular cycle as a CUDA graph over the persistent buffers (warmed up on a side stream first). Its
         replay advances ``last`` / ``pos`` and fills ``record``; capture leaves the state as it found it."""
-        saved = (self.last.clone(), self.pos.clone())
+        saved = self._state()
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):
                 self.record.copy_(self.step(self.K))
-                self.last.copy_(saved[0])
-                self.pos.copy_(saved[1])
+                self._restore(saved)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             self.record.copy_(self.step(self.K))
-        self.last.copy_(saved[0])
-        self.pos.copy_(saved[1])
+        self._restore(saved)
         self.counters["captures"] += 1
         return graph
+
+    def _state(self) -> list[torch.Tensor]:
+        """Copies of every buffer a cycle advances (what capture and timing replays put back)."""
+        bufs = [self.last, self.pos, self._inject_at] + ([self.carried, self.have] if self.fused else [])
+        return [b.clone() for b in bufs]
+
+    def _restore(self, saved: list[torch.Tensor]) -> None:
+        bufs = [self.last, self.pos, self._inject_at] + ([self.carried, self.have] if self.fused else [])
+        for b, v in zip(bufs, saved, strict=True):
+            b.copy_(v)
+
+    def _widest(self) -> int:
+        """Slots a pass may write past the pending token's: the fused tree's width, else a verify pass's K + 1."""
+        return self.width if self.fused else self.K + 1
 
     def replay_ms(self, repeats: int = 20) -> float | None:
         """GPU milliseconds of one regular cycle: back-to-back replays of the captured graph timed with CUDA events
@@ -204,8 +298,8 @@ class FastEngine:
         prefill and passes write every slot before a row may read it; the pending token and position are restored."""
         if self._graph is None:
             return None
-        repeats = min(repeats, self.capacity // (self.K + 1))
-        saved = (self.last.clone(), self.pos.clone(), self._inject_at.clone())
+        repeats = min(repeats, (self.capacity - self._widest()) // (self.K + 1))
+        saved = self._state()
         self.pos.zero_()
         torch.cuda.synchronize(self.device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -214,19 +308,22 @@ class FastEngine:
             self._graph.replay()
         end.record()
         end.synchronize()
-        self.last.copy_(saved[0])
-        self.pos.copy_(saved[1])
-        self._inject_at.copy_(saved[2])
+        self._restore(saved)
         return float(start.elapsed_time(end)) / repeats
 
     # -- a request ----------------------------------------------------------------------------------------------
 
+    def slots_needed(self, prompt_len: int, max_new_tokens: int) -> int:
+        """KV slots a request uses: its positions, plus the fused tree's scratch past the last pending token."""
+        return prompt_len + max_new_tokens + (self.width - 1 if self.fused else 0)
+
     def check_room(self, prompt_len: int, max_new_tokens: int) -> None:
-        if prompt_len + max_new_tokens > self.capacity:
+        need = self.slots_needed(prompt_len, max_new_tokens)
+        if need > self.capacity:
             raise ValueError(
-                f"the prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) need "
-                f"{prompt_len + max_new_tokens} KV slots but the fast path allocated {self.capacity}: build the "
-                f"Decoder with cache_len={prompt_len + max_new_tokens} or more, or pass fast=false"
+                f"the prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) need {need} KV slots but "
+                f"the fast path allocated {self.capacity}: build the Decoder with cache_len={need} or more, or pass "
+                "fast=false"
             )
 
     def prefill(self, prompt: Sequence[int]) -> None:
@@ -238,6 +335,8 @@ class FastEngine:
             self.counters["passes"] += 1
         self.last.fill_(int(prompt[-1]))
         self.pos.fill_(P - 1)
+        if self.fused:
+            self.have.zero_()
 
     @torch.no_grad()
     def run(self, prompt_ids: Sequence[int], stopper: Stopper) -> tuple[list[int], Stats]:
@@ -255,13 +354,16 @@ class FastEngine:
         while not done:
             # the block a reference cycle would propose: what the budget allows, less the correction / bonus
             k = min(self.K, stopper.max_new_tokens - len(new) - 1)
+            if self.fused:  # one tree whatever the budget: what runs past it is cut on the host
+                k = self.K
             tokens = self._cycle(k)
             before = len(new)
             done = stopper.commit(new, tokens)
             committed = len(new) - before
             self.cache.length = len(prompt_ids) - 1 + len(new)
             tally.committed_per_cycle.append(committed)
-            tally.count(k, min(len(tokens) - 1, committed))
+            proposed = (self.K - 1) * (len(tally.committed_per_cycle) > 1) if self.fused else k
+            tally.count(proposed, min(len(tokens) - 1, committed))
         wall = time.perf_counter() - t0
         fast = {key: self.counters[key] - start[key] for key in self.counters}
         fast["graphs"] = int(self.graphs)
