@@ -189,3 +189,36 @@ def test_fused_fast_path_equals_generate(k, echo_lm, prompts, tokenizer, fast_re
     # little better); some cycles must accept, or the comparison says nothing
     assert all(f >= 0.9 * r for f, r in per_pass), per_pass
     assert max(f for f, _ in per_pass) > 1.1
+
+
+class CacheLengthPositions(torch.nn.Module):
+    """A causal LM that reads its positions from the cache's length and builds its own causal mask, ignoring
+    ``position_ids`` and a given mask: what the slot cache cannot serve (its length is the engine's)."""
+
+    def __init__(self, inner) -> None:
+        super().__init__()
+        self.inner, self.config = inner, inner.config
+
+    def get_output_embeddings(self):
+        return self.inner.get_output_embeddings()
+
+    def get_input_embeddings(self):
+        return self.inner.get_input_embeddings()
+
+    def forward(self, input_ids, past_key_values=None, position_ids=None, attention_mask=None, use_cache=True,
+                logits_to_keep=0):  # fmt: skip
+        return self.inner(input_ids=input_ids, past_key_values=past_key_values, use_cache=use_cache)
+
+
+def test_self_check_refuses_a_model_the_slot_cache_breaks(lm, tokenizer):
+    """The self-check run when a Decoder takes the fast path: fails if a model that ignores position_ids and the
+    mask (positions from the cache length) passes it — it would decode wrong on the slot cache."""
+    from prove.decode.fast import self_check
+
+    assert self_check(lm) is None
+    broken = CacheLengthPositions(lm)
+    assert "differ from DynamicCache" in (self_check(broken) or "")
+    with pytest.raises(
+        ValueError, match="fast=true cannot serve this decode: the slot cache's logits differ"
+    ):
+        Decoder(broken, tokenizer, method="ar", fast=True)
