@@ -18,7 +18,8 @@ Widths. The regular cycle has fixed widths (K and K + 1; 1 for ar; K² fused). O
 graph and replayed; elsewhere the same function runs as is (so every CPU test exercises it). An unfused cycle of
 another width (the last cycles, when the token budget is below K) runs the same function eagerly on the same slot
 cache, and the stats count it (``Stats.fast['eager_cycles']``); a fused cycle keeps its tree to the end and the host
-cuts what runs past the budget. Prefill is eager.
+cuts what runs past the budget. Prefill is eager. With graphs (``pipeline``), cycle c + 1 is launched before cycle
+c's record is read wherever the budget allows, so the device never waits for the host's stopping work.
 
 Everything else (sampling, mars, prove, pard, the SD family, ``draft_threshold``, a trace or an ``on_cycle`` hook)
 takes the reference path; ``fast=auto`` chooses this path on CUDA for a model the slot cache serves
@@ -106,7 +107,10 @@ class FastEngine:
             "syncs": 0,
             "passes": 0,
             "captures": 0,
+            "dropped_cycles": 0,
         }
+        self.pipeline = self.graphs
+        """Launch cycle c + 1 before reading cycle c's record where the budget allows (default: with graphs)."""
         self.cycle_s = 0.0
         """Host seconds from launching a cycle to holding its record (the device's work included)."""
 
@@ -237,9 +241,9 @@ class FastEngine:
         ``fullgraph=True``, which fails on a host sync or a graph break, and recompiles made fatal)."""
         self._regular = wrapper(self.step)
 
-    def _cycle(self, k: int) -> list[int]:
-        """Run one cycle (replaying the captured graph for the regular width) and read its record: one sync."""
-        t0 = time.perf_counter()
+    def _launch(self, k: int) -> tuple[torch.Tensor, Any, int]:
+        """Start one cycle (replaying the captured graph for the regular width) and queue its record's copy to the
+        host; returns (host record, CUDA event or None, k). Nothing waits for the device here."""
         if k == self.K and self.graphs:
             if self._graph is None:
                 self._graph = self._capture()
@@ -251,11 +255,23 @@ class FastEngine:
         else:
             record = self.step(k)
             self.counters["eager_cycles"] += 1
+        if self.device.type != "cuda":
+            return record.clone(), None, k
+        host = torch.empty(record.shape, dtype=record.dtype, pin_memory=True)
+        host.copy_(record, non_blocking=True)  # stream-ordered before a later replay rewrites ``record``
+        event = torch.cuda.Event()
+        event.record()
+        return host, event, k
+
+    def _read(self, launched: tuple[torch.Tensor, Any, int]) -> list[int]:
+        """Wait for a launched cycle's record (the cycle's one sync) and return its committed tokens."""
+        host, event, k = launched
+        if event is not None:
+            event.synchronize()
         self.counters["passes"] += 1 + (k > 0 and not self.fused)
         self.counters["syncs"] += 1
         self.counters["cycles"] += 1
-        out = record.tolist()
-        self.cycle_s += time.perf_counter() - t0
+        out = host.tolist()
         return out[1 : 1 + out[0]]
 
     def _capture(self) -> Any:
@@ -351,12 +367,29 @@ class FastEngine:
         new: list[int] = []
         tally = _Tally()
         done = False
+        ahead: tuple[torch.Tensor, Any, int] | None = (
+            None  # a regular cycle launched before the last was read
+        )
         while not done:
             # the block a reference cycle would propose: what the budget allows, less the correction / bonus
             k = min(self.K, stopper.max_new_tokens - len(new) - 1)
             if self.fused:  # one tree whatever the budget: what runs past it is cut on the host
                 k = self.K
-            tokens = self._cycle(k)
+            c0 = time.perf_counter()
+            launched = ahead if ahead is not None else self._launch(k)
+            k = launched[2]
+            # launch the next cycle before reading this one's record where the budget surely leaves it a regular
+            # width whatever this one commits (≤ K + 1 tokens): the device never waits for the host's EOS, stop
+            # string and budget work. If this cycle ends the request, the next one's work is dropped.
+            ahead = None
+            if (
+                self.pipeline
+                and k == self.K
+                and (self.fused or len(new) + 2 * self.K + 2 <= stopper.max_new_tokens)
+            ):
+                ahead = self._launch(self.K)
+            tokens = self._read(launched)
+            self.cycle_s += time.perf_counter() - c0
             before = len(new)
             done = stopper.commit(new, tokens)
             committed = len(new) - before
@@ -364,6 +397,10 @@ class FastEngine:
             tally.committed_per_cycle.append(committed)
             proposed = (self.K - 1) * (len(tally.committed_per_cycle) > 1) if self.fused else k
             tally.count(proposed, min(len(tokens) - 1, committed))
+        if ahead is not None:  # launched for a request that ended: wait for it, count it apart
+            if ahead[1] is not None:
+                ahead[1].synchronize()
+            self.counters["dropped_cycles"] += 1
         wall = time.perf_counter() - t0
         fast = {key: self.counters[key] - start[key] for key in self.counters}
         fast["graphs"] = int(self.graphs)

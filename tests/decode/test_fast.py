@@ -43,10 +43,13 @@ def _stats_key(stats):
 def test_fast_path_equals_generate_and_the_reference_loop(request, k, which, prompts, tokenizer, fast_refs):
     """k = 0 is ``ar``. Fails if a slot, a position or the pending token is off by one (the tokens drift from
     ``generate``), if the device rule commits other tokens than the reference rule, or if EOS / a stop string /
-    max_new_tokens cut a block elsewhere than the reference loop does (the per-cycle stats differ)."""
+    max_new_tokens cut a block elsewhere than the reference loop does (the per-cycle stats differ). The echo model
+    runs with cycle c + 1 launched before cycle c is read (``pipeline``, CUDA's default): a cycle launched ahead
+    for a request that had ended must change nothing."""
     model = request.getfixturevalue("lm" if which == "lm" else "echo_lm")
     method = {"method": "ar"} if k == 0 else {"method": "prove-lossless", "block_size": k}
     fast = Decoder(model, tokenizer, fast=True, **method)
+    fast.fast_engine.pipeline = which == "echo"
     ref = Decoder(model, tokenizer, fast=False, **method)
     assert fast.fast_engine is not None and ref.fast_engine is None
     inside = 0
@@ -65,6 +68,8 @@ def test_fast_path_equals_generate_and_the_reference_loop(request, k, which, pro
             inside += last > 1 and len(a.token_ids) < N
     if which == "echo" and k > 0:
         assert inside > 0, "no case ended inside a multi-token block: the test lost its point"
+    # K = 16 never pipelines within 24 tokens: a cycle goes ahead only where the budget surely leaves it K tokens
+    assert (fast.fast_engine.counters["dropped_cycles"] > 0) == (which == "echo" and k < 16)
 
 
 SYNCS = {"item", "tolist", "nonzero", "_local_scalar_dense", "masked_select", "unique"}
@@ -167,6 +172,7 @@ def test_fused_fast_path_equals_generate(k, echo_lm, prompts, tokenizer, fast_re
     mask is off (its proposals go wrong: tokens per cycle collapse, caught against the reference fused run), if a
     placeholder's stale K/V leaks into a later pass, or if the host cuts a block elsewhere than AR would."""
     fast = Decoder(echo_lm, tokenizer, method="prove-lossless", block_size=k, fuse=True, fast=True)
+    fast.fast_engine.pipeline = True  # fused: always one cycle ahead
     ref = Decoder(
         echo_lm, tokenizer, method="prove-lossless", block_size=k, fuse=True, fuse_groups="all", fast=False
     )
