@@ -170,9 +170,13 @@ def tree_mask(
 
 
 def unsupported_reason(config: Any) -> str | None:
-    """Why the slot cache cannot serve a model with this config, or None if it can: it serves full attention with
-    RoPE (or no positional scaling) read from ``position_ids``; sliding windows, hybrid / linear attention and
-    dynamic RoPE scaling take today's path."""
+    """Why the slot cache cannot serve a model with this config, or None if it can: it serves full attention under
+    eager or sdpa attention (which apply a float 4D mask) with RoPE (or no positional scaling) read from
+    ``position_ids``; sliding windows, hybrid / linear attention, dynamic RoPE scaling and attention kernels that take
+    no such mask (flash attention) take today's path."""
+    impl = getattr(config, "_attn_implementation", None)
+    if impl not in (None, "eager", "sdpa"):
+        return f"its attention implementation ({impl}) takes no float mask over the slots (use eager or sdpa)"
     layer_types = getattr(config, "layer_types", None)
     if layer_types is not None and any(t != "full_attention" for t in layer_types):
         kinds = sorted({t for t in layer_types if t != "full_attention"})

@@ -135,7 +135,8 @@ def test_gated_copy_moves_only_gated_pairs():
 
 
 def test_unsupported_models_are_named():
-    """Fails if a sliding-window or dynamic-RoPE model is let onto the slot cache (it would decode wrong)."""
+    """Fails if a sliding-window, dynamic-RoPE or flash-attention model is let onto the slot cache (it would decode
+    wrong: flash attention ignores the float mask over the slots)."""
     from transformers import LlamaConfig, Qwen2Config
 
     assert unsupported_reason(Qwen2Config(num_hidden_layers=2)) is None
@@ -143,5 +144,8 @@ def test_unsupported_models_are_named():
     assert "sliding" in unsupported_reason(
         Qwen2Config(num_hidden_layers=2, use_sliding_window=True, sliding_window=8)
     )
+    flash = Qwen2Config(num_hidden_layers=2)
+    flash._attn_implementation = "flash_attention_2"
+    assert "flash_attention_2" in (unsupported_reason(flash) or "")
     dyn = LlamaConfig(num_hidden_layers=2, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
     assert "dynamic" in (unsupported_reason(dyn) or "")
