@@ -267,9 +267,11 @@ class Decoder:
         capacity = cache_len if cache_len is not None else min(limit, fast.DEFAULT_CACHE_LEN)
         if capacity < 2:
             raise ValueError(f"cache_len={capacity} must be ≥ 2 (a prompt token and a new one)")
-        block = self.params.block_size if self.method.name == "prove-lossless" else 0
+        sd = self.method.name == "sd"
+        block = self.params.block_size if self.method.name == "prove-lossless" else self.params.k if sd else 0
         return fast.FastEngine(
             target,
+            draft=self.models.draft.model if sd and self.models.draft is not None else None,
             block_size=int(block or 0),
             mask_token_id=mask_id,
             allowed=self.models.allowed,
@@ -414,7 +416,7 @@ class Decoder:
             raise ValueError(
                 "on_cycle watches the reference loop: pass fast=false (or auto) to the Decoder to use it"
             )
-        if self.fast_engine is not None and on_cycle is None:
+        if self.fast_engine is not None and on_cycle is None and self.fast_engine.serves(len(ids)):
             new, stats = self.fast_engine.run(ids, stopper)
             text = "" if tok is None else tok.decode(new, skip_special_tokens=True)
             return GenerationResult(token_ids=new, text=text, stats=stats)

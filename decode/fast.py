@@ -1,7 +1,7 @@
 """The fast path (docs/design.md §3, "The fast path"): a static slot cache, a fixed-width cycle on the device, one
 small record to the host per cycle.
 
-What runs here: ``ar`` and greedy ``prove-lossless``, unfused and fused. Their cycle is one function of persistent
+What runs here: ``ar``, greedy ``prove-lossless`` (unfused and fused) and greedy ``sd``. Their cycle is one function of persistent
 device buffers (``FastEngine.step``): the pending token ``last`` and its position ``pos`` (= the valid length of
 the slot cache: slot = position, always). An unfused ``prove-lossless`` cycle feeds the block pass
 ``[last, M×(K−1)]`` at positions pos..pos+K−1, takes its argmaxes y_1..y_K, feeds the verification pass
@@ -10,7 +10,9 @@ twin (``rules.twins.greedy_match_twin``), moves ``last`` / ``pos`` on by the com
 [count, tokens]. An ``ar`` cycle is the same with K = 0 (the verification pass alone). A fused cycle
 (``fused_step``) is one tree pass of K² entries — the carried proposal and, after every acceptance length, its
 group of K − 1 placeholders (``prove.decode.fused`` with ``fuse_groups=all``, without the second candidate) — whose
-accepted group becomes the next proposal. The host reads the record (the one sync of a cycle) and applies EOS,
+accepted group becomes the next proposal. A greedy ``sd`` cycle (``draft_step``) is the draft model's k passes on
+its own slot cache (the first over the last two committed tokens, so its cache never needs a crop either) and the
+target's verification pass. The host reads the record (the one sync of a cycle) and applies EOS,
 stop strings and ``max_new_tokens`` with the engine's ``Stopper``, exactly as the reference loop
 (``prove.decode.engine.run``) does; a block that ran past EOS is cut there.
 
@@ -21,7 +23,7 @@ cache, and the stats count it (``Stats.fast['eager_cycles']``); a fused cycle ke
 cuts what runs past the budget. Prefill is eager. With graphs (``pipeline``), cycle c + 1 is launched before cycle
 c's record is read wherever the budget allows, so the device never waits for the host's stopping work.
 
-Everything else (sampling, mars, prove, pard, the SD family, ``draft_threshold``, a trace or an ``on_cycle`` hook)
+Everything else (sampling, mars, prove, pard, nsd, asd, ``draft_threshold``, a trace or an ``on_cycle`` hook)
 takes the reference path; ``fast=auto`` chooses this path on CUDA for a model the slot cache serves
 (``slot_cache.unsupported_reason``) after a self-check against ``DynamicCache`` (``self_check``).
 """
@@ -38,9 +40,9 @@ from prove.decode.rules.twins import commit_record, greedy_match_twin
 from prove.decode.slot_cache import SlotCache, linear_mask, slot_mask, unsupported_reason
 from transformers import DynamicCache
 
-FAST_METHODS = ("ar", "prove-lossless")
-"""The methods the fast path runs (greedy, without draft_threshold; prove-lossless fused or not); the rest take the
-reference path."""
+FAST_METHODS = ("ar", "prove-lossless", "sd")
+"""The methods the fast path runs (greedy, without draft_threshold; prove-lossless fused or not; sd with its draft);
+the rest take the reference path."""
 
 DEFAULT_CACHE_LEN = 4096
 """Slots the fast path allocates unless ``cache_len`` says otherwise (capped by ``max_position_embeddings``)."""
@@ -54,6 +56,8 @@ def why_not(method: Any, params: Any, model: Any) -> str | None:
         return "it is greedy only (temperature=0)"
     if params.fuse and (params.block_size or 0) < 2:
         return "a fused cycle needs block_size ≥ 2"
+    if method.name == "sd" and method.proposer != "draft":
+        return f"{method.name} runs its own draft model only"
     if params.draft_threshold:
         return "draft_threshold cuts proposals to varying widths (draft_threshold=0)"
     reason = unsupported_reason(model.config)
@@ -76,8 +80,11 @@ class FastEngine:
         capacity: int,
         graphs: bool | None = None,
         fused: bool = False,
+        draft: Any = None,
     ) -> None:
         self.model = model
+        self.draft = draft
+        """``sd``'s draft model (greedy; ``block_size`` is then its lookahead k), or None."""
         self.K = block_size
         self.fused = fused
         p = next(model.parameters())
@@ -91,6 +98,13 @@ class FastEngine:
         self.penalty = penalty
         self.mask_fill = torch.full((max(block_size - 1, 0),), mask_token_id or 0, device=self.device)
         self.last = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.prev = torch.zeros(
+            1, dtype=torch.long, device=self.device
+        )  # sd: the committed token before last
+        if draft is not None:
+            self.draft_cache = SlotCache.for_model(draft, capacity)
+            Vd = draft.get_output_embeddings().weight.shape[0]
+            self.draft_pad = torch.full((1, max(V - Vd, 0)), float("-inf"), device=self.device)
         self.pos = torch.zeros((), dtype=torch.long, device=self.device)
         self.record = torch.zeros(block_size + 2, dtype=torch.long, device=self.device)
         if fused:
@@ -108,6 +122,7 @@ class FastEngine:
             "passes": 0,
             "captures": 0,
             "dropped_cycles": 0,
+            "draft_passes": 0,
         }
         self.pipeline = self.graphs
         """Launch cycle c + 1 before reading cycle c's record where the budget allows (default: with graphs)."""
@@ -184,21 +199,56 @@ class FastEngine:
         self.pos.add_(n + 1)
         return record
 
-    def _forward(self, ids: torch.Tensor, start: torch.Tensor, rows: int) -> torch.Tensor:
-        """The model over ``ids`` (W,) at positions = slots start..start+W−1 on the slot cache; logits of the last
-        ``rows`` (rows, V), restricted to the allowed ids, in float32."""
+    def _forward(
+        self, ids: torch.Tensor, start: torch.Tensor, rows: int, *, draft: bool = False
+    ) -> torch.Tensor:
+        """The model (``draft``: the draft model) over ``ids`` (W,) at positions = slots start..start+W−1 on its slot
+        cache; logits of the last ``rows`` (rows, V) on the target's vocabulary, restricted to the allowed ids, in
+        float32 (a draft's rows cut or padded with −inf to the target's, as ``DraftProposer`` does)."""
+        model, cache = (self.draft, self.draft_cache) if draft else (self.model, self.cache)
         w = ids.shape[0]
         positions = start + torch.arange(w, device=self.device)  # (W,)
-        self.cache.set_slots(positions)
-        out = self.model(
+        cache.set_slots(positions)
+        out = model(
             input_ids=ids[None],
             position_ids=positions[None],
-            past_key_values=self.cache,
-            attention_mask=linear_mask(start, w, self.capacity, self.dtype),
+            past_key_values=cache,
+            attention_mask=linear_mask(start, w, cache.capacity, self.dtype),
             use_cache=True,
             logits_to_keep=rows,
         )
-        return out.logits[0, -rows:].float() + self.penalty  # (rows, V)
+        logits = out.logits[0, -rows:].float()  # (rows, V or the draft's Vd)
+        if draft:
+            V = self.penalty.shape[0]
+            logits = (
+                logits[:, :V]
+                if logits.shape[-1] >= V
+                else torch.cat([logits, self.draft_pad.expand(rows, -1)], -1)
+            )
+        return logits + self.penalty  # (rows, V)
+
+    def draft_step(self, k: int) -> torch.Tensor:
+        """One greedy speculative-decoding cycle (``sd``): the draft's k passes — the first over [prev, last] at
+        pos − 1, pos (prev's K/V recomputed: it is missing after a cycle that accepted the whole draft), then one
+        token each — the target's verification pass over [last, y_1..y_k], the rule's twin, and the next prev /
+        last / pos. The draft's cache is valid below the new prev's position after every cycle, as the target's is
+        below last's."""
+        ys = []
+        if k > 0:
+            two = torch.cat([self.prev, self.last])
+            tok = torch.softmax(self._forward(two, self.pos - 1, 1, draft=True), -1).argmax(-1)  # (1,)
+            ys.append(tok)
+            for i in range(1, k):
+                tok = torch.softmax(self._forward(tok, self.pos + i, 1, draft=True), -1).argmax(-1)
+                ys.append(tok)
+        y = torch.cat(ys) if ys else self.last[:0]  # (k,)
+        chain = torch.cat([self.last, y])  # (k+1,): the tokens at pos..pos+k
+        greedy = self._forward(chain, self.pos, k + 1).argmax(-1)  # (k+1,)
+        n, extra = greedy_match_twin(y, greedy)
+        self.prev.copy_(chain.gather(0, n.view(1)))
+        self.last.copy_(extra.view(1))
+        self.pos.add_(n + 1)
+        return commit_record(y, n, extra)
 
     def step(self, k: int) -> torch.Tensor:
         """One cycle with a block of ``k`` (0 = AR): reads and advances ``last`` / ``pos`` in place and returns the
@@ -206,6 +256,8 @@ class FastEngine:
         fused cycle (``fused_step``; k is always K)."""
         if self.fused:
             return self.fused_step()
+        if self.draft is not None:
+            return self.draft_step(k)
         if k > 0:
             # 1) propose: the block pass [last, M×(k−1)]; y_i = argmax of the softmax (ties: first index, as the
             # reference BlockProposer)
@@ -268,7 +320,8 @@ class FastEngine:
         host, event, k = launched
         if event is not None:
             event.synchronize()
-        self.counters["passes"] += 1 + (k > 0 and not self.fused)
+        self.counters["passes"] += 1 + (k > 0 and not self.fused and self.draft is None)
+        self.counters["draft_passes"] += k if self.draft is not None else 0
         self.counters["syncs"] += 1
         self.counters["cycles"] += 1
         out = host.tolist()
@@ -294,12 +347,14 @@ class FastEngine:
 
     def _state(self) -> list[torch.Tensor]:
         """Copies of every buffer a cycle advances (what capture and timing replays put back)."""
-        bufs = [self.last, self.pos, self._inject_at] + ([self.carried, self.have] if self.fused else [])
-        return [b.clone() for b in bufs]
+        return [b.clone() for b in self._buffers()]
+
+    def _buffers(self) -> list[torch.Tensor]:
+        extra = [self.carried, self.have] if self.fused else [self.prev] if self.draft is not None else []
+        return [self.last, self.pos, self._inject_at, *extra]
 
     def _restore(self, saved: list[torch.Tensor]) -> None:
-        bufs = [self.last, self.pos, self._inject_at] + ([self.carried, self.have] if self.fused else [])
-        for b, v in zip(bufs, saved, strict=True):
+        for b, v in zip(self._buffers(), saved, strict=True):
             b.copy_(v)
 
     def _widest(self) -> int:
@@ -329,6 +384,10 @@ class FastEngine:
 
     # -- a request ----------------------------------------------------------------------------------------------
 
+    def serves(self, prompt_len: int) -> bool:
+        """Whether this request runs here: ``sd`` needs two prompt tokens (its draft re-feeds the last two)."""
+        return self.draft is None or prompt_len >= 2
+
     def slots_needed(self, prompt_len: int, max_new_tokens: int) -> int:
         """KV slots a request uses: its positions, plus the fused tree's scratch past the last pending token."""
         return prompt_len + max_new_tokens + (self.width - 1 if self.fused else 0)
@@ -349,6 +408,11 @@ class FastEngine:
             ids = torch.tensor(prompt[:-1], dtype=torch.long, device=self.device)
             self._forward(ids, torch.zeros((), dtype=torch.long, device=self.device), 1)
             self.counters["passes"] += 1
+        if self.draft is not None:  # the draft's cache: all but the last two (its first pass re-feeds them)
+            if P > 2:
+                ids = torch.tensor(prompt[:-2], dtype=torch.long, device=self.device)
+                self._forward(ids, torch.zeros((), dtype=torch.long, device=self.device), 1, draft=True)
+            self.prev.fill_(int(prompt[-2]))
         self.last.fill_(int(prompt[-1]))
         self.pos.fill_(P - 1)
         if self.fused:
@@ -411,7 +475,7 @@ class FastEngine:
             tokens_per_cycle=len(new) / max(cycles, 1),
             model_passes=fast["passes"] - (len(prompt_ids) > 1),
             verifier_passes=0,
-            draft_passes=0,
+            draft_passes=fast["draft_passes"],
             accepted_by_depth=tally.accepted_by_depth,
             proposed_by_depth=tally.proposed_by_depth,
             committed_per_cycle=tally.committed_per_cycle,

@@ -100,14 +100,18 @@ def test_no_sync_backend_catches_a_host_read():
         torch.compile(f, fullgraph=True, backend=no_sync_backend)(torch.zeros(3, dtype=torch.long))
 
 
-@pytest.mark.parametrize("fuse", [False, True])
-def test_regular_cycle_compiles_whole_without_syncs_or_recompiles(echo_lm, tokenizer, prompts, fuse):
+@pytest.mark.parametrize("mode", ["unfused", "fused", "sd"])
+def test_regular_cycle_compiles_whole_without_syncs_or_recompiles(echo_lm, lm, tokenizer, prompts, mode):
     """The regular-width cycle of every cycle of a whole decode under ``torch.compile(fullgraph=True)`` with
     recompiles fatal after a warm-up decode. Fails on a host sync (``.item()``, ``int(t)``, ``.tolist()``,
     ``nonzero``) or any graph break inside the cycle, and on shape or value drift that recompiles (e.g. a Python
     int position)."""
     torch._dynamo.reset()
-    dec = Decoder(echo_lm, tokenizer, method="prove-lossless", block_size=4, fuse=fuse, fast=True)
+    if mode == "sd":
+        kw = {"method": "sd", "draft": lm, "k": 4}
+    else:
+        kw = {"method": "prove-lossless", "block_size": 4, "fuse": mode == "fused"}
+    dec = Decoder(echo_lm, tokenizer, fast=True, **kw)
     compiled = []
 
     def wrap(step):
@@ -117,13 +121,13 @@ def test_regular_cycle_compiles_whole_without_syncs_or_recompiles(echo_lm, token
 
     dec.fast_engine.wrap_step(wrap)
     want = [dec.generate(p, max_new_tokens=N, eos_token_id=[]).token_ids for p in prompts[:2]]
-    ref = Decoder(echo_lm, tokenizer, method="prove-lossless", block_size=4, fast=False)
+    ref = Decoder(echo_lm, tokenizer, fast=False, **kw)
     with torch.compiler.set_stance("fail_on_recompile"):
         for p, w in zip(prompts[:2], want, strict=True):
             out = dec.generate(p, max_new_tokens=N, eos_token_id=[])
             assert out.token_ids == w == ref.generate(p, max_new_tokens=N, eos_token_id=[]).token_ids
             # unfused: the last cycles, narrowed by the budget, run eagerly; fused: one tree every cycle
-            assert out.stats.fast["cycles"] > out.stats.fast["eager_cycles"] >= (0 if fuse else 1)
+            assert out.stats.fast["cycles"] > out.stats.fast["eager_cycles"] >= (0 if mode == "fused" else 1)
     assert len(compiled) == 1
 
 
@@ -228,3 +232,38 @@ def test_self_check_refuses_a_model_the_slot_cache_breaks(lm, tokenizer):
         ValueError, match="fast=true cannot serve this decode: the slot cache's logits differ"
     ):
         Decoder(broken, tokenizer, method="ar", fast=True)
+
+
+@pytest.mark.parametrize("k", [4, 16])
+@pytest.mark.parametrize("draft_name", ["same", "other"])
+def test_greedy_sd_fast_path_equals_generate_and_the_reference_loop(request, k, draft_name, echo_lm, lm, prompts,
+                                                                    tokenizer, fast_refs):  # fmt: skip
+    """Greedy sd on the fast path: a draft equal to the target (every block accepted, so EOS, stop strings and
+    max_new_tokens fall inside blocks and the draft's missing K/V of y_k must be re-fed) and a different one
+    (mostly rejected). Fails if the draft's cache drifts from the committed tokens (its proposals, hence the
+    per-cycle stats, differ from the reference loop's), or if the target's tokens differ from ``generate``."""
+    draft = echo_lm if draft_name == "same" else lm
+    fast = Decoder(echo_lm, tokenizer, method="sd", draft=draft, k=k, fast=True)
+    ref = Decoder(echo_lm, tokenizer, method="sd", draft=draft, k=k, fast=False)
+    assert fast.fast_engine is not None and fast.fast_engine.draft is not None
+    for p, want in zip(prompts[:3], fast_refs["echo"], strict=True):
+        for kw in (
+            {"max_new_tokens": N, "eos_token_id": []},
+            {"max_new_tokens": 7, "eos_token_id": []},
+            {"max_new_tokens": N, "eos_token_id": [want[9]]},
+            {"max_new_tokens": N, "eos_token_id": [], "stop": [tokenizer.decode(want[:7])[-2:]]},
+        ):
+            a, b = fast.generate(p, **kw), ref.generate(p, **kw)
+            assert a.token_ids == b.token_ids, kw
+            if not kw["eos_token_id"]:  # the reference's draft stops at EOS; otherwise the same proposals
+                assert _stats_key(a.stats) == _stats_key(b.stats), kw
+                assert a.stats.draft_passes == b.stats.draft_passes
+            if not kw["eos_token_id"] and "stop" not in kw:
+                assert a.token_ids == want[: kw["max_new_tokens"]]
+    if draft_name == "same":  # the whole draft accepted, plus the bonus token
+        full = fast.generate(prompts[0], max_new_tokens=N, eos_token_id=[])
+        assert full.stats.committed_per_cycle[0] == k + 1
+    # a one-token prompt: the draft has no token before the pending one, so the request takes the reference loop
+    one = fast.generate(prompts[0][:1], max_new_tokens=5, eos_token_id=[])
+    assert one.stats.fast is None
+    assert one.token_ids == ref.generate(prompts[0][:1], max_new_tokens=5, eos_token_id=[]).token_ids
