@@ -65,10 +65,12 @@ def why_not(method: Any, params: Any, model: Any) -> str | None:
 
 
 class FastEngine:
-    """The fast path for one model (the target) and one method (``ar``: ``block_size`` 0, or ``prove-lossless``).
+    """The fast path for one method on the target model: ``ar`` (``block_size`` 0), ``prove-lossless`` (K;
+    ``fused``) or greedy ``sd`` (``draft``; ``block_size`` = its k).
 
-    ``capacity`` slots are allocated once; a request needs prompt + max_new_tokens of them. ``graphs`` (default: on
-    CUDA) captures the regular cycle as a CUDA graph the first time it runs."""
+    ``capacity`` slots are allocated once per model; a request needs prompt + max_new_tokens of them (+ K² − 1 fused:
+    ``slots_needed``). ``graphs`` (default: on CUDA) captures the regular cycle as a CUDA graph the first time it
+    runs."""
 
     def __init__(
         self,
@@ -232,7 +234,7 @@ class FastEngine:
         pos − 1, pos (prev's K/V recomputed: it is missing after a cycle that accepted the whole draft), then one
         token each — the target's verification pass over [last, y_1..y_k], the rule's twin, and the next prev /
         last / pos. The draft's cache is valid below the new prev's position after every cycle, as the target's is
-        below last's."""
+        below last's. (k = 0, the request's last token, leaves the draft's cache one short: no cycle follows.)"""
         ys = []
         if k > 0:
             two = torch.cat([self.prev, self.last])
@@ -270,9 +272,8 @@ class FastEngine:
         # 3) accept: the rule's sync-free twin; 4) commit on the device: the new pending token and its position
         n, extra = greedy_match_twin(y, greedy)
         if self._inject is not None:  # a benchmark's preset acceptance, after the rule's full computation
-            n = (
-                self._inject.gather(0, self._inject_at.view(1)).view(()).clamp(max=k)
-            )  # a scalar bound: no host-to-device copy
+            n = self._inject.gather(0, self._inject_at.view(1)).view(())
+            n = n.clamp(max=k)  # a scalar bound: no host-to-device copy inside a captured graph
             extra = greedy.gather(0, n.view(1)).view(())
             self._inject_at.add_(1).remainder_(self._inject.shape[0])
         self.last.copy_(extra.view(1))
@@ -280,10 +281,11 @@ class FastEngine:
         return commit_record(y, n, extra)
 
     def inject(self, accepted: Sequence[int] | None) -> None:
-        """Benchmarks only (random weights accept nothing): from now on cycle c accepts ``accepted[c % len]`` proposed
-        tokens (at most its block; c counts from each request's first cycle), read from a preloaded device buffer after the rule has run, so a cycle costs what
-        a real one with that acceptance costs; the committed tokens are then not the model's greedy ones. ``None``
-        turns it off. The captured graph is rebuilt."""
+        """Benchmarks only (random weights accept nothing): from now on cycle c accepts ``accepted[c % len]``
+        proposed tokens (at most its block; c counts from each request's first cycle), read from a preloaded device
+        buffer after the rule has run, so a cycle costs what a real one with that acceptance costs; the committed
+        tokens are then not the model's greedy ones. Unfused and fused prove-lossless (not sd). ``None`` turns it
+        off. The captured graph is rebuilt."""
         self._inject = None if accepted is None else torch.tensor(list(accepted), device=self.device)
         self._inject_at.zero_()
         self._graph = None
