@@ -143,6 +143,12 @@ def test_fast_true_refuses_what_it_cannot_serve(make_lm, lm, small, tokenizer, p
     for kw, match in cases:
         with pytest.raises(ValueError, match=f"fast=true cannot serve this decode: .*{match}.*fast=false"):
             Decoder(lm, tokenizer, fast=True, **kw)
+    with pytest.raises(
+        ValueError, match=r"it records no trace \(trace=false\); pass fast=auto or fast=false"
+    ):
+        Decoder(lm, tokenizer, method="ar", fast=True, trace=True)
+    with pytest.raises(ValueError, match="on_cycle watches the reference loop: pass fast=false"):
+        Decoder(lm, tokenizer, method="ar", fast=True).generate(prompts[0], max_new_tokens=2, on_cycle=print)
     sliding = make_lm(seed=2)
     sliding.config.use_sliding_window, sliding.config.sliding_window = True, 4
     with pytest.raises(ValueError, match="sliding attention window; pass fast=auto or fast=false"):
