@@ -208,7 +208,8 @@ bench-step: install ## a MARS step's s/step and peak RSS vs a plain causal-LM st
 
 # make gpu-check: on one CUDA GPU, the bf16 MARS training path (FlexAttention BlockMask vs dense mask), CUDA
 # decoding of every method (fp32 lossless = transformers' generate), the pass cost curve t(w) of Qwen2.5
-# 0.5B/3B/7B/32B shapes and the speedups it predicts -> outputs/gpu-check/{gpu-check.json,gpu-check.md,cost_curve.png}.
+# 0.5B/3B/7B/32B shapes and the speedups it predicts, and our engine against transformers (eager and compiled
+# static cache) with the fast path's rows (--parts engine) -> outputs/gpu-check/{gpu-check.json,gpu-check.md,cost_curve.png}.
 # Needs only torch + transformers: it runs without `make install` (a python with both, GPU_CHECK_PY) through a
 # symlinked `prove` package path. GPU_CHECK_ARGS, e.g. "--acceptance outputs/bench/bench.json" or "--tiny" (CPU).
 GPU_CHECK_PY ?= $(if $(wildcard $(PY)),$(PY),python3)

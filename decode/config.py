@@ -23,6 +23,8 @@ from prove.data.loading import check_dtype
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "seed")
 """The ``DecodeParams`` every method reads; the others are method parameters (``prove.decode.methods``)."""
 _INT_PARAMS = ("block_size", "k", "max_mismatches", "top_k", "seed")
+ENGINE_KEYS = ("fast",)
+"""The ``DecodeParams`` that choose how our engine runs a method, not what it computes: every method takes them."""
 
 
 @dataclass
@@ -66,11 +68,15 @@ class DecodeParams:
     """Top-k sampling (with temperature > 0); 0 = off."""
     seed: int = 0
     """Seed of the torch.Generator that sampling draws from."""
+    fast: Any = None
+    """Our engine's fast path (``prove.decode.fast``: a static slot cache, fixed-width cycles captured as CUDA
+    graphs, one host sync per cycle): ``true``, ``false`` or ``auto`` (``None`` = auto: on CUDA for the methods
+    and models it serves, today's reference path elsewhere). The output is the same either way."""
 
     def __post_init__(self) -> None:
         for name in DecodeParams.field_names():
             value = getattr(self, name)
-            if value is None or name == "fuse_groups":  # fuse_groups: parsed below
+            if value is None or name in ("fuse_groups", "fast"):  # parsed below
                 continue
             if name == "fuse":
                 if not isinstance(value, bool):
@@ -106,6 +112,8 @@ class DecodeParams:
         if self.fuse_groups is not None:
             m = parse_fuse_groups(self.fuse_groups)
             self.fuse_groups = "all" if m is None else m
+        if self.fast is not None:
+            self.fast = parse_fast(self.fast)
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -238,6 +246,17 @@ def parse_fuse_groups(value: Any) -> int | str | None:
     raise ValueError(
         f"fuse_groups={value!r}: give all, auto, or a number of groups m ≥ 1 (e.g. fuse_groups=3)"
     )
+
+
+def parse_fast(value: Any) -> bool | str:
+    """``fast``: True, False or "auto" (``None`` = auto), from Python or the CLI's strings."""
+    if value is None or value == "auto":
+        return "auto"
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ValueError(f"fast={value!r}: give true, false or auto")
 
 
 def schema_node(cls: type) -> Any:

@@ -87,6 +87,11 @@ class Decoder:
 
     ``fuse=True`` (block proposals the model verifies itself) makes each cycle one model pass: the
     verification pass also drafts the next block (``prove.decode.fused``; ``fuse_groups="auto"``, "all" or m).
+
+    ``fast`` (``True``, ``False``, ``"auto"``; default auto) runs ``ar`` and greedy unfused ``prove-lossless`` on
+    the fast path (``prove.decode.fast``: a static slot cache of ``cache_len`` slots, default
+    min(max_position_embeddings, 4096), CUDA graphs on CUDA); auto takes it on CUDA only, and only after the slot
+    cache agreed with ``DynamicCache`` on this model. The tokens are the same either way.
     """
 
     def __init__(
@@ -102,6 +107,7 @@ class Decoder:
         dtype: str = "float32",
         mask_token_id: int | None = None,
         trace: bool = False,
+        cache_len: int | None = None,
         **params: Any,
     ) -> None:
         loading.check_dtype(dtype, "dtype")
@@ -120,7 +126,11 @@ class Decoder:
         aux = self._load_aux(verifier, draft, dtype)
         if self.method.drafts_blocks:  # pard: the draft's blocks, its own <|mask|> and trained K
             mask_id = self._check_draft_blocks(draft, aux["draft"], mask_token_id)
+        fast_on = self._fast_applies(target)
+        if fast_on and self.params.fuse:  # the fast path runs every group: skip auto's start-up timing
+            self.params = dataclasses.replace(self.params, fuse_groups="all")
         self._assemble(target, aux, model_meta, mask_id)
+        self.fast_engine = self._build_fast(target, mask_id, cache_len) if fast_on else None
 
     # -- the steps of __init__: resolve, load, check, assemble --------------------------------------------------
 
@@ -224,6 +234,50 @@ class Decoder:
             self.verifier = build_verifier(self.method.verifier, self.models)
         probe_wanted = self.trace and self.models.verifier is not None and not self.method.needs_verifier
         self.probe = ModelVerifier(self.models.verifier, is_target=False) if probe_wanted else None
+
+    def _fast_applies(self, target: Any) -> bool:
+        """Whether the fast path runs this decode: ``fast`` true, or auto on CUDA, and a method, setting and model
+        it serves. ``fast=true`` on what it cannot serve is a clear error; auto falls back with one line when the
+        slot cache's self-check against ``DynamicCache`` fails on this model."""
+        from prove.decode import fast
+
+        want = self.params.fast if self.params.fast is not None else "auto"
+        if want is False or (want == "auto" and self.device.type != "cuda"):
+            return False
+        reason = fast.why_not(self.method, self.params, target)
+        if reason is None and self.trace:
+            reason = "it records no trace (trace=false)"
+        if reason is None:
+            reason = fast.self_check(target)
+        if reason is not None:
+            if want is True:
+                raise ValueError(
+                    f"fast=true cannot serve this decode: {reason}; pass fast=auto or fast=false"
+                )
+            if reason.startswith("the slot cache"):
+                warnings.warn(f"fast path off: {reason}; decoding on the reference path", stacklevel=4)
+            return False
+        return True
+
+    def _build_fast(self, target: Any, mask_id: int | None, cache_len: int | None) -> Any:
+        """The fast path's engine (``_fast_applies`` said yes), its cache of ``cache_len`` slots allocated."""
+        from prove.decode import fast
+
+        limit = getattr(target.config, "max_position_embeddings", None) or fast.DEFAULT_CACHE_LEN
+        capacity = cache_len if cache_len is not None else min(limit, fast.DEFAULT_CACHE_LEN)
+        if capacity < 2:
+            raise ValueError(f"cache_len={capacity} must be ≥ 2 (a prompt token and a new one)")
+        sd = self.method.name == "sd"
+        block = self.params.block_size if self.method.name == "prove-lossless" else self.params.k if sd else 0
+        return fast.FastEngine(
+            target,
+            draft=self.models.draft.model if sd and self.models.draft is not None else None,
+            block_size=int(block or 0),
+            mask_token_id=mask_id,
+            allowed=self.models.allowed,
+            capacity=capacity,
+            fused=bool(self.params.fuse),
+        )
 
     @property
     def model(self) -> Any:
@@ -357,6 +411,14 @@ class Decoder:
         tok = self.tokenizer
         decode = None if tok is None else (lambda t: tok.decode(t, skip_special_tokens=False))
         stopper = Stopper(max_new_tokens, self.eos_ids(eos_token_id), list(stop or ()), decode)
+        if self.fast_engine is not None and on_cycle is not None and self.params.fast is True:
+            raise ValueError(
+                "on_cycle watches the reference loop: pass fast=false (or auto) to the Decoder to use it"
+            )
+        if self.fast_engine is not None and on_cycle is None and self.fast_engine.serves(len(ids)):
+            new, stats = self.fast_engine.run(ids, stopper)
+            text = "" if tok is None else tok.decode(new, skip_special_tokens=True)
+            return GenerationResult(token_ids=new, text=text, stats=stats)
         new, stats = engine.run(
             ids,
             models=self.models,

@@ -326,12 +326,18 @@ class Stats:
     """Of ``wall_s``, the seconds inside the models' forward passes (``ModelRunner.model_s``); the rest is the
     engine's own work: proposing from logits, the rule, commits, cache crops."""
     trace: list[dict[str, Any]] | None = None
+    fast: dict[str, int] | None = None
+    """Only when the fast path ran (``prove.decode.fast``): its counters for this request — ``cycles``,
+    ``graph_replays`` (CUDA graphs replayed), ``eager_cycles`` (cycles of another width, run without the graph),
+    ``syncs`` (host reads of the device), ``passes`` (prefill included), ``captures`` (CUDA graphs captured),
+    ``dropped_cycles`` (launched ahead for a request that had ended), ``graphs`` (1 if graphs were on)."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as a JSON-ready dict (``trace`` only when recorded): what output records store."""
+        """The fields as a JSON-ready dict (``trace`` and ``fast`` only when present): what output records store."""
         d = asdict(self)
-        if d["trace"] is None:
-            del d["trace"]
+        for key in ("trace", "fast"):
+            if d[key] is None:
+                del d[key]
         return d
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from prove.decode.config import SAMPLING_KEYS, DecodeParams
+from prove.decode.config import ENGINE_KEYS, SAMPLING_KEYS, DecodeParams
 from prove.decode.engine import CycleView
 from prove.decode.proposers import ProposerFactory
 from prove.decode.rules.base import Accept
@@ -141,9 +141,9 @@ DRAFT_K = 5
 
 METHODS: dict[str, Method] = {}
 
-METHOD_KEYS = tuple(k for k in DecodeParams.field_names() if k not in SAMPLING_KEYS)
-"""The ``DecodeParams`` that only some methods read (``Method.uses``); the sampling keys and the seed apply
-to every method."""
+METHOD_KEYS = tuple(k for k in DecodeParams.field_names() if k not in (*SAMPLING_KEYS, *ENGINE_KEYS))
+"""The ``DecodeParams`` that only some methods read (``Method.uses``); the sampling keys, the seed and the
+engine's ``fast`` apply to every method."""
 
 
 def resolve_params(
@@ -187,6 +187,14 @@ def _check_nsd(params: Any) -> None:
     if not 0.0 <= params.theta <= 1.0:
         raise ValueError(
             f"nsd's theta={params.theta} is a nucleus mass: pass a value in [0, 1] (0 = exact SD)"
+        )
+
+
+def _check_prove(params: Any) -> None:
+    if not 0.0 <= params.theta <= 1.0:
+        raise ValueError(
+            f"prove's theta={params.theta} bounds p̃·q, a product of probabilities: pass a value in [0, 1] "
+            "(above 1 nothing past y_1 is ever accepted, which is method=ar)"
         )
 
 
@@ -251,7 +259,14 @@ register_method(
 )
 register_method(
     Method(
-        "prove", "block", "small", _prove, {"theta": 0.1}, ("theta", "block_size"), summary="ProVe: p̃·q ≥ θ"
+        "prove",
+        "block",
+        "small",
+        _prove,
+        {"theta": 0.1},
+        ("theta", "block_size"),
+        summary="ProVe: p̃·q ≥ θ",
+        check=_check_prove,
     )
 )
 register_method(

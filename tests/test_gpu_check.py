@@ -48,7 +48,7 @@ def _run_blocked(args: list[str], tmp_path) -> subprocess.CompletedProcess:
 
 
 def test_tiny_run_needs_only_torch_and_transformers(tmp_path):
-    """The whole --tiny run (train, decode, curve, prediction) with hydra, deepspeed, datasets, accelerate,
+    """The whole --tiny run (train, decode, curve, prediction, engine) with hydra, deepspeed, datasets, accelerate,
     matplotlib … unimportable: every check passes, the report is complete, and the plot is skipped with a note."""
     out = tmp_path / "gc"
     proc = _run_blocked(["--tiny", "--out", str(out)], tmp_path)
@@ -73,6 +73,19 @@ def test_tiny_run_needs_only_torch_and_transformers(tmp_path):
     md = (out / "gpu-check.md").read_text()
     assert "Predicted speedup" in md and "matplotlib is not installed" in md
     assert not (out / "cost_curve.png").exists()
+    # part 4, engine: every row ran on the same weights; the fast rows took the fast path, one sync a cycle, and
+    # the injected acceptance decided their tokens per cycle; the slot cache's t(w) sits beside part 3's
+    engine = report["engine"]["shapes"]["tiny-l"]
+    rows = engine["rows"]
+    assert {"transformers eager", "ours reference ar", "ours fast ar", "ours fast prove-lossless"} <= set(
+        rows
+    )
+    assert rows["ours fast ar"]["path"] == "fast" and rows["ours reference ar"]["path"] == "reference"
+    assert rows["ours fast ar"]["agree_with_transformers"] and rows["ours fast ar"]["syncs_per_cycle"] == 1.0
+    assert rows["ours fast prove-lossless, 2 tok/cycle injected"]["tokens_per_cycle"] == 2.0
+    assert rows["ours fast prove-lossless, 3 tok/cycle injected"]["tokens_per_cycle"] == 3.0
+    assert set(engine["graph_curve_ms"]) == set(report["curve"]["ms"]["tiny-l"])
+    assert "## 4. Engine against transformers" in md and "| ours fast ar | fast |" in md
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from prove.data.loading import check_dtype
 from prove.decode.bench.rows import as_values
 from prove.decode.config import BACKENDS, VllmOptions, schema_node
 
-SWEEP_KEYS = ("theta", "tau", "block_size", "k", "draft_threshold", "fuse", "fuse_groups")
+SWEEP_KEYS = ("theta", "tau", "block_size", "k", "draft_threshold", "fuse", "fuse_groups", "fast")
 """Parameters that take a list (one row per value) from the command line: ``theta=[0.05,0.1]``."""
 
 
@@ -64,6 +64,9 @@ class BenchConfig:
     fuse_groups: Any = None
     """J of the fused rows: ``all``, m or ``auto``, or a list, e.g. ``fuse_groups=[all,2,auto]`` (unfused rows ignore
     it)."""
+    fast: Any = None
+    """Our engine's fast path (``DecodeParams.fast``: true, false, auto), or a list, e.g. ``fast=[false,true]`` for
+    the reference loop and the fast path side by side; each row records which ran (``path``)."""
     method_params: Any = None
     """Per-method values or sweeps of any ``DecodeParams`` the method reads, overriding the shared ones:
     ``method_params={prove:{theta:[0.05,0.1,0.3]},asd:{budget:[0,8]}}``."""

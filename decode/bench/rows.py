@@ -64,6 +64,8 @@ def _fmt(v: Any) -> str:
 def param_label(key: str, value: Any) -> str:
     if key == "fuse":
         return "fused" if value else "unfused"
+    if key == "fast" and isinstance(value, bool):
+        return "fast" if value else "reference"
     if key == "adaptive":  # transformers' confidence cut-off: adapted during a call, or fixed
         return "adaptive" if value else "fixed"
     return f"{SYMBOLS.get(key, key)}={_fmt(value)}"

@@ -186,12 +186,13 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
 
 def check_rows(cfg: BenchConfig) -> list[RowSpec]:
     """The rows, every one's parameters checked (``resolve_params``) before any model loads."""
+    from prove.decode.config import ENGINE_KEYS
     from prove.decode.methods import METHODS, resolve_params
 
     unknown = [m for m in cfg.methods if m not in METHODS]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; registered: {', '.join(sorted(METHODS))}")
-    uses = {name: m.uses for name, m in METHODS.items()}
+    uses = {name: (*m.uses, *ENGINE_KEYS) for name, m in METHODS.items()}
     specs = expand_rows(cfg.methods, cfg.sweeps(), uses, cfg.method_params)
     for spec in specs:
         resolve_params(spec.method, **spec.params)
@@ -343,6 +344,9 @@ def build_report(
                 "params": params,
                 "swept": dict(spec.params) if spec else {},
                 "lossless": lossless,
+                "path": ("fast" if getattr(decoders[name], "fast_engine", None) else "reference")
+                if spec
+                else name,
                 **summary,
                 **({"fuse_cost": fuse_cost} if fuse_cost else {}),
                 "per_prompt": [

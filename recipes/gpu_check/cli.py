@@ -14,6 +14,7 @@ from typing import Any
 from prove.recipes.gpu_check.config import PARTS, SCHEMA, SHAPES, CheckConfig, tiny_config
 from prove.recipes.gpu_check.curve import run_curve
 from prove.recipes.gpu_check.decoding import run_decode
+from prove.recipes.gpu_check.engine import run_engine
 from prove.recipes.gpu_check.predict import (
     curve_widths,
     load_acceptance,
@@ -50,7 +51,12 @@ def run(cfg: CheckConfig) -> dict[str, Any]:
         "cuda": torch.version.cuda if torch.device(cfg.device).type == "cuda" else None,
         "checks": checks,
     }
-    for part, fn in (("train", run_train), ("decode", run_decode), ("curve", run_curve)):
+    for part, fn in (
+        ("train", run_train),
+        ("decode", run_decode),
+        ("curve", run_curve),
+        ("engine", run_engine),
+    ):
         if part not in cfg.parts:
             continue
         print(f"gpu-check: {part} …", file=sys.stderr, flush=True)
@@ -133,6 +139,10 @@ def parse_args(argv: Sequence[str] | None) -> CheckConfig:
     )
     ap.add_argument("--acceptance", default=None, help="a prove-bench bench.json whose per-depth acceptance "
                     "the prediction uses (default: the tiny demo's, gpu_check_acceptance.json)")  # fmt: skip
+    ap.add_argument("--engine-shapes", default=None, help="the engine part's shapes, comma-separated "
+                    "(default qwen2.5-0.5b,qwen2.5-7b,qwen2.5-32b)")  # fmt: skip
+    ap.add_argument("--engine-hf-compile", default=None, help="shapes that also run transformers' compiled "
+                    "static-cache generate (default qwen2.5-0.5b,qwen2.5-7b: the 32B compile takes minutes)")  # fmt: skip
     ap.add_argument("--no-flex", action="store_true", help="train with the dense mask only")
     ap.add_argument(
         "--flex", action="store_true", help="with --tiny: also run the FlexAttention path (compiles on CPU)"
@@ -151,6 +161,10 @@ def parse_args(argv: Sequence[str] | None) -> CheckConfig:
         kw["methods"] = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     if args.acceptance:
         kw["acceptance"] = args.acceptance
+    if args.engine_shapes:
+        kw["engine_shapes"] = tuple(s for s in args.engine_shapes.split(",") if s)
+    if args.engine_hf_compile is not None:
+        kw["engine_hf_compile_shapes"] = tuple(s for s in args.engine_hf_compile.split(",") if s)
     if args.no_flex:
         kw["flex"] = False
     if args.tiny and args.flex:

@@ -23,7 +23,7 @@ SHAPES: dict[str, dict[str, Any]] = {
     "tiny-l": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
                    num_key_value_heads=2, vocab_size=256, tie_word_embeddings=False),
 }  # fmt: skip
-PARTS = ("train", "decode", "curve")
+PARTS = ("train", "decode", "curve", "engine")
 
 
 @dataclass
@@ -70,6 +70,16 @@ class CheckConfig:
     sd_k: int = 5
     acceptance: str | None = None
     """A prove-bench bench.json (or a file in gpu_check_acceptance.json's format); None = the demo's."""
+    # 4. engine (prove.recipes.gpu_check.engine): ours against transformers, fast path against reference path
+    engine_shapes: tuple[str, ...] = ("qwen2.5-0.5b", "qwen2.5-7b", "qwen2.5-32b")
+    engine_dtype: str = "bfloat16"
+    engine_new_tokens: int = 128
+    engine_prompt_len: int = 32
+    engine_hf_compile_shapes: tuple[str, ...] = ("qwen2.5-0.5b", "qwen2.5-7b")
+    """Shapes that also run transformers' compiled static-cache ``generate`` (its compile took over 140 s at 32B:
+    that shape is left out by default, to keep the part within ~4 minutes; add it with --engine-hf-compile)."""
+    engine_injected: tuple[float, ...] = (2.0, 3.0, 4.5)
+    """Tokens per cycle the injected-acceptance rows run at (each ≤ block_size + 1)."""
 
     def __post_init__(self) -> None:
         unknown = set(self.parts) - set(PARTS)
@@ -81,6 +91,7 @@ class CheckConfig:
             self.draft_shape,
             self.verifier_shape,
             *self.shapes,
+            *self.engine_shapes,
         }:
             if name not in SHAPES:
                 raise ValueError(f"unknown shape {name!r}; known: {', '.join(SHAPES)}")
@@ -88,6 +99,10 @@ class CheckConfig:
             raise ValueError(f"train_len={self.train_len} must be a multiple of block_size={self.block_size}")
         if not self.widths or min(self.widths) < 1:
             raise ValueError(f"widths={self.widths}: give positive widths, e.g. 1,2,4,8")
+        if any(not 1 <= t <= self.block_size + 1 for t in self.engine_injected):
+            raise ValueError(
+                f"engine_injected={self.engine_injected}: tokens per cycle lie in [1, block_size + 1]"
+            )
         if self.repeats < 1 or self.warmup < 0:
             raise ValueError("repeats must be ≥ 1 and warmup ≥ 0")
 
@@ -99,6 +114,8 @@ def tiny_config(**overrides: Any) -> CheckConfig:
         train_len=16, block_size=4, flex=False, dense_attn="eager", decode_shape="tiny-l", decode_draft_layers=2,
         decode_prompts=2, decode_new_tokens=12, decode_std=0.3, shapes=("tiny-s", "tiny-m", "tiny-l"),
         draft_shape="tiny-s", verifier_shape="tiny-m", widths=(1, 2, 4, 8, 16), cache_len=16, warmup=1, repeats=2,
+        engine_shapes=("tiny-l",), engine_dtype="float32", engine_new_tokens=12, engine_prompt_len=6,
+        engine_hf_compile_shapes=(),
     )  # fmt: skip
     base.update(overrides)
     return CheckConfig(**base)

@@ -104,9 +104,46 @@ def render_md(report: Mapping[str, Any]) -> str:
                       f"{pc['dtype']}, {pc['tokens_per_cycle_measured']:.2f} tokens/cycle): predicted from t(w) "
                       f"{pc['predicted']:.2f}×, measured {pc['measured']:.2f}× over ar (the gap is the engine's "
                       "per-cycle host work, which t(w) leaves out)."]  # fmt: skip
+    lines += render_engine(report.get("engine"), report.get("curve"))
     if report.get("plot_note"):
         lines += ["", report["plot_note"]]
     return "\n".join(lines) + "\n"
+
+
+def render_engine(engine: Mapping[str, Any] | None, curve: Mapping[str, Any] | None) -> list[str]:
+    """Part 4's section: per shape, the rows against transformers, then the graph-mode t(w) beside part 3's."""
+    if not engine:
+        return []
+    lines = ["", f"## 4. Engine against transformers: {engine['dtype']}, one request, {engine['new_tokens']} new "
+                 f"tokens, K = {engine['block_size']}", "", engine["note"]]  # fmt: skip
+    for shape, d in engine["shapes"].items():
+        if "rows" not in d:
+            lines += ["", f"**{shape}**: {d.get('skipped') or d.get('error')}"]
+            continue
+        lines += ["", f"### {shape}", "",
+                  "| row | path | tok/s | vs transformers compiled AR | tok/cycle | host ms/cycle | GPU ms/cycle | "
+                  "syncs/cycle | replays/cycle | captures | = transformers |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+        for name, r in d["rows"].items():
+            if "error" in r:
+                lines.append(f"| {name} | error: `{r['error']}` | | | | | | | | | |")
+                continue
+            agree = r.get("agree_with_transformers")
+            lines.append(
+                f"| {name} | {r.get('path', 'transformers')} | {_f(r.get('tok_s'), '.1f')} | "
+                f"{_f(r.get('vs_transformers_compiled_ar'))} | {_f(r.get('tokens_per_cycle'))} | "
+                f"{_f(r.get('host_ms_per_cycle'))} | {_f(r.get('gpu_ms_per_cycle'))} | {_f(r.get('syncs_per_cycle'))} | "
+                f"{_f(r.get('graph_replays_per_cycle'))} | {r.get('graph_captures', '–')} | "
+                f"{'–' if agree is None else ('yes' if agree else 'no')} |"
+            )
+        eager = (curve or {}).get("ms", {}).get(shape, {})
+        g = d["graph_curve_ms"]
+        mode = "a CUDA graph replayed" if engine.get("graphs") else "eager (no CUDA graphs off CUDA)"
+        lines += ["", f"t(w), ms per pass on a warm cache: the slot cache's pass ({mode}) beside part 3's engine pass",
+                  "", "| w | slot cache | part 3 |", "|---:|---:|---:|"]  # fmt: skip
+        for w in sorted(int(k) for k in g):
+            lines.append(f"| {w} | {_f(g.get(w, g.get(str(w))))} | {_f(eager.get(str(w), eager.get(w)))} |")
+    return lines
 
 
 def write_plot(curve: Mapping[str, Any], out: Path) -> tuple[str | None, str | None]:

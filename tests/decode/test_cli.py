@@ -100,6 +100,16 @@ def test_the_documented_command_line_composes():
         run(config("model=M", "prompts=P", "output=O", "method=nope"))  # refused before any file is read
     with pytest.raises(ValueError, match="max_new_tokens=0 must be ≥ 1"):
         config("model=M", "prompts=P", "output=O", "max_new_tokens=0")
+    # fast=true|false|auto (the fast path): parsed, and a bad value refused when the config is built
+    assert [
+        config("model=M", "prompts=P", "output=O", f"fast={v}").fast for v in ("true", "false", "auto")
+    ] == [
+        True,
+        False,
+        "auto",
+    ]
+    with pytest.raises(ValueError, match="fast='yes': give true, false or auto"):
+        config("model=M", "prompts=P", "output=O", "fast=yes")
 
 
 def test_cli_end_to_end_lossless_equals_ar(checkpoints, prompt_file, tmp_path):

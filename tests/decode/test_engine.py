@@ -156,11 +156,10 @@ def test_prove_theta_zero_commits_whole_blocks(lm, small, tokenizer, prompts):
     assert out.stats.verifier_passes == out.stats.cycles
 
 
-def test_prove_theta_above_one_is_mars_tau_above_one_is_ar(lm, small, tokenizer, prompts, refs):
+def test_prove_theta_one_is_mars_tau_above_one_is_ar(lm, small, tokenizer, prompts, refs):
+    """θ = 1 (the largest θ allowed) accepts only y_1 unless p̃ = q = 1 exactly, as τ > 1 does MARS."""
     for p, ref in zip(prompts, refs, strict=True):
-        prove = no_eos(
-            Decoder(lm, tokenizer, method="prove", verifier=small, theta=1.01, block_size=4), p, 20
-        )
+        prove = no_eos(Decoder(lm, tokenizer, method="prove", verifier=small, theta=1.0, block_size=4), p, 20)
         mars = no_eos(Decoder(lm, tokenizer, method="mars", tau=1.01, block_size=4), p, 20)
         assert prove.token_ids == mars.token_ids == ref[:20]
         assert prove.stats.cycles == mars.stats.cycles == 20

@@ -173,6 +173,8 @@ def test_accepted_by_depth_counts_only_committed_tokens(lm, tokenizer, prompts):
 BAD_PARAMS = [
     ("nsd", {"theta": 1.5}, r"nsd's theta=1.5 is a nucleus mass"),  # used to fail at the first generate
     ("nsd", {"theta": -0.1}, "theta=-0.1 must be ≥ 0"),
+    # used to decode silently at one token per cycle (p̃·q never reaches 1.5)
+    ("prove", {"theta": 1.5}, r"prove's theta=1.5 bounds p̃·q.*pass a value in \[0, 1\]"),
     ("prove", {"theta": "0.1"}, "theta='0.1' must be a number"),
     ("mars", {"tau": float("nan")}, "tau=nan must be a number"),
     ("sd", {"k": 2.5}, "k=2.5 must be an integer"),

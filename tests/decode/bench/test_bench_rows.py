@@ -58,3 +58,18 @@ def test_is_lossless():
     assert is_lossless("asd", {"budget": 0.0, "gate": 0.25}) and not is_lossless(
         "asd", {"budget": 8.0, "gate": 0.25}
     )
+
+
+def test_fast_sweeps_every_method_with_readable_names():
+    """``fast=[false,true]`` (an engine key every method takes, ``check_rows``) gives each method a reference row and a
+    fast row. Fails if the sweep is dropped for a method or the rows share a name."""
+    from prove.decode.bench.config import BenchConfig
+    from prove.decode.bench.run import check_rows
+
+    cfg = BenchConfig(model="m", prompts="p", methods=["ar", "prove-lossless"], fast=[False, True])
+    assert [(r.name, r.params.get("fast")) for r in check_rows(cfg)] == [
+        ("ar reference", False),
+        ("ar fast", True),
+        ("prove-lossless reference", False),
+        ("prove-lossless fast", True),
+    ]

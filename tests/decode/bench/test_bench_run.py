@@ -77,6 +77,9 @@ def test_bench_end_to_end(bench_dir):
     assert any(d is not None for d in rows["prove θ=0"]["first_divergence"])
     assert rows["prove θ=0"]["tokens_per_cycle"] > 1 and rows["ar"]["tokens_per_cycle"] == 1
     assert rows["prove-lossless unfused"]["params"] == {"block_size": 4, "draft_threshold": 0.0}
+    assert (
+        rows["ar"]["path"] == "reference" == rows[fused]["path"]
+    )  # fast=auto on the CPU: the reference loop
     # the engine's own time per cycle for our rows, none for transformers'; auto's start-up curve, only on its row
     assert all(rows[n]["engine_ms_per_cycle"] > 0 for n in names if not n.startswith("hf-"))
     assert rows["hf-greedy"]["engine_ms_per_cycle"] is None

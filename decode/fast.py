@@ -1,0 +1,534 @@
+"""The fast path (docs/design.md §3, "The fast path"): a static slot cache, a fixed-width cycle on the device, one
+small record to the host per cycle.
+
+What runs here: ``ar``, greedy ``prove-lossless`` (unfused and fused) and greedy ``sd``. Their cycle is one function of persistent
+device buffers (``FastEngine.step``): the pending token ``last`` and its position ``pos`` (= the valid length of
+the slot cache: slot = position, always). An unfused ``prove-lossless`` cycle feeds the block pass
+``[last, M×(K−1)]`` at positions pos..pos+K−1, takes its argmaxes y_1..y_K, feeds the verification pass
+``[last, y_1..y_K]`` over the same slots (the placeholders' stale K/V simply overwritten), runs the rule's sync-free
+twin (``rules.twins.greedy_match_twin``), moves ``last`` / ``pos`` on by the committed count and writes the record
+[count, tokens]. An ``ar`` cycle is the same with K = 0 (the verification pass alone). A fused cycle
+(``fused_step``) is one tree pass of K² entries — the carried proposal and, after every acceptance length, its
+group of K − 1 placeholders (``prove.decode.fused`` with ``fuse_groups=all``, without the second candidate) — whose
+accepted group becomes the next proposal. A greedy ``sd`` cycle (``draft_step``) is the draft model's k passes on
+its own slot cache (the first over the last two committed tokens, so its cache never needs a crop either) and the
+target's verification pass. The host reads the record (the one sync of a cycle) and applies EOS,
+stop strings and ``max_new_tokens`` with the engine's ``Stopper``, exactly as the reference loop
+(``prove.decode.engine.run``) does; a block that ran past EOS is cut there.
+
+Widths. The regular cycle has fixed widths (K and K + 1; 1 for ar; K² fused). On CUDA it is captured once as a CUDA
+graph and replayed; elsewhere the same function runs as is (so every CPU test exercises it). An unfused cycle of
+another width (the last cycles, when the token budget is below K) runs the same function eagerly on the same slot
+cache, and the stats count it (``Stats.fast['eager_cycles']``); a fused cycle keeps its tree to the end and the host
+cuts what runs past the budget. Prefill is eager. With graphs (``pipeline``), cycle c + 1 is launched before cycle
+c's record is read wherever the budget allows, so the device never waits for the host's stopping work.
+
+Everything else (sampling, mars, prove, pard, nsd, asd, ``draft_threshold``, a trace or an ``on_cycle`` hook)
+takes the reference path; ``fast=auto`` chooses this path on CUDA for a model the slot cache serves
+(``slot_cache.unsupported_reason``) after a self-check against ``DynamicCache`` (``self_check``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from prove.decode.engine import Stats, Stopper, _Tally
+from prove.decode.rules.twins import commit_record, greedy_match_twin
+from prove.decode.slot_cache import SlotCache, linear_mask, slot_mask, unsupported_reason
+from transformers import DynamicCache
+
+FAST_METHODS = ("ar", "prove-lossless", "sd")
+"""The methods the fast path runs (greedy, without draft_threshold; prove-lossless fused or not; sd with its draft);
+the rest take the reference path."""
+
+DEFAULT_CACHE_LEN = 4096
+"""Slots the fast path allocates unless ``cache_len`` says otherwise (capped by ``max_position_embeddings``)."""
+
+
+def why_not(method: Any, params: Any, model: Any) -> str | None:
+    """Why the fast path cannot run ``method`` with ``params`` on ``model``, or None if it can."""
+    if method.name not in FAST_METHODS:
+        return f"method {method.name} is not on it (it runs {', '.join(FAST_METHODS)})"
+    if params.temperature > 0:
+        return "it is greedy only (temperature=0)"
+    if params.fuse and (params.block_size or 0) < 2:
+        return "a fused cycle needs block_size ≥ 2"
+    if method.name == "sd" and method.proposer != "draft":
+        return f"{method.name} runs its own draft model only"
+    if params.draft_threshold:
+        return "draft_threshold cuts proposals to varying widths (draft_threshold=0)"
+    reason = unsupported_reason(model.config)
+    return None if reason is None else f"the model cannot use the slot cache: {reason}"
+
+
+class FastEngine:
+    """The fast path for one method on the target model: ``ar`` (``block_size`` 0), ``prove-lossless`` (K;
+    ``fused``) or greedy ``sd`` (``draft``; ``block_size`` = its k).
+
+    ``capacity`` slots are allocated once per model; a request needs prompt + max_new_tokens of them (+ K² − 1 fused:
+    ``slots_needed``). ``graphs`` (default: on CUDA) captures the regular cycle as a CUDA graph the first time it
+    runs."""
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        block_size: int,
+        mask_token_id: int | None,
+        allowed: torch.Tensor | None,
+        capacity: int,
+        graphs: bool | None = None,
+        fused: bool = False,
+        draft: Any = None,
+    ) -> None:
+        self.model = model
+        self.draft = draft
+        """``sd``'s draft model (greedy; ``block_size`` is then its lookahead k), or None."""
+        self.K = block_size
+        self.fused = fused
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.cache = SlotCache.for_model(model, capacity)
+        self.capacity = capacity
+        V = model.get_output_embeddings().weight.shape[0]
+        penalty = torch.zeros(V, dtype=torch.float32, device=self.device)
+        if allowed is not None:
+            penalty.masked_fill_(~allowed.to(self.device), float("-inf"))
+        self.penalty = penalty
+        self.mask_fill = torch.full((max(block_size - 1, 0),), mask_token_id or 0, device=self.device)
+        self.last = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.prev = torch.zeros(
+            1, dtype=torch.long, device=self.device
+        )  # sd: the committed token before last
+        if draft is not None:
+            self.draft_cache = SlotCache.for_model(draft, capacity)
+            Vd = draft.get_output_embeddings().weight.shape[0]
+            self.draft_pad = torch.full((1, max(V - Vd, 0)), float("-inf"), device=self.device)
+        self.pos = torch.zeros((), dtype=torch.long, device=self.device)
+        self.record = torch.zeros(block_size + 2, dtype=torch.long, device=self.device)
+        if fused:
+            self._tree_constants(block_size)
+        self.graphs = self.device.type == "cuda" if graphs is None else graphs
+        self._graph: Any = None
+        self._regular: Any = self.step
+        self._inject: torch.Tensor | None = None
+        self._inject_at = torch.zeros((), dtype=torch.long, device=self.device)
+        self.counters = {
+            "cycles": 0,
+            "graph_replays": 0,
+            "eager_cycles": 0,
+            "syncs": 0,
+            "passes": 0,
+            "captures": 0,
+            "dropped_cycles": 0,
+            "draft_passes": 0,
+        }
+        self.pipeline = self.graphs
+        """Launch cycle c + 1 before reading cycle c's record where the budget allows (default: with graphs)."""
+        self.cycle_s = 0.0
+        """Host seconds from launching a cycle to holding its record (the device's work included)."""
+
+    # -- the device cycle ---------------------------------------------------------------------------------------
+
+    def _tree_constants(self, K: int) -> None:
+        """The fused tree of block size K with every group (``fuse_groups=all``, no second candidate): entries
+        [c, y_1..y_{K−1}, G_0, …, G_{K−1}], each G_j of K − 1 placeholders, W = K² in all, written at slots
+        pos..pos+W−1 in that order, so the chain c, y_1.. sits at slot = position and the groups in scratch slots
+        past it (never kept: the accepted y's are contiguous after the context, as in ``prove.decode.fused``).
+        Positions: y_i at pos + i; G_j's placeholder r at pos + 1 + j + r. G_j's row r sees c, y_1..y_j and G_j's
+        rows 0..r: the block pass from y_j."""
+        from prove.decode.fused import tree_layout
+
+        k = K - 1
+        layout = tree_layout(k, [(j, k) for j in range(k + 1)])
+        attend = layout.attend  # (E, E) over [y, groups]
+        E = layout.width
+        W = E + 1
+        local = torch.zeros(W, W + 1, dtype=torch.bool)  # a last column of False: "not in the pass"
+        local[:, 0] = True  # every entry sees c
+        local[1:, 1:W] = attend
+        self.tree_local = local.to(self.device)
+        self.tree_pos = torch.cat([torch.zeros(1, dtype=torch.long), layout.offsets + 1]).to(
+            self.device
+        )  # (W,)
+        self.group_rows = torch.tensor(
+            [1 + start for _, start, _ in layout.groups], device=self.device
+        )  # (K,)
+        self.carried = torch.zeros(k, dtype=torch.long, device=self.device)  # the proposal y_1..y_{K−1}
+        self.have = torch.zeros((), dtype=torch.long, device=self.device)  # 0 before the first cycle
+        self.record = torch.zeros(K + 1, dtype=torch.long, device=self.device)
+        self.width = W
+
+    def fused_step(self) -> torch.Tensor:
+        """One fused cycle: the tree pass verifies the carried proposal and drafts the next one after every
+        acceptance length (``prove.decode.fused``); the rule's twin picks n, and G_n's rows are the next proposal.
+        The first cycle of a request carries nothing (``have`` = 0): n = 0, the pass's first row is an AR step and
+        G_0 drafts. No host sync, fixed width."""
+        K, W, S = self.K, self.width, self.capacity
+        ids = torch.cat([self.last, self.carried, self.mask_fill.repeat(K)])  # (W,) = [c, y, G_0..G_{K−1}]
+        slots = self.pos + torch.arange(W, device=self.device)  # chain at slot = position, groups after it
+        self.cache.set_slots(slots)
+        rel = torch.arange(S, device=self.device) - self.pos  # (S,) a slot's index within the pass
+        inside = (rel >= 0) & (rel < W)
+        see = (
+            torch.index_select(self.tree_local, 1, torch.where(inside, rel, W)) | (rel < 0)[None, :]
+        )  # (W, S)
+        out = self.model(
+            input_ids=ids[None],
+            position_ids=(self.pos + self.tree_pos)[None],
+            past_key_values=self.cache,
+            attention_mask=slot_mask(see, self.dtype),
+            use_cache=True,
+            logits_to_keep=W,
+        )
+        logits = out.logits[0].float() + self.penalty  # (W, V)
+        greedy = logits[:K].argmax(-1)  # (K,): g_1..g_K after c, y_1..y_{K−1}
+        n, extra = greedy_match_twin(self.carried, greedy)
+        n = n * self.have  # nothing carried yet: an AR step
+        extra = greedy.gather(0, n.view(1)).view(())
+        if self._inject is not None:
+            n = self._inject.gather(0, self._inject_at.view(1)).view(()).clamp(max=K - 1) * self.have
+            extra = greedy.gather(0, n.view(1)).view(())
+            self._inject_at.add_(1).remainder_(self._inject.shape[0])
+        record = commit_record(self.carried, n, extra)
+        rows = self.group_rows.gather(0, n.view(1)) + torch.arange(K - 1, device=self.device)  # G_n's rows
+        self.carried.copy_(torch.softmax(logits.index_select(0, rows), -1).argmax(-1))
+        self.have.fill_(1)
+        self.last.copy_(extra.view(1))
+        self.pos.add_(n + 1)
+        return record
+
+    def _forward(
+        self, ids: torch.Tensor, start: torch.Tensor, rows: int, *, draft: bool = False
+    ) -> torch.Tensor:
+        """The model (``draft``: the draft model) over ``ids`` (W,) at positions = slots start..start+W−1 on its slot
+        cache; logits of the last ``rows`` (rows, V) on the target's vocabulary, restricted to the allowed ids, in
+        float32 (a draft's rows cut or padded with −inf to the target's, as ``DraftProposer`` does)."""
+        model, cache = (self.draft, self.draft_cache) if draft else (self.model, self.cache)
+        w = ids.shape[0]
+        positions = start + torch.arange(w, device=self.device)  # (W,)
+        cache.set_slots(positions)
+        out = model(
+            input_ids=ids[None],
+            position_ids=positions[None],
+            past_key_values=cache,
+            attention_mask=linear_mask(start, w, cache.capacity, self.dtype),
+            use_cache=True,
+            logits_to_keep=rows,
+        )
+        logits = out.logits[0, -rows:].float()  # (rows, V or the draft's Vd)
+        if draft:
+            V = self.penalty.shape[0]
+            logits = (
+                logits[:, :V]
+                if logits.shape[-1] >= V
+                else torch.cat([logits, self.draft_pad.expand(rows, -1)], -1)
+            )
+        return logits + self.penalty  # (rows, V)
+
+    def draft_step(self, k: int) -> torch.Tensor:
+        """One greedy speculative-decoding cycle (``sd``): the draft's k passes — the first over [prev, last] at
+        pos − 1, pos (prev's K/V recomputed: it is missing after a cycle that accepted the whole draft), then one
+        token each — the target's verification pass over [last, y_1..y_k], the rule's twin, and the next prev /
+        last / pos. The draft's cache is valid below the new prev's position after every cycle, as the target's is
+        below last's. (k = 0, the request's last token, leaves the draft's cache one short: no cycle follows.)"""
+        ys = []
+        if k > 0:
+            two = torch.cat([self.prev, self.last])
+            tok = torch.softmax(self._forward(two, self.pos - 1, 1, draft=True), -1).argmax(-1)  # (1,)
+            ys.append(tok)
+            for i in range(1, k):
+                tok = torch.softmax(self._forward(tok, self.pos + i, 1, draft=True), -1).argmax(-1)
+                ys.append(tok)
+        y = torch.cat(ys) if ys else self.last[:0]  # (k,)
+        chain = torch.cat([self.last, y])  # (k+1,): the tokens at pos..pos+k
+        greedy = self._forward(chain, self.pos, k + 1).argmax(-1)  # (k+1,)
+        n, extra = greedy_match_twin(y, greedy)
+        self.prev.copy_(chain.gather(0, n.view(1)))
+        self.last.copy_(extra.view(1))
+        self.pos.add_(n + 1)
+        return commit_record(y, n, extra)
+
+    def step(self, k: int) -> torch.Tensor:
+        """One cycle with a block of ``k`` (0 = AR): reads and advances ``last`` / ``pos`` in place and returns the
+        record (k + 2,): [committed count, tokens...]. No host sync, no shape that depends on a value. Fused: the
+        fused cycle (``fused_step``; k is always K)."""
+        if self.fused:
+            return self.fused_step()
+        if self.draft is not None:
+            return self.draft_step(k)
+        if k > 0:
+            # 1) propose: the block pass [last, M×(k−1)]; y_i = argmax of the softmax (ties: first index, as the
+            # reference BlockProposer)
+            block = torch.cat([self.last, self.mask_fill[: k - 1]])  # (k,)
+            y = torch.softmax(self._forward(block, self.pos, k), -1).argmax(-1)  # (k,)
+        else:
+            y = self.last[:0]
+        # 2) verify: [last, y_1..y_k] over the same slots (the placeholders' K/V overwritten)
+        greedy = self._forward(torch.cat([self.last, y]), self.pos, k + 1).argmax(-1)  # (k+1,)
+        # 3) accept: the rule's sync-free twin; 4) commit on the device: the new pending token and its position
+        n, extra = greedy_match_twin(y, greedy)
+        if self._inject is not None:  # a benchmark's preset acceptance, after the rule's full computation
+            n = self._inject.gather(0, self._inject_at.view(1)).view(())
+            n = n.clamp(max=k)  # a scalar bound: no host-to-device copy inside a captured graph
+            extra = greedy.gather(0, n.view(1)).view(())
+            self._inject_at.add_(1).remainder_(self._inject.shape[0])
+        self.last.copy_(extra.view(1))
+        self.pos.add_(n + 1)
+        return commit_record(y, n, extra)
+
+    def inject(self, accepted: Sequence[int] | None) -> None:
+        """Benchmarks only (random weights accept nothing): from now on cycle c accepts ``accepted[c % len]``
+        proposed tokens (at most its block; c counts from each request's first cycle), read from a preloaded device
+        buffer after the rule has run, so a cycle costs what a real one with that acceptance costs; the committed
+        tokens are then not the model's greedy ones. Unfused and fused prove-lossless (not sd). ``None`` turns it
+        off. The captured graph is rebuilt."""
+        self._inject = None if accepted is None else torch.tensor(list(accepted), device=self.device)
+        self._inject_at.zero_()
+        self._graph = None
+
+    def wrap_step(self, wrapper: Any) -> None:
+        """Run the regular-width cycle through ``wrapper(self.step)`` (the tests: ``torch.compile`` with
+        ``fullgraph=True``, which fails on a host sync or a graph break, and recompiles made fatal)."""
+        self._regular = wrapper(self.step)
+
+    def _launch(self, k: int) -> tuple[torch.Tensor, Any, int]:
+        """Start one cycle (replaying the captured graph for the regular width) and queue its record's copy to the
+        host; returns (host record, CUDA event or None, k). Nothing waits for the device here."""
+        if k == self.K and self.graphs:
+            if self._graph is None:
+                self._graph = self._capture()
+            self._graph.replay()
+            self.counters["graph_replays"] += 1
+            record = self.record
+        elif k == self.K:
+            record = self._regular(k)
+        else:
+            record = self.step(k)
+            self.counters["eager_cycles"] += 1
+        if self.device.type != "cuda":
+            return record.clone(), None, k
+        host = torch.empty(record.shape, dtype=record.dtype, pin_memory=True)
+        host.copy_(record, non_blocking=True)  # stream-ordered before a later replay rewrites ``record``
+        event = torch.cuda.Event()
+        event.record()
+        return host, event, k
+
+    def _read(self, launched: tuple[torch.Tensor, Any, int]) -> list[int]:
+        """Wait for a launched cycle's record (the cycle's one sync) and return its committed tokens."""
+        host, event, k = launched
+        if event is not None:
+            event.synchronize()
+        self.counters["passes"] += 1 + (k > 0 and not self.fused and self.draft is None)
+        self.counters["draft_passes"] += k if self.draft is not None else 0
+        self.counters["syncs"] += 1
+        self.counters["cycles"] += 1
+        out = host.tolist()
+        return out[1 : 1 + out[0]]
+
+    def _capture(self) -> Any:
+        """The regular cycle as a CUDA graph over the persistent buffers (warmed up on a side stream first). Its
+        replay advances ``last`` / ``pos`` and fills ``record``; capture leaves the state as it found it."""
+        saved = self._state()
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self.record.copy_(self.step(self.K))
+                self._restore(saved)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.record.copy_(self.step(self.K))
+        self._restore(saved)
+        self.counters["captures"] += 1
+        return graph
+
+    def _state(self) -> list[torch.Tensor]:
+        """Copies of every buffer a cycle advances (what capture and timing replays put back)."""
+        return [b.clone() for b in self._buffers()]
+
+    def _buffers(self) -> list[torch.Tensor]:
+        extra = [self.carried, self.have] if self.fused else [self.prev] if self.draft is not None else []
+        return [self.last, self.pos, self._inject_at, *extra]
+
+    def _restore(self, saved: list[torch.Tensor]) -> None:
+        for b, v in zip(self._buffers(), saved, strict=True):
+            b.copy_(v)
+
+    def _widest(self) -> int:
+        """Slots a pass may write past the pending token's: the fused tree's width, else a verify pass's K + 1."""
+        return self.width if self.fused else self.K + 1
+
+    def replay_ms(self, repeats: int = 20) -> float | None:
+        """GPU milliseconds of one regular cycle: back-to-back replays of the captured graph timed with CUDA events
+        (launches queue ahead, so this is the device's time, not the host's). None without a captured graph (off
+        CUDA, or before a request). The replays start at position 0 (a pass attends every slot, so its cost does
+        not depend on where it sits) and overwrite the cache: what they leave is stale, and the next request's
+        prefill and passes write every slot before a row may read it; the pending token and position are restored."""
+        if self._graph is None:
+            return None
+        repeats = min(repeats, (self.capacity - self._widest()) // (self.K + 1))
+        saved = self._state()
+        self.pos.zero_()
+        torch.cuda.synchronize(self.device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            self._graph.replay()
+        end.record()
+        end.synchronize()
+        self._restore(saved)
+        return float(start.elapsed_time(end)) / repeats
+
+    # -- a request ----------------------------------------------------------------------------------------------
+
+    def serves(self, prompt_len: int) -> bool:
+        """Whether this request runs here: ``sd`` needs two prompt tokens (its draft re-feeds the last two)."""
+        return self.draft is None or prompt_len >= 2
+
+    def slots_needed(self, prompt_len: int, max_new_tokens: int) -> int:
+        """KV slots a request uses: its positions, plus the fused tree's scratch past the last pending token."""
+        return prompt_len + max_new_tokens + (self.width - 1 if self.fused else 0)
+
+    def check_room(self, prompt_len: int, max_new_tokens: int) -> None:
+        need = self.slots_needed(prompt_len, max_new_tokens)
+        if need > self.capacity:
+            raise ValueError(
+                f"the prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) need {need} KV slots but "
+                f"the fast path allocated {self.capacity}: build the Decoder with cache_len={need} or more, or pass "
+                "fast=false"
+            )
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        """Eager: the prompt less its last token into slots 0..P−2; the last token becomes the pending one."""
+        P = len(prompt)
+        if P > 1:
+            ids = torch.tensor(prompt[:-1], dtype=torch.long, device=self.device)
+            self._forward(ids, torch.zeros((), dtype=torch.long, device=self.device), 1)
+            self.counters["passes"] += 1
+        if self.draft is not None:  # the draft's cache: all but the last two (its first pass re-feeds them)
+            if P > 2:
+                ids = torch.tensor(prompt[:-2], dtype=torch.long, device=self.device)
+                self._forward(ids, torch.zeros((), dtype=torch.long, device=self.device), 1, draft=True)
+            self.prev.fill_(int(prompt[-2]))
+        self.last.fill_(int(prompt[-1]))
+        self.pos.fill_(P - 1)
+        if self.fused:
+            self.have.zero_()
+
+    @torch.no_grad()
+    def run(self, prompt_ids: Sequence[int], stopper: Stopper) -> tuple[list[int], Stats]:
+        """Decode one request; the new tokens and its stats (``Stats.fast`` holds the path's counters)."""
+        if len(prompt_ids) == 0:
+            raise ValueError("the prompt is empty: give at least one token")
+        self.check_room(len(prompt_ids), stopper.max_new_tokens)
+        start, start_s = dict(self.counters), self.cycle_s
+        self._inject_at.zero_()  # an injected acceptance starts over with every request
+        t0 = time.perf_counter()
+        self.prefill(prompt_ids)
+        new: list[int] = []
+        tally = _Tally()
+        done = False
+        ahead: tuple[torch.Tensor, Any, int] | None = (
+            None  # a regular cycle launched before the last was read
+        )
+        while not done:
+            # the block a reference cycle would propose: what the budget allows, less the correction / bonus
+            k = min(self.K, stopper.max_new_tokens - len(new) - 1)
+            if self.fused:  # one tree whatever the budget: what runs past it is cut on the host
+                k = self.K
+            c0 = time.perf_counter()
+            launched = ahead if ahead is not None else self._launch(k)
+            k = launched[2]
+            # launch the next cycle before reading this one's record where the budget surely leaves it a regular
+            # width whatever this one commits (≤ K + 1 tokens): the device never waits for the host's EOS, stop
+            # string and budget work. If this cycle ends the request, the next one's work is dropped.
+            ahead = None
+            if (
+                self.pipeline
+                and k == self.K
+                and (self.fused or len(new) + 2 * self.K + 2 <= stopper.max_new_tokens)
+            ):
+                ahead = self._launch(self.K)
+            tokens = self._read(launched)
+            self.cycle_s += time.perf_counter() - c0
+            before = len(new)
+            done = stopper.commit(new, tokens)
+            committed = len(new) - before
+            self.cache.length = len(prompt_ids) - 1 + len(new)
+            tally.committed_per_cycle.append(committed)
+            proposed = (self.K - 1) * (len(tally.committed_per_cycle) > 1) if self.fused else k
+            tally.count(proposed, min(len(tokens) - 1, committed))
+        if ahead is not None:  # launched for a request that ended: wait for it, count it apart
+            if ahead[1] is not None:
+                ahead[1].synchronize()
+            self.counters["dropped_cycles"] += 1
+        wall = time.perf_counter() - t0
+        fast = {key: self.counters[key] - start[key] for key in self.counters}
+        fast["graphs"] = int(self.graphs)
+        cycles = len(tally.committed_per_cycle)
+        stats = Stats(
+            new_tokens=len(new),
+            cycles=cycles,
+            tokens_per_cycle=len(new) / max(cycles, 1),
+            model_passes=fast["passes"] - (len(prompt_ids) > 1),
+            verifier_passes=0,
+            draft_passes=fast["draft_passes"],
+            accepted_by_depth=tally.accepted_by_depth,
+            proposed_by_depth=tally.proposed_by_depth,
+            committed_per_cycle=tally.committed_per_cycle,
+            wall_s=wall,
+            model_s=self.cycle_s - start_s,
+            fast=fast,
+        )
+        return new, stats
+
+
+def self_check(model: Any, *, tokens: int = 6, atol: float | None = None) -> str | None:
+    """The slot cache against ``DynamicCache`` on a short pass of this model (a prefill, then a pass after a
+    rejected one): None if their logits agree, else a one-line reason. transformers may change its cache
+    interface between the 5.x releases this project allows; this catches it when a Decoder is built."""
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    V = model.get_output_embeddings().weight.shape[0]
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, V, (2 * tokens,), generator=g).to(device)
+    tol = atol if atol is not None else (1e-3 if dtype == torch.float32 else 5e-2)
+    try:
+        with torch.no_grad():
+            dyn = DynamicCache(config=model.config)
+            ref_a = model(input_ids=ids[None, :tokens], past_key_values=dyn, use_cache=True).logits[0]
+            ref_b = model(
+                input_ids=ids[None, tokens:],
+                position_ids=torch.arange(tokens, 2 * tokens, device=device)[None],
+                past_key_values=dyn,
+                use_cache=True,
+            ).logits[0]
+            cache = SlotCache.for_model(model, 4 * tokens)
+
+            def run(chunk: torch.Tensor, start: int) -> torch.Tensor:
+                pos = torch.arange(start, start + chunk.shape[0], device=device)
+                cache.set_slots(pos)
+                mask = linear_mask(torch.tensor(start, device=device), chunk.shape[0], cache.capacity, dtype)
+                return model(
+                    input_ids=chunk[None],
+                    position_ids=pos[None],
+                    past_key_values=cache,
+                    attention_mask=mask,
+                    use_cache=True,
+                ).logits[0]
+
+            got_a = run(ids[:tokens], 0)
+            run(ids.flip(0)[:tokens], tokens)  # a pass that gets rejected: stale slots past the valid length
+            got_b = run(ids[tokens:], tokens)
+    except Exception as err:  # noqa: BLE001 - any failure means: use the reference path
+        return f"the slot cache failed on this model ({type(err).__name__}: {err})"
+    scale = max(float(ref_a.abs().max()), 1.0)
+    diff = max(float((got_a - ref_a).abs().max()), float((got_b - ref_b).abs().max())) / scale
+    if not diff <= tol:
+        return f"the slot cache's logits differ from DynamicCache's by {diff:.2e} (relative) on this model"
+    return None

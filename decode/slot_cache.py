@@ -1,0 +1,196 @@
+"""A static KV cache written at explicit slots (docs/design.md §3.0): the fast path's cache.
+
+``SlotCache`` is a ``transformers`` ``Cache`` whose layers preallocate their K/V (zeroed) for ``capacity``
+slots and write each pass's new entries at the slots the engine names (``set_slots``), never growing or
+cropping. The engine owns the valid length: rejecting a draft leaves the length where it was, and the next
+pass simply overwrites the stale slots. Positions come from ``position_ids`` alone, and the engine passes a
+float additive 4D mask over every slot (``slot_mask``), which transformers hands to the attention unchanged
+(``masking_utils`` returns a 4D mask as given), so any Hugging Face causal LM with full attention runs
+unmodified: its attention calls ``cache.update(k, v, layer_idx)``, gets back the whole buffers, and the mask
+hides every slot a row may not see.
+
+Stale slots never poison a pass: the buffers start zeroed and only ever hold K/V a model computed (finite), a
+masked key gets probability exactly 0, and a pass's padding rows write only to scratch slots past the valid
+length. A tree pass (``prove.decode.fused``) lays its chain out at slot = position; an accepted entry off the
+chain is moved into place by ``gated_copy``: a fixed number of (source, destination) slot pairs, each applied
+only where its gate is set, so the copy has one shape whatever was accepted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+class SlotLayer(CacheLayerMixin):
+    """One attention layer's K/V buffers (1, H, capacity, D), allocated zeroed at the first write (when the
+    head count, head size, dtype and device are known from the model's own key states)."""
+
+    is_compileable = True
+    is_sliding = False
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        b, h, _, dk = key_states.shape
+        dv = value_states.shape[-1]
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.keys = torch.zeros(b, h, self.capacity, dk, dtype=key_states.dtype, device=key_states.device)
+        self.values = torch.zeros(
+            b, h, self.capacity, dv, dtype=value_states.dtype, device=value_states.device
+        )
+        self.is_initialized = True
+
+    def write(self, key_states: torch.Tensor, value_states: torch.Tensor, slots: torch.Tensor) -> None:
+        """Write the pass's entries (1, H, W, D) at ``slots`` (W,) in place (a fixed buffer address)."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        assert self.keys is not None and self.values is not None
+        self.keys.index_copy_(2, slots, key_states)
+        self.values.index_copy_(2, slots, value_states)
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        raise RuntimeError("a SlotLayer is written through its SlotCache, which knows the pass's slots")
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.capacity, 0
+
+    def get_seq_length(self) -> int:
+        raise RuntimeError("the engine owns a SlotCache's valid length: read SlotCache.length")
+
+    def get_max_length(self) -> int:
+        return self.capacity
+
+
+class SlotCache(Cache):
+    """K/V for ``capacity`` slots in each of ``num_layers`` layers, written at the slots of ``set_slots``.
+
+    ``length`` is the engine's valid length (what ``get_seq_length`` reports to a model that asks): the
+    cache never tracks it itself, so a rejection is a length, not a crop.
+    """
+
+    def __init__(self, num_layers: int, capacity: int) -> None:
+        super().__init__(layers=[SlotLayer(capacity) for _ in range(num_layers)])
+        self.capacity = capacity
+        self.length = 0
+        self.slots: torch.Tensor | None = None
+
+    @classmethod
+    def for_model(cls, model: Any, capacity: int) -> SlotCache:
+        return cls(int(model.config.num_hidden_layers), capacity)
+
+    def set_slots(self, slots: torch.Tensor) -> None:
+        """The slots (W,) long the next pass's W entries are written at, in order."""
+        self.slots = slots
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.slots is not None, "set_slots before a pass"
+        layer = self.layers[layer_idx]
+        assert isinstance(layer, SlotLayer)
+        layer.write(key_states, value_states, self.slots)
+        assert layer.keys is not None and layer.values is not None
+        return layer.keys, layer.values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self.capacity, 0
+
+    def get_max_length(self) -> int:
+        return self.capacity
+
+    @property
+    def is_compileable(self) -> bool:  # type: ignore[override]
+        return True
+
+    def fill(self, value: float | torch.Tensor) -> None:
+        """Overwrite every allocated slot with ``value`` (tests fill stale slots with finite garbage)."""
+        for layer in self.layers:
+            assert isinstance(layer, SlotLayer)
+            if layer.is_initialized:
+                assert layer.keys is not None and layer.values is not None
+                layer.keys.copy_(torch.as_tensor(value).expand_as(layer.keys))
+                layer.values.copy_(torch.as_tensor(value).expand_as(layer.values))
+
+    def gated_copy(self, src: torch.Tensor, dst: torch.Tensor, gate: torch.Tensor) -> None:
+        """For each pair i of the fixed-size (N,) ``src`` / ``dst`` slot lists, copy slot ``src[i]``'s K/V to slot
+        ``dst[i]`` where ``gate[i]`` is True, in every layer; pairs whose gate is False leave ``dst[i]`` as it was.
+
+        One shape whatever was accepted, and no host sync: a gated-off pair rewrites its destination with its own
+        value (read before any write, so pairs never see each other's writes)."""
+        for layer in self.layers:
+            assert isinstance(layer, SlotLayer)
+            if not layer.is_initialized:
+                continue
+            assert layer.keys is not None and layer.values is not None
+            for buf in (layer.keys, layer.values):
+                moved = buf.index_select(2, src)  # (1, H, N, D)
+                kept = buf.index_select(2, dst)
+                buf.index_copy_(2, dst, torch.where(gate[None, None, :, None], moved, kept))
+
+
+def slot_mask(
+    rows_see: torch.Tensor,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The float additive 4D mask (1, 1, W, capacity) of a pass from its (W, capacity) bool "row may see slot":
+    0 where it may, ``finfo(dtype).min`` elsewhere (eager attention adds the mask: a bool 4D mask is wrong there)."""
+    zero = torch.zeros((), dtype=dtype, device=rows_see.device)
+    low = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=rows_see.device)
+    return torch.where(rows_see, zero, low)[None, None]
+
+
+def linear_mask(start: torch.Tensor, width: int, capacity: int, dtype: torch.dtype) -> torch.Tensor:
+    """Mask of a causal pass of ``width`` rows written at slots start..start+width−1 (slot = position): row r sees
+    slots 0..start+r, i.e. the valid prefix and the pass's own rows up to itself. ``start`` is a 0-d long tensor
+    (a device value: no host sync, no recompile as it moves)."""
+    slots = torch.arange(capacity, device=start.device)  # (S,)
+    last = start + torch.arange(width, device=start.device)  # (W,)
+    return slot_mask(slots[None, :] <= last[:, None], dtype)
+
+
+def tree_mask(
+    valid: torch.Tensor, slots: torch.Tensor, local: torch.Tensor, capacity: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """Mask of a tree pass: its W rows written at ``slots`` (W,); every row sees the valid prefix (slots below
+    ``valid``, a 0-d long tensor) and the pass's own entries that ``local`` (W, W) bool allows."""
+    pos = torch.arange(capacity, device=slots.device)
+    see = (pos[None, :] < valid).expand(local.shape[0], capacity).clone()
+    see[:, slots] |= local
+    return slot_mask(see, dtype)
+
+
+def unsupported_reason(config: Any) -> str | None:
+    """Why the slot cache cannot serve a model with this config, or None if it can: it serves full attention under
+    eager or sdpa attention (which apply a float 4D mask) with RoPE (or no positional scaling) read from
+    ``position_ids``; sliding windows, hybrid / linear attention, dynamic RoPE scaling and attention kernels that take
+    no such mask (flash attention) take today's path."""
+    impl = getattr(config, "_attn_implementation", None)
+    if impl not in (None, "eager", "sdpa"):
+        return f"its attention implementation ({impl}) takes no float mask over the slots (use eager or sdpa)"
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and any(t != "full_attention" for t in layer_types):
+        kinds = sorted({t for t in layer_types if t != "full_attention"})
+        return f"it has {', '.join(kinds)} layers (the slot cache serves full attention only)"
+    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
+        return "it uses a sliding attention window"
+    if (
+        layer_types is None
+        and getattr(config, "sliding_window", None)
+        and not hasattr(config, "use_sliding_window")
+    ):
+        return "it uses a sliding attention window"
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = getattr(config, key, None)
+        if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) in ("dynamic", "longrope"):
+            return f"its RoPE scaling ({rope.get('rope_type', rope.get('type'))}) changes with the sequence length"
+    return None

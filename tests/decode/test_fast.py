@@ -1,0 +1,276 @@
+"""The fast path (``prove.decode.fast``) on the CPU (no graphs): the same tokens as transformers' greedy
+``generate`` and the same per-cycle stats as the reference loop, the regular cycle under
+``torch.compile(fullgraph=True)`` with recompiles fatal, and its one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from prove.decode import Decoder
+
+from tests.decode.decode_helpers import hf_generate, mask_ids
+
+N = 24
+
+
+@pytest.fixture(scope="module")
+def echo_lm(make_lm):
+    """A random model with a narrow init: its block passes are often right, so blocks of several tokens get
+    accepted and EOS / stop strings / max_new_tokens fall inside them."""
+    return make_lm(seed=7, std=0.12)
+
+
+@pytest.fixture(scope="module")
+def fast_refs(lm, echo_lm, prompts, tokenizer):
+    return {
+        name: [hf_generate(m, p, N, suppress=mask_ids(tokenizer)) for p in prompts[:3]]
+        for name, m in (("lm", lm), ("echo", echo_lm))
+    }
+
+
+def _stats_key(stats):
+    return (
+        stats.committed_per_cycle,
+        stats.accepted_by_depth,
+        stats.proposed_by_depth,
+        stats.model_passes,
+        stats.new_tokens,
+    )
+
+
+@pytest.mark.parametrize("k", [0, 4, 16])
+@pytest.mark.parametrize("which", ["lm", "echo"])
+def test_fast_path_equals_generate_and_the_reference_loop(request, k, which, prompts, tokenizer, fast_refs):
+    """k = 0 is ``ar``. Fails if a slot, a position or the pending token is off by one (the tokens drift from
+    ``generate``), if the device rule commits other tokens than the reference rule, or if EOS / a stop string /
+    max_new_tokens cut a block elsewhere than the reference loop does (the per-cycle stats differ). The echo model
+    runs with cycle c + 1 launched before cycle c is read (``pipeline``, CUDA's default): a cycle launched ahead
+    for a request that had ended must change nothing."""
+    model = request.getfixturevalue("lm" if which == "lm" else "echo_lm")
+    method = {"method": "ar"} if k == 0 else {"method": "prove-lossless", "block_size": k}
+    fast = Decoder(model, tokenizer, fast=True, **method)
+    fast.fast_engine.pipeline = which == "echo"
+    ref = Decoder(model, tokenizer, fast=False, **method)
+    assert fast.fast_engine is not None and ref.fast_engine is None
+    inside = 0
+    for p, want in zip(prompts[:3], fast_refs[which], strict=True):
+        cases = [{"max_new_tokens": n, "eos_token_id": []} for n in (1, 5, N)]
+        cases += [{"max_new_tokens": N, "eos_token_id": [want[j]]} for j in (3, 9)]
+        cases += [{"max_new_tokens": N, "eos_token_id": [], "stop": [tokenizer.decode(want[:7])[-2:]]}]
+        for kw in cases:
+            a, b = fast.generate(p, **kw), ref.generate(p, **kw)
+            assert a.token_ids == b.token_ids, kw
+            assert _stats_key(a.stats) == _stats_key(b.stats), kw
+            assert a.stats.fast is not None and b.stats.fast is None
+            if not kw["eos_token_id"] and "stop" not in kw:
+                assert a.token_ids == want[: kw["max_new_tokens"]]
+            last = a.stats.committed_per_cycle[-1]
+            inside += last > 1 and len(a.token_ids) < N
+    if which == "echo" and k > 0:
+        assert inside > 0, "no case ended inside a multi-token block: the test lost its point"
+    # K = 16 never pipelines within 24 tokens: a cycle goes ahead only where the budget surely leaves it K tokens
+    assert (fast.fast_engine.counters["dropped_cycles"] > 0) == (which == "echo" and k < 16)
+
+
+SYNCS = {"item", "tolist", "nonzero", "_local_scalar_dense", "masked_select", "unique"}
+"""Operators that read a device value on the host (or size a tensor by one)."""
+
+
+def no_sync_backend(gm, example_inputs):
+    """``backend="eager"`` that first refuses a captured graph holding a host sync: torch ≥ 2.13 traces
+    ``.item()`` / ``int(t)`` into the graph as a data-dependent value instead of breaking it, so ``fullgraph=True``
+    alone no longer catches one."""
+    found = [str(n.target) for n in gm.graph.nodes if getattr(n.target, "__name__", str(n.target)) in SYNCS]
+    found += [
+        str(n.target) for n in gm.graph.nodes if str(n.target).split(".")[-2:-1] == ["_local_scalar_dense"]
+    ]
+    assert not found, f"host syncs inside the cycle: {found}"
+    return gm.forward
+
+
+def test_no_sync_backend_catches_a_host_read():
+    """The backend itself: fails if it let ``int(t)`` (a host read traced as a value) through."""
+
+    def f(x):
+        x.add_(int(x.sum()) + 1)
+        return x
+
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="host syncs inside the cycle"):
+        torch.compile(f, fullgraph=True, backend=no_sync_backend)(torch.zeros(3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("mode", ["unfused", "fused", "sd"])
+def test_regular_cycle_compiles_whole_without_syncs_or_recompiles(echo_lm, lm, tokenizer, prompts, mode):
+    """The regular-width cycle of every cycle of a whole decode under ``torch.compile(fullgraph=True)`` with
+    recompiles fatal after a warm-up decode. Fails on a host sync (``.item()``, ``int(t)``, ``.tolist()``,
+    ``nonzero``) or any graph break inside the cycle, and on shape or value drift that recompiles (e.g. a Python
+    int position)."""
+    torch._dynamo.reset()
+    if mode == "sd":
+        kw = {"method": "sd", "draft": lm, "k": 4}
+    else:
+        kw = {"method": "prove-lossless", "block_size": 4, "fuse": mode == "fused"}
+    dec = Decoder(echo_lm, tokenizer, fast=True, **kw)
+    compiled = []
+
+    def wrap(step):
+        fn = torch.compile(step, fullgraph=True, backend=no_sync_backend)
+        compiled.append(fn)
+        return fn
+
+    dec.fast_engine.wrap_step(wrap)
+    want = [dec.generate(p, max_new_tokens=N, eos_token_id=[]).token_ids for p in prompts[:2]]
+    ref = Decoder(echo_lm, tokenizer, fast=False, **kw)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for p, w in zip(prompts[:2], want, strict=True):
+            out = dec.generate(p, max_new_tokens=N, eos_token_id=[])
+            assert out.token_ids == w == ref.generate(p, max_new_tokens=N, eos_token_id=[]).token_ids
+            # unfused: the last cycles, narrowed by the budget, run eagerly; fused: one tree every cycle
+            assert out.stats.fast["cycles"] > out.stats.fast["eager_cycles"] >= (0 if mode == "fused" else 1)
+    assert len(compiled) == 1
+
+
+def test_fast_true_refuses_what_it_cannot_serve(make_lm, lm, small, tokenizer, prompts):
+    """Fails if fast=true silently falls back (or crashes later) on a method, a setting or a model it does not
+    serve, or lets a request outgrow the cache it allocated."""
+    cases = [
+        ({"method": "mars", "block_size": 4}, "method mars is not on it"),
+        ({"method": "prove-lossless", "block_size": 1, "fuse": True}, "needs block_size ≥ 2"),
+        ({"method": "prove-lossless", "block_size": 4, "draft_threshold": 0.5}, "draft_threshold"),
+        ({"method": "ar", "temperature": 0.7}, "greedy only"),
+    ]
+    for kw, match in cases:
+        with pytest.raises(ValueError, match=f"fast=true cannot serve this decode: .*{match}.*fast=false"):
+            Decoder(lm, tokenizer, fast=True, **kw)
+    with pytest.raises(
+        ValueError, match=r"it records no trace \(trace=false\); pass fast=auto or fast=false"
+    ):
+        Decoder(lm, tokenizer, method="ar", fast=True, trace=True)
+    with pytest.raises(ValueError, match="on_cycle watches the reference loop: pass fast=false"):
+        Decoder(lm, tokenizer, method="ar", fast=True).generate(prompts[0], max_new_tokens=2, on_cycle=print)
+    sliding = make_lm(seed=2)
+    sliding.config.use_sliding_window, sliding.config.sliding_window = True, 4
+    with pytest.raises(ValueError, match="sliding attention window; pass fast=auto or fast=false"):
+        Decoder(sliding, tokenizer, method="ar", fast=True)
+    # auto on the CPU: the reference path (the demo's speed is unchanged)
+    assert Decoder(lm, tokenizer, method="ar").fast_engine is None
+    dec = Decoder(lm, tokenizer, method="ar", fast=True, cache_len=12)
+    with pytest.raises(ValueError, match=r"need 14 KV slots but the fast path allocated 12: .*cache_len=14"):
+        dec.generate(prompts[0][:4], max_new_tokens=10)
+    assert len(dec.generate(prompts[0][:4], max_new_tokens=8, eos_token_id=[]).token_ids) == 8
+    with pytest.raises(ValueError, match="fast='yes': give true, false or auto"):
+        Decoder(lm, tokenizer, method="ar", fast="yes")
+
+
+def test_injected_acceptance_sets_each_cycles_count(lm, tokenizer, prompts):
+    """The benchmark hook (gpu-check's injected acceptance): fails if the preset counts do not decide each cycle's
+    committed length (n + 1, n capped by the block), or if turning it off does not restore the model's greedy
+    output."""
+    dec = Decoder(lm, tokenizer, method="prove-lossless", block_size=4, fast=True)
+    want = dec.generate(prompts[0], max_new_tokens=20, eos_token_id=[]).token_ids
+    dec.fast_engine.inject([3, 1, 9])
+    out = dec.generate(prompts[0], max_new_tokens=20, eos_token_id=[])
+    assert out.stats.committed_per_cycle == [4, 2, 5, 4, 2, 3]  # the last: 2 tokens of budget left
+    dec.fast_engine.inject(None)
+    assert dec.generate(prompts[0], max_new_tokens=20, eos_token_id=[]).token_ids == want
+
+
+@pytest.mark.parametrize("k", [4, 16])
+def test_fused_fast_path_equals_generate(k, echo_lm, prompts, tokenizer, fast_refs):
+    """Fused prove-lossless on the fast path (every group, one tree pass a cycle). Fails if a group's position or
+    mask is off (its proposals go wrong: tokens per cycle collapse, caught against the reference fused run), if a
+    placeholder's stale K/V leaks into a later pass, or if the host cuts a block elsewhere than AR would."""
+    fast = Decoder(echo_lm, tokenizer, method="prove-lossless", block_size=k, fuse=True, fast=True)
+    fast.fast_engine.pipeline = True  # fused: always one cycle ahead
+    ref = Decoder(
+        echo_lm, tokenizer, method="prove-lossless", block_size=k, fuse=True, fuse_groups="all", fast=False
+    )
+    assert fast.fast_engine is not None and fast.fast_engine.fused and fast.params.fuse_groups == "all"
+    per_pass = []
+    for p, want in zip(prompts[:3], fast_refs["echo"], strict=True):
+        for kw in (
+            {"max_new_tokens": N, "eos_token_id": []},
+            {"max_new_tokens": 7, "eos_token_id": []},
+            {"max_new_tokens": N, "eos_token_id": [want[9]]},
+            {"max_new_tokens": N, "eos_token_id": [], "stop": [tokenizer.decode(want[:7])[-2:]]},
+        ):
+            a, b = fast.generate(p, **kw), ref.generate(p, **kw)
+            assert a.token_ids == b.token_ids, kw
+            if not kw["eos_token_id"] and "stop" not in kw:
+                assert a.token_ids == want[: kw["max_new_tokens"]]
+            assert a.stats.model_passes == a.stats.cycles
+            per_pass.append((a.stats.new_tokens / a.stats.cycles, b.stats.new_tokens / b.stats.model_passes))
+    # the same proposals as the reference's fused groups, case by case (it adds a second candidate, so it may do a
+    # little better); some cycles must accept, or the comparison says nothing
+    assert all(f >= 0.9 * r for f, r in per_pass), per_pass
+    assert max(f for f, _ in per_pass) > 1.1
+
+
+class CacheLengthPositions(torch.nn.Module):
+    """A causal LM that reads its positions from the cache's length and builds its own causal mask, ignoring
+    ``position_ids`` and a given mask: what the slot cache cannot serve (its length is the engine's)."""
+
+    def __init__(self, inner) -> None:
+        super().__init__()
+        self.inner, self.config = inner, inner.config
+
+    def get_output_embeddings(self):
+        return self.inner.get_output_embeddings()
+
+    def get_input_embeddings(self):
+        return self.inner.get_input_embeddings()
+
+    def forward(self, input_ids, past_key_values=None, position_ids=None, attention_mask=None, use_cache=True,
+                logits_to_keep=0):  # fmt: skip
+        return self.inner(input_ids=input_ids, past_key_values=past_key_values, use_cache=use_cache)
+
+
+def test_self_check_refuses_a_model_the_slot_cache_breaks(lm, tokenizer):
+    """The self-check run when a Decoder takes the fast path: fails if a model that ignores position_ids and the
+    mask (positions from the cache length) passes it — it would decode wrong on the slot cache."""
+    from prove.decode.fast import self_check
+
+    assert self_check(lm) is None
+    broken = CacheLengthPositions(lm)
+    assert "differ from DynamicCache" in (self_check(broken) or "")
+    with pytest.raises(
+        ValueError, match="fast=true cannot serve this decode: the slot cache's logits differ"
+    ):
+        Decoder(broken, tokenizer, method="ar", fast=True)
+
+
+@pytest.mark.parametrize("k", [4, 16])
+@pytest.mark.parametrize("draft_name", ["same", "other"])
+def test_greedy_sd_fast_path_equals_generate_and_the_reference_loop(request, k, draft_name, echo_lm, lm, prompts,
+                                                                    tokenizer, fast_refs):  # fmt: skip
+    """Greedy sd on the fast path: a draft equal to the target (every block accepted, so EOS, stop strings and
+    max_new_tokens fall inside blocks and the draft's missing K/V of y_k must be re-fed) and a different one
+    (mostly rejected). Fails if the draft's cache drifts from the committed tokens (its proposals, hence the
+    per-cycle stats, differ from the reference loop's), or if the target's tokens differ from ``generate``."""
+    draft = echo_lm if draft_name == "same" else lm
+    fast = Decoder(echo_lm, tokenizer, method="sd", draft=draft, k=k, fast=True)
+    fast.fast_engine.pipeline = True  # one cycle ahead where the budget allows, as on CUDA
+    ref = Decoder(echo_lm, tokenizer, method="sd", draft=draft, k=k, fast=False)
+    assert fast.fast_engine is not None and fast.fast_engine.draft is not None
+    for p, want in zip(prompts[:3], fast_refs["echo"], strict=True):
+        for kw in (
+            {"max_new_tokens": N, "eos_token_id": []},
+            {"max_new_tokens": 7, "eos_token_id": []},
+            {"max_new_tokens": N, "eos_token_id": [want[9]]},
+            {"max_new_tokens": N, "eos_token_id": [], "stop": [tokenizer.decode(want[:7])[-2:]]},
+        ):
+            a, b = fast.generate(p, **kw), ref.generate(p, **kw)
+            assert a.token_ids == b.token_ids, kw
+            if not kw["eos_token_id"]:  # the reference's draft stops at EOS; otherwise the same proposals
+                assert _stats_key(a.stats) == _stats_key(b.stats), kw
+                assert a.stats.draft_passes == b.stats.draft_passes
+            if not kw["eos_token_id"] and "stop" not in kw:
+                assert a.token_ids == want[: kw["max_new_tokens"]]
+    if draft_name == "same":  # the whole draft accepted, plus the bonus token
+        full = fast.generate(prompts[0], max_new_tokens=N, eos_token_id=[])
+        assert full.stats.committed_per_cycle[0] == k + 1
+    # a one-token prompt: the draft has no token before the pending one, so the request takes the reference loop
+    one = fast.generate(prompts[0][:1], max_new_tokens=5, eos_token_id=[])
+    assert one.stats.fast is None
+    assert one.token_ids == ref.generate(prompts[0][:1], max_new_tokens=5, eos_token_id=[]).token_ids
