@@ -171,3 +171,51 @@ def apply_lora(model, cfg: TrainConfig, mask_id: int | None):
     model = get_peft_model(model, lora)
     model.print_trainable_parameters()
     return model
+
+
+def target_head(head: Any) -> Any:
+    """The head the MARS loss applies at its targets (``head``: the model's output-embedding module).
+
+    Under LoRA with a trainable ``<|mask|>`` row (``peft.train_mask_token``), ``head`` is PEFT's ``TrainableTokensLayer``
+    (inside its ``TrainableTokensWrapper``) around the frozen linear head: at every call it copies the whole V × H weight with the trained rows put in, and
+    its backward pass makes that weight's full V × H gradient to keep R rows of it. Here instead the frozen base
+    weight makes the logits (its backward makes only the hidden states' gradient) and the trained rows' own products
+    replace their R columns: the same logits, and a gradient of R rows (n × H × R) that reaches the same
+    ``trainable_tokens_delta`` parameter, so the adapter saves and merges in PEFT's own format. Any other head (no
+    adapter, a merged or disabled one, a trained head weight, ZeRO-3's partitioned weights, several active adapters)
+    is returned as it is."""
+    from peft.tuners.trainable_tokens.layer import TrainableTokensLayer
+    from peft.utils.other import TrainableTokensWrapper
+
+    layer = head.token_adapter if isinstance(head, TrainableTokensWrapper) else head  # the wrapper calls it
+    if (
+        not isinstance(layer, TrainableTokensLayer)
+        or layer.merged
+        or layer.disable_adapters
+        or getattr(head, "disable_adapters", False)
+    ):
+        return head
+    base = layer.get_base_layer()
+    adapters = list(layer.active_adapters)
+    weight = getattr(base, "weight", None)
+    if (
+        not isinstance(base, torch.nn.Linear)
+        or base.bias is not None
+        or len(adapters) != 1
+        or weight is None
+        or weight.requires_grad
+        or hasattr(weight, "ds_id")  # ZeRO-3: the module's hooks gather it; keep PEFT's own call
+    ):
+        return head
+    name = adapters[0]
+    rows = layer.trainable_tokens_delta[name]  # (R, H) the trained rows
+    index = torch.tensor(layer.token_indices[name], device=weight.device)  # (R,)
+
+    def apply(hidden: torch.Tensor) -> torch.Tensor:
+        logits = base(hidden)  # (n, V) from the frozen weight
+        logits[..., index] = torch.nn.functional.linear(
+            hidden, rows.to(hidden.dtype)
+        )  # (n, R) the trained rows
+        return logits
+
+    return apply

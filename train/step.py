@@ -11,9 +11,16 @@ def final_hidden(model, unwrapped, input_ids, position_ids, attention_mask) -> t
     """``(B, T, H)``: the decoder's last hidden state (after the final norm) in a forward of ``model`` (the
     DeepSpeed engine or DDP wrapper when there is one), read by a forward hook on ``unwrapped.get_decoder()``.
 
-    The model runs whole, so ZeRO-3's hooks gather and release each layer as in any step; ``logits_to_keep=1`` keeps
-    its own head to one position (a ``(B, 1, V)`` output that nothing reads), the head at the targets being applied
-    by the caller."""
+    Behind a wrapper (``model`` is not ``unwrapped``) the model runs whole, so ZeRO-3's hooks gather and release each
+    layer and DDP's see the forward as in any step; ``logits_to_keep=1`` keeps its own head to one position (a
+    ``(B, 1, V)`` output that nothing reads), the head at the targets being applied by the caller. Unwrapped, only the
+    decoder runs (no head call at all: under LoRA with a trainable ``<|mask|>`` row, a head call copies the whole
+    vocabulary-sized weight)."""
+    if model is unwrapped:
+        out = unwrapped.get_decoder()(
+            input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=False
+        )
+        return out.last_hidden_state
     captured: list[torch.Tensor] = []
 
     def keep(module, args, output):
