@@ -40,8 +40,11 @@ Each variant runs in a process of its own (so ``getrusage``'s peak RSS is that v
 ``--steps`` timed ones (the median is its s/step); ``--repeats`` (default 3) runs every variant again, the order
 reversed every other repeat. The statistic is the median over repeats of each repeat's own MARS / plain ratio (the
 plain step moves by ±12% with its place in the order, so a ratio is taken within one machine state), reported with
-MARS's s/step (the median over repeats), so that a slower plain step cannot pass for a faster MARS one. Threads: as ``OMP_NUM_THREADS`` says (recorded). -> ``--out``/result.json, a Markdown table on stdout.
-A benchmark, not a test: measure on an idle machine (docs/benchmarks.md).
+MARS's s/step (the median over repeats), so that a slower plain step cannot pass for a faster MARS one. Each record
+also keeps the process's CPU seconds a step (``median_cpu_s``; with one thread, steadier than wall time on a shared
+machine, but not the number the target is read on). Threads: as ``OMP_NUM_THREADS`` says (recorded).
+-> ``--out``/result.json, a Markdown table on stdout. A benchmark, not a test: measure on an idle machine
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -417,7 +420,7 @@ def run_variant(args: argparse.Namespace, variant: str) -> dict[str, Any]:
     steps = batches(variant, step_rows(args, cfg, built), cfg, built)
     setup_rss = peak_rss_bytes()
     load = os.getloadavg()[0]
-    times, losses, fed, targets = [], [], [], []
+    times, cpu, losses, fed, targets = [], [], [], [], []
     profile = None
     for i, batch in enumerate(steps):
         record: dict[str, Any] = {}
@@ -430,12 +433,13 @@ def run_variant(args: argparse.Namespace, variant: str) -> dict[str, Any]:
             opt.zero_grad(set_to_none=True)
             record["loss"] = float(loss.detach())
 
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         if args.profile and i == args.warmup + args.steps:  # one more step, after the timed ones
             profile = breakdown(profiled(step), built.shape["vocab"])
         else:
             step()
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
         losses.append(record["loss"])
         fed.append(record["fed"])
         targets.append(record["targets"])
@@ -447,6 +451,7 @@ def run_variant(args: argparse.Namespace, variant: str) -> dict[str, Any]:
         "pid": os.getpid(),
         "isolated": not args.in_process,
         "median_s": statistics.median(timed),
+        "median_cpu_s": statistics.median(cpu[args.warmup : args.warmup + args.steps]),
         "step_s": timed,
         "warmup_s": times[: args.warmup],
         "losses": losses,

@@ -76,7 +76,9 @@ def test_the_three_steps_are_the_trainers_the_reference_and_transformers_own(
     runs = {r["variant"]: r for r in result["runs"]}
     assert sorted(runs) == sorted(bench.VARIANTS)
     for r in runs.values():
-        assert len(r["warmup_s"]) == 1 and len(r["step_s"]) == 1 and r["median_s"] > 0
+        assert (
+            len(r["warmup_s"]) == 1 and len(r["step_s"]) == 1 and r["median_s"] > 0 and r["median_cpu_s"] > 0
+        )
         assert len(r["losses"]) == 2 and all(math.isfinite(x) for x in r["losses"])
         assert r["isolated"] is False and r["peak_rss_bytes"] >= r["setup_rss_bytes"] > 0
         assert r["trainable_parameters"] == runs["plain"]["trainable_parameters"]
