@@ -14,9 +14,9 @@ parameters) on the same batches and the same initial weights:
 - ``mars``: the trainer's step (``MarsTrainer.compute_loss``) from its own functions, without a Trainer:
   ``trimmed_inputs`` (the noisy blocks from (P − 1) // K on), the attention ``stage.attention`` picks
   (``mars_attention_impl``: by default the block attention of ``prove.train.attention`` under sdpa) and its
-  ``trimmed_attention_mask``, ``final_hidden``, then the head (``target_head``: the ``<|mask|>`` row's gradient its
-  own row's) and the cross-entropy at the targets only (``head_cross_entropy``, ``stage.ce_chunk_rows`` at a time) and
-  ``mars_loss_terms`` (with ``stage.depth_decay``'s weights where set); the mask is built every step (the trainer caches it by the batch's layout, which rows of
+  ``trimmed_attention_mask``, ``final_hidden`` (the input embedding from ``target_embedding``), then the head
+  (``target_head``: the ``<|mask|>`` row's gradient its own row's) and the cross-entropy at the targets only
+  (``head_cross_entropy``, ``stage.ce_chunk_rows`` at a time) and ``mars_loss_terms`` (with ``stage.depth_decay``'s weights where set); the mask is built every step (the trainer caches it by the batch's layout, which rows of
   other lengths seldom repeat);
 - ``mars-full``: the reference, the whole 2L input ``[noisy | clean]`` with ``(B, 2L, V)`` logits
   (``block_inputs``, ``mars_attention_mask``, ``mars_loss``: MARS's uniform noisy loss, whatever
@@ -321,7 +321,7 @@ def mars_loss_now(model: Any, batch: dict[str, Any], cfg: Any, mask_id: int) -> 
         trimmed_inputs,
         trimmed_targets,
     )
-    from prove.train.modeling import target_head
+    from prove.train.modeling import target_embedding, target_head
     from prove.train.step import final_hidden
 
     k = cfg.stage.block_size
@@ -333,7 +333,8 @@ def mars_loss_now(model: Any, batch: dict[str, Any], cfg: Any, mask_id: int) -> 
     mask = trimmed_attention_mask(impl, x, k, model.dtype)
     t = trimmed_targets(labels, x)  # (B, N + L)
     rows, cols = (t != IGNORE_INDEX).nonzero(as_tuple=True)  # (n,) each
-    hidden = final_hidden(model, model, x.ids, x.position_ids, mask)[rows, cols]  # (n, H)
+    embed = target_embedding(model.get_input_embeddings())
+    hidden = final_hidden(model, model, x.ids, x.position_ids, mask, embed)[rows, cols]  # (n, H)
     head = target_head(model.get_output_embeddings())
     ce = head_cross_entropy(head, hidden, t[rows, cols], cfg.stage.ce_chunk_rows)
     weight = None

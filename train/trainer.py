@@ -21,7 +21,7 @@ from prove.train.masks import (
     trimmed_inputs,
     trimmed_targets,
 )
-from prove.train.modeling import target_head
+from prove.train.modeling import target_embedding, target_head
 from prove.train.step import final_hidden
 from transformers import Trainer, TrainerCallback
 
@@ -128,7 +128,9 @@ class MarsTrainer(TermLogTrainer):
         mask = self._attention_mask(model, x)
         t = trimmed_targets(labels, x)  # (B, T)
         rows, cols = (t != IGNORE_INDEX).nonzero(as_tuple=True)
-        hidden = final_hidden(model, self.accelerator.unwrap_model(model), x.ids, x.position_ids, mask)
+        unwrapped = self.accelerator.unwrap_model(model)
+        embed = target_embedding(unwrapped.get_input_embeddings())
+        hidden = final_hidden(model, unwrapped, x.ids, x.position_ids, mask, embed)
         return hidden[rows, cols], t[rows, cols], rows, cols, x
 
     def _noisy_weight(self, labels, x: TrimmedInputs, rows, cols) -> torch.Tensor | None:

@@ -200,12 +200,12 @@ def test_every_other_mask_is_plain_sdpa_and_the_choice_resolves():
 
 def test_mask_row_head_equals_peft_and_the_adapter_saves_merges_and_decodes(tmp_path):
     """:func:`target_head` gives PEFT's logits and gradients (hidden states and the ``<|mask|>`` row; none for the
-    frozen weight), touching no other row. After a training step through it the adapter saves in PEFT's format
+    frozen weight), touching no other row; :func:`target_embedding` PEFT's input vectors and the row's gradient. After a training step through it the adapter saves in PEFT's format
     (``trainable_tokens_delta``), reloads onto a fresh base, merges, and decodes the same greedy tokens as the trained
     model. Catches: the row's column left at the frozen weight, its gradient dropped, the rows at the wrong index, a
     saved adapter without the trained row."""
     from peft import PeftModel
-    from prove.train.modeling import target_head
+    from prove.train.modeling import target_embedding, target_head
     from safetensors.torch import load_file
 
     model = _model(lora=True)
@@ -228,11 +228,26 @@ def test_mask_row_head_equals_peft_and_the_adapter_saves_merges_and_decodes(tmp_
     for a, b in zip(out["peft"], out["fast"], strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
     assert out["fast"][2].abs().sum() > 0
-    assert (
-        target_head(torch.nn.Linear(4, 3, bias=False)).__class__ is torch.nn.Linear
-    )  # no adapter: unchanged
+    plain = torch.nn.Linear(4, 3, bias=False)
+    assert target_head(plain) is plain  # no adapter: unchanged
+
+    # the input side: the trained row where its id is, its gradient the row's own
+    emb = model.get_input_embeddings()
+    fast_emb = target_embedding(emb)
+    assert fast_emb is not None and target_embedding(torch.nn.Embedding(4, 3)) is None
+    ids = torch.tensor([[5, MASK_ID, 7, MASK_ID], [MASK_ID, 1, 2, 3]])
+    weights = torch.randn(2, 4, 64, generator=torch.Generator().manual_seed(3))
+    got = {}
+    for name, fn in (("peft", emb), ("fast", fast_emb)):
+        delta.grad = None
+        vectors = fn(ids)  # (2, 4, H)
+        (vectors * weights).sum().backward()
+        got[name] = (vectors.detach(), delta.grad.clone())
+    for a, b in zip(got["peft"], got["fast"], strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
 
     # one optimizer step of the block step, then save / reload / merge / decode
+    delta.grad = None
     before = delta.detach().clone()
     trainer = _trainer(model, 4, "blocks", tmp_path)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
