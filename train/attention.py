@@ -1,5 +1,5 @@
-"""MARS's block attention on the CPU without a dense mask over the whole trimmed input (docs/training.md, "The
-attention of a MARS step").
+"""MARS's block attention on the CPU without a dense mask over the whole trimmed input (docs/design.md §2.1, "On the
+CPU").
 
 The trimmed MARS input is ``[noisy | clean]``, N + L columns (:func:`prove.train.masks.trimmed_inputs`). Under the
 block rule (:mod:`prove.train.masks`) a clean query never reads a noisy key, so the clean stream is an ordinary causal
@@ -7,7 +7,7 @@ sequence of its own; only the N noisy queries need a mask. :data:`BLOCK_ATTENTIO
 registered with transformers' ``AttentionInterface`` (and sdpa's mask function under the same name with
 ``AttentionMaskInterface``), that computes the two parts with two ``scaled_dot_product_attention`` calls:
 
-1. the clean queries against the clean keys, ``is_causal`` (the kernel skips the tiles above the diagonal): L²/2;
+1. the clean queries against the clean keys, ``is_causal`` (no mask at all): L²/2;
 2. the noisy queries against every key, with the noisy rows of the block mask
    (:func:`prove.train.masks.trimmed_noisy_bias`, ``(B, 1, N, N + L)``): N · (N + L);
 

@@ -175,7 +175,7 @@ class DataConfig:
 
 
 class MarsAttention(_Choice):
-    """How a MARS step applies the block attention rule (docs/training.md, "The attention of a MARS step")."""
+    """How a MARS step applies the block attention rule (docs/design.md §2.1, "On the CPU")."""
 
     auto = "auto"
     """``blocks`` when the model's attention is sdpa, FlexAttention's ``BlockMask`` under flex_attention, else ``mask``."""
