@@ -196,11 +196,12 @@ bench-tokenize: install ## tokenization rows/s on a synthetic 200k-row Dolci-sch
 
 # make bench-step: seconds per step (median of 3 after 1 warm-up) and peak RSS of one MARS optimizer step — the
 # trainer's (target-only head and CE, trimmed noisy stream) and the full 2L reference — against a plain causal-LM
-# step on the same rows, each in a process of its own, twice in alternating order, at SmolLM2-135M's shape (random
-# weights: nothing downloaded) and recipes/smollm2-135m.yaml's settings -> outputs/bench-step/result.json and a table
-# (docs/training.md, "How to measure a MARS step"). STEP_ARGS, e.g. "--steps 5 --repeats 3", "--model <folder>",
-# "--rows rows.jsonl", "trainer.per_device_train_batch_size=8". Threads: OMP_NUM_THREADS (this Makefile's 1 unless
-# set). 24 steps by default (3 variants × 2 repeats × 4); a benchmark, not a test: run it idle.
+# step on the same rows, each in a process of its own, three times in alternating order, at SmolLM2-135M's shape
+# (random weights: nothing downloaded) and recipes/smollm2-135m.yaml's settings -> outputs/bench-step/result.json and a
+# table whose last line is MARS / plain, the median of the three pairwise ratios, with MARS's s/step (docs/training.md,
+# "How to measure a MARS step"). STEP_ARGS, e.g. "--steps 5 --repeats 5", "--model <folder>", "--rows rows.jsonl",
+# "--order plain,mars", "trainer.per_device_train_batch_size=8". Threads: OMP_NUM_THREADS (this Makefile's 1 unless
+# set). 36 steps by default (3 variants × 3 repeats × 4); a benchmark, not a test: run it idle.
 STEP_ARGS ?=
 .PHONY: bench-step
 bench-step: install ## a MARS step's s/step and peak RSS vs a plain causal-LM step, SmolLM2-135M shape -> outputs/bench-step (STEP_ARGS)

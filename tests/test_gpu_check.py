@@ -57,6 +57,13 @@ def test_tiny_run_needs_only_torch_and_transformers(tmp_path):
     assert report["ok"] and report["tiny"]
     assert all(c["ok"] for c in report["checks"]), report["checks"]
     assert {"train", "decode", "curve", "prediction"} <= set(report)
+    # the plain causal-LM step on the same rows and weights, and MARS / plain (a forgotten baseline, or a ratio taken
+    # against the wrong step, fails here): the plain loss is the CE of the labelled tokens, not the MARS loss
+    train = report["train"]
+    plain, mars = train["plain"], train["runs"]["eager"]
+    assert plain["grads_finite"] and len(plain["losses"]) == train["steps"]
+    assert plain["losses"][0] != pytest.approx(mars["losses"][0], rel=1e-3)
+    assert train["mars_over_plain"]["eager"] == pytest.approx(mars["step_ms"] / plain["step_ms"])
     rows = report["decode"]["dtypes"]["float32"]["rows"]
     assert {"ar", "prove-lossless", "sd", "sd sampling", "nsd sampling"} <= set(rows)
     for name in ("ar", "prove-lossless", "sd"):
@@ -72,6 +79,7 @@ def test_tiny_run_needs_only_torch_and_transformers(tmp_path):
     assert fused["K=8"]["passes"] == "t(79)" and math.isfinite(fused["K=8"]["speedup"])
     md = (out / "gpu-check.md").read_text()
     assert "Predicted speedup" in md and "matplotlib is not installed" in md
+    assert "| eager | causal (plain step) |" in md and "MARS step / plain causal-LM step" in md
     assert not (out / "cost_curve.png").exists()
     # part 4, engine: every row ran on the same weights; the fast rows took the fast path, one sync a cycle, and
     # the injected acceptance decided their tokens per cycle; the slot cache's t(w) sits beside part 3's

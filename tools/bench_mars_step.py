@@ -12,9 +12,11 @@ parameters) on the same batches and the same initial weights:
 - ``plain``: ``model(input_ids, attention_mask, labels)``, transformers' own causal-LM loss on the answer (the rows
   as stage sft collates them, no block padding);
 - ``mars``: the trainer's step (``MarsTrainer.compute_loss``) from its own functions, without a Trainer:
-  ``trimmed_inputs`` (the noisy blocks from (P − 1) // K on), ``trimmed_attention_mask``, ``final_hidden``, then the
-  head and the cross-entropy at the targets only (``head_cross_entropy``, ``stage.ce_chunk_rows`` at a time) and
-  ``mars_loss_terms`` (with ``stage.depth_decay``'s weights where set); the mask is built every step (the trainer caches it by the batch's layout, which rows of
+  ``trimmed_inputs`` (the noisy blocks from (P − 1) // K on), the attention ``stage.attention`` picks
+  (``mars_attention_impl``: by default the block attention of ``prove.train.attention`` under sdpa) and its
+  ``trimmed_attention_mask``, ``final_hidden`` (the input embedding from ``target_embedding``), then the head
+  (``target_head``: the ``<|mask|>`` row's gradient its own row's) and the cross-entropy at the targets only
+  (``head_cross_entropy``, ``stage.ce_chunk_rows`` at a time) and ``mars_loss_terms`` (with ``stage.depth_decay``'s weights where set); the mask is built every step (the trainer caches it by the batch's layout, which rows of
   other lengths seldom repeat);
 - ``mars-full``: the reference, the whole 2L input ``[noisy | clean]`` with ``(B, 2L, V)`` logits
   (``block_inputs``, ``mars_attention_mask``, ``mars_loss``: MARS's uniform noisy loss, whatever
@@ -35,9 +37,14 @@ head, its cross-entropy, and the full-vocabulary weight PEFT's trainable ``<|mas
 and the rest — where a MARS step's extra time over the plain one goes (a second table).
 
 Each variant runs in a process of its own (so ``getrusage``'s peak RSS is that variant's), ``--warmup`` steps then
-``--steps`` timed ones (the median is its s/step); ``--repeats`` runs every variant again, the order reversed every
-other repeat. Threads: as ``OMP_NUM_THREADS`` says (recorded). -> ``--out``/result.json, a Markdown table on stdout.
-A benchmark, not a test: measure on an idle machine (docs/benchmarks.md).
+``--steps`` timed ones (the median is its s/step); ``--repeats`` (default 3) runs every variant again, the order
+reversed every other repeat. The statistic is the median over repeats of each repeat's own MARS / plain ratio (the
+plain step moves by ±12% with its place in the order, so a ratio is taken within one machine state), reported with
+MARS's s/step (the median over repeats), so that a slower plain step cannot pass for a faster MARS one. Each record
+also keeps the process's CPU seconds a step (``median_cpu_s``; with one thread, steadier than wall time on a shared
+machine, but not the number the target is read on). Threads: as ``OMP_NUM_THREADS`` says (recorded).
+-> ``--out``/result.json, a Markdown table on stdout. A benchmark, not a test: measure on an idle machine
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -110,7 +117,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--steps", type=int, default=None, help="timed steps, their median reported (default 3; --tiny 1)"
     )
-    p.add_argument("--repeats", type=int, default=2, help="runs of every variant, in alternating order")
+    p.add_argument(
+        "--repeats", type=int, default=3, help="runs of every variant, in alternating order (the ratio: ≥ 3)"
+    )
     p.add_argument(
         "--order",
         default=",".join(VARIANTS),
@@ -303,19 +312,31 @@ def mars_loss_now(model: Any, batch: dict[str, Any], cfg: Any, mask_id: int) -> 
     """``MarsTrainer.compute_loss`` without the Trainer (no accelerator wrapper: ``model`` is its own unwrapped
     model), from the same functions, ``stage.depth_decay``'s weights included: ``(loss, tokens fed, targets)``."""
     import torch
+    from prove.train.attention import mars_attention_impl, use_block_attention
     from prove.train.losses import depth_weights, head_cross_entropy, mars_loss_terms
-    from prove.train.masks import noisy_depth, trimmed_attention_mask, trimmed_inputs, trimmed_targets
+    from prove.train.masks import (
+        BLOCK_ATTENTION,
+        noisy_depth,
+        trimmed_attention_mask,
+        trimmed_inputs,
+        trimmed_targets,
+    )
+    from prove.train.modeling import target_embedding, target_head
     from prove.train.step import final_hidden
 
     k = cfg.stage.block_size
+    impl = mars_attention_impl(cfg.stage.attention, getattr(model.config, "_attn_implementation", None))
+    if impl == BLOCK_ATTENTION:  # as MarsTrainer switches its model
+        use_block_attention(model)
     ids, labels = batch["input_ids"], batch["labels"]  # (B, L)
     x = trimmed_inputs(ids, labels, batch.get("attention_mask"), mask_id, k)  # ids (B, N + L)
-    dtype = model.get_input_embeddings().weight.dtype
-    mask = trimmed_attention_mask(getattr(model.config, "_attn_implementation", None), x, k, dtype)
+    mask = trimmed_attention_mask(impl, x, k, model.dtype)
     t = trimmed_targets(labels, x)  # (B, N + L)
     rows, cols = (t != IGNORE_INDEX).nonzero(as_tuple=True)  # (n,) each
-    hidden = final_hidden(model, model, x.ids, x.position_ids, mask)[rows, cols]  # (n, H)
-    ce = head_cross_entropy(model.get_output_embeddings(), hidden, t[rows, cols], cfg.stage.ce_chunk_rows)
+    embed = target_embedding(model.get_input_embeddings())
+    hidden = final_hidden(model, model, x.ids, x.position_ids, mask, embed)[rows, cols]  # (n, H)
+    head = target_head(model.get_output_embeddings())
+    ce = head_cross_entropy(head, hidden, t[rows, cols], cfg.stage.ce_chunk_rows)
     weight = None
     if cfg.stage.depth_decay != 1.0:
         idx = torch.arange(ids.shape[1]).expand_as(labels)
@@ -400,7 +421,7 @@ def run_variant(args: argparse.Namespace, variant: str) -> dict[str, Any]:
     steps = batches(variant, step_rows(args, cfg, built), cfg, built)
     setup_rss = peak_rss_bytes()
     load = os.getloadavg()[0]
-    times, losses, fed, targets = [], [], [], []
+    times, cpu, losses, fed, targets = [], [], [], [], []
     profile = None
     for i, batch in enumerate(steps):
         record: dict[str, Any] = {}
@@ -413,12 +434,13 @@ def run_variant(args: argparse.Namespace, variant: str) -> dict[str, Any]:
             opt.zero_grad(set_to_none=True)
             record["loss"] = float(loss.detach())
 
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         if args.profile and i == args.warmup + args.steps:  # one more step, after the timed ones
             profile = breakdown(profiled(step), built.shape["vocab"])
         else:
             step()
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
         losses.append(record["loss"])
         fed.append(record["fed"])
         targets.append(record["targets"])
@@ -430,6 +452,7 @@ def run_variant(args: argparse.Namespace, variant: str) -> dict[str, Any]:
         "pid": os.getpid(),
         "isolated": not args.in_process,
         "median_s": statistics.median(timed),
+        "median_cpu_s": statistics.median(cpu[args.warmup : args.warmup + args.steps]),
         "step_s": timed,
         "warmup_s": times[: args.warmup],
         "losses": losses,
@@ -501,7 +524,9 @@ def spawn(argv: list[str], variant: str) -> dict[str, Any]:
 
 def summarise(runs: list[dict[str, Any]], order: list[str]) -> dict[str, Any]:
     """Per variant the median over repeats of its s/step and the largest peak RSS; the ratios of mars to plain and to
-    mars-full, per repeat (the same machine state) and over the medians."""
+    mars-full per repeat (one machine state each), ``ratios`` the median over repeats of those pairwise ratios (the
+    statistic; ``ratios_of_medians`` the ratio of the variants' medians, for comparison), and ``headline``: MARS /
+    plain with MARS's s/step beside it (a slower plain step lowers the ratio, not MARS's seconds)."""
 
     def ratios(s: dict[str, float]) -> dict[str, float]:
         pairs = {"mars/plain": ("mars", "plain"), "mars/mars-full": ("mars", "mars-full")}
@@ -518,15 +543,41 @@ def summarise(runs: list[dict[str, Any]], order: list[str]) -> dict[str, Any]:
         }
         for v in order
     }
+    per_repeat = [ratios(by_repeat[k]) for k in sorted(by_repeat)]
+    names = [n for n in ("mars/plain", "mars/mars-full") if all(n in rat for rat in per_repeat)]
+    pairwise = {n: statistics.median(rat[n] for rat in per_repeat) for n in names}
+    top = None
+    if "mars/plain" in pairwise:
+        top = {
+            "mars_over_plain": pairwise["mars/plain"],
+            "pairs": [rat["mars/plain"] for rat in per_repeat],
+            "mars_s": variants["mars"]["median_s"],
+            "plain_s": variants["plain"]["median_s"],
+        }
     return {
         "variants": variants,
-        "ratios": ratios({v: s["median_s"] for v, s in variants.items()}),
-        "ratios_by_repeat": [ratios(by_repeat[k]) for k in sorted(by_repeat)],
+        "ratios": pairwise,
+        "ratios_of_medians": ratios({v: s["median_s"] for v, s in variants.items()}),
+        "ratios_by_repeat": per_repeat,
+        "headline": top,
     }
 
 
+def headline(summary: dict[str, Any]) -> str | None:
+    """One line: MARS / plain (the median of the pairwise ratios, and the pairs) with MARS's and plain's s/step."""
+    h = summary.get("headline")
+    if h is None:
+        return None
+    pairs = ", ".join(f"{x:.2f}×" for x in h["pairs"])
+    return (
+        f"MARS / plain: **{h['mars_over_plain']:.2f}×** (median of {len(h['pairs'])} pairwise ratios: {pairs}); "
+        f"MARS {h['mars_s']:.3g} s/step, plain {h['plain_s']:.3g} s/step"
+    )
+
+
 def table(result: dict[str, Any]) -> str:
-    """The Markdown table: a row per repeat (its order) and one of the medians."""
+    """The Markdown table: a row per repeat (its order) and one of the medians (each variant's median s/step, and the
+    median of the pairwise ratios), then :func:`headline`."""
     order, runs, summary = result["order"], result["runs"], result["summary"]
     isolated = all(r["isolated"] for r in runs)
 
@@ -560,6 +611,8 @@ def table(result: dict[str, Any]) -> str:
             if v in profiles:
                 cells = [f"{profiles[v][k]:.2f}" for k in (*PROFILE_KINDS, "total")]
                 lines.append("| " + " | ".join([v, *cells]) + " |")
+    if (line := headline(summary)) is not None:
+        lines += ["", line]
     return "\n".join(lines)
 
 
@@ -601,6 +654,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.steps} timed steps each, {'in this process' if args.in_process else 'a process each'}",
         file=sys.stderr,
     )
+    if args.repeats < 3 and {"mars", "plain"} <= set(args.order):
+        print(
+            "bench_mars_step: MARS / plain wants --repeats 3 or more (a median of pairwise ratios)",
+            file=sys.stderr,
+        )
     started = time.time()
     runs = []
     for index, (repeat, variant) in enumerate(plan):

@@ -174,6 +174,20 @@ class DataConfig:
     relaunch — the key leaves out ``stage.mask_token``, so mars reads what sft built. ``None``: no cache."""
 
 
+class MarsAttention(_Choice):
+    """How a MARS step applies the block attention rule (docs/design.md §2.1, "On the CPU")."""
+
+    auto = "auto"
+    """``blocks`` when the model's attention is sdpa, FlexAttention's ``BlockMask`` under flex_attention, else ``mask``."""
+    blocks = "blocks"
+    """The clean stream causal on its own and the noisy queries under a mask of their rows only
+    (:mod:`prove.train.attention`): no dense (N + L)² mask; the model runs ``prove_mars_sdpa`` (sdpa for every other
+    call)."""
+    mask = "mask"
+    """One mask over the whole trimmed input for the model's own attention: a float additive (N + L)² mask under
+    sdpa/eager, a ``BlockMask`` under flex_attention."""
+
+
 @dataclass
 class StageConfig:
     """What the stage trains (docs/design.md §2, §2.1)."""
@@ -197,6 +211,10 @@ class StageConfig:
     this many at a time, each chunk recomputed in the backward pass, so at most one chunk's fp32 logits exist
     (4096 rows × V = 152k: 2.5 GB). ``None``: all at once (no recompute; under ZeRO-3 each chunk gathers the head
     again)."""
+
+    attention: MarsAttention = MarsAttention.auto
+    """How stage mars applies its block attention: ``auto`` (the fastest that applies: ``blocks`` under sdpa, the
+    ``BlockMask`` under flex_attention), ``blocks`` or ``mask`` (:class:`MarsAttention`). All compute the same loss."""
 
     depth_decay: float = 1.0
     """Weight ``depth_decay ** (d − 2)`` of a noisy target at decode depth d (mars; depth 1 weighs as 2): below 1 the

@@ -36,6 +36,10 @@ from typing import Any
 import torch
 from prove.data.chat import IGNORE_INDEX
 
+BLOCK_ATTENTION = "prove_mars_sdpa"
+"""The attention implementation of :mod:`prove.train.attention` (registered there with transformers): sdpa, except
+that it reads a mask of the noisy rows only (:func:`trimmed_noisy_bias`) and runs the clean stream causally."""
+
 
 def padded_length(length: int, block_size: int) -> int:
     """The smallest multiple of ``block_size`` that is ≥ ``length``."""
@@ -244,15 +248,18 @@ def trimmed_targets(labels: torch.Tensor, inputs: TrimmedInputs) -> torch.Tensor
     return torch.cat([noisy_t, shifted], dim=1)
 
 
-def trimmed_attention_allowed(inputs: TrimmedInputs, block_size: int) -> torch.Tensor:
-    """Boolean ``(B, T, T)`` (T = N + L), True where query may attend key: the rule of
-    :func:`block_attention_allowed` on each example's stream indices."""
+def trimmed_attention_allowed(
+    inputs: TrimmedInputs, block_size: int, queries: int | None = None
+) -> torch.Tensor:
+    """Boolean ``(B, Q, T)`` (T = N + L; Q = ``queries``, the first rows only, else T), True where query may attend
+    key: the rule of :func:`block_attention_allowed` on each example's stream indices."""
     p = inputs.stream_index  # (B, T)
     noisy = inputs.is_noisy  # (B, T)
     blk = p // block_size
-    pq, pk = p[:, :, None], p[:, None, :]
-    nq, nk = noisy[:, :, None], noisy[:, None, :]
-    bq, bk = blk[:, :, None], blk[:, None, :]
+    q = slice(None) if queries is None else slice(0, queries)
+    pq, pk = p[:, q, None], p[:, None, :]
+    nq, nk = noisy[:, q, None], noisy[:, None, :]
+    bq, bk = blk[:, q, None], blk[:, None, :]
     causal = pk <= pq
     nn = nq & nk & causal & (bq == bk)
     nc = nq & ~nk & (bk < bq)
@@ -265,6 +272,18 @@ def trimmed_attention_bias(
 ) -> torch.Tensor:
     """Float additive mask ``(B, 1, T, T)`` of :func:`trimmed_attention_allowed` (eager and sdpa)."""
     allowed = trimmed_attention_allowed(inputs, block_size)
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    bias.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return bias[:, None]
+
+
+def trimmed_noisy_bias(
+    inputs: TrimmedInputs, block_size: int, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """``(B, 1, N, T)``: the noisy queries' rows of :func:`trimmed_attention_bias`, the mask of the block attention
+    (:data:`BLOCK_ATTENTION`, :mod:`prove.train.attention`), whose clean queries read the clean stream causally and
+    need no mask: N · (N + L) entries instead of (N + L)²."""
+    allowed = trimmed_attention_allowed(inputs, block_size, queries=inputs.noisy_len)  # (B, N, T)
     bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     bias.masked_fill_(~allowed, torch.finfo(dtype).min)
     return bias[:, None]
@@ -294,8 +313,11 @@ def trimmed_mask_mod(inputs: TrimmedInputs, block_size: int) -> Callable[..., to
 def trimmed_attention_mask(
     impl: str | None, inputs: TrimmedInputs, block_size: int, dtype: torch.dtype
 ) -> Any:
-    """The mask for a model whose attention is ``impl``: a FlexAttention ``BlockMask`` under ``flex_attention``,
-    else :func:`trimmed_attention_bias`."""
+    """The mask for a model whose attention is ``impl``: a FlexAttention ``BlockMask`` under ``flex_attention``; the
+    noisy rows (:func:`trimmed_noisy_bias`) under :data:`BLOCK_ATTENTION` (``None``, the causal clean stream, when no
+    noisy column is kept); else :func:`trimmed_attention_bias`."""
+    if impl == BLOCK_ATTENTION:
+        return trimmed_noisy_bias(inputs, block_size, dtype) if inputs.noisy_len else None
     if impl == "flex_attention":
         from torch.nn.attention.flex_attention import create_block_mask
 

@@ -119,6 +119,7 @@ class MarsStage(StageUnit):
             ar_weight=cfg.stage.ar_weight,
             ce_chunk_rows=cfg.stage.ce_chunk_rows,
             depth_decay=cfg.stage.depth_decay,
+            attention=cfg.stage.attention,
             eval_batch_size=cfg.eval.batch_size,
             eval_tau=cfg.eval.tau,
         )

@@ -7,13 +7,22 @@ from __future__ import annotations
 import torch
 
 
-def final_hidden(model, unwrapped, input_ids, position_ids, attention_mask) -> torch.Tensor:
+def final_hidden(model, unwrapped, input_ids, position_ids, attention_mask, embed=None) -> torch.Tensor:
     """``(B, T, H)``: the decoder's last hidden state (after the final norm) in a forward of ``model`` (the
     DeepSpeed engine or DDP wrapper when there is one), read by a forward hook on ``unwrapped.get_decoder()``.
 
-    The model runs whole, so ZeRO-3's hooks gather and release each layer as in any step; ``logits_to_keep=1`` keeps
-    its own head to one position (a ``(B, 1, V)`` output that nothing reads), the head at the targets being applied
-    by the caller."""
+    Behind a wrapper (``model`` is not ``unwrapped``) the model runs whole, so ZeRO-3's hooks gather and release each
+    layer and DDP's see the forward as in any step; ``logits_to_keep=1`` keeps its own head to one position (a
+    ``(B, 1, V)`` output that nothing reads), the head at the targets being applied by the caller. Unwrapped, only the
+    decoder runs (no head call at all: under LoRA with a trainable ``<|mask|>`` row, a head call copies the whole
+    vocabulary-sized weight), fed ``embed(input_ids)`` when ``embed`` is given
+    (:func:`prove.train.modeling.target_embedding`)."""
+    if model is unwrapped:
+        ids = {"input_ids": input_ids} if embed is None else {"inputs_embeds": embed(input_ids)}
+        out = unwrapped.get_decoder()(
+            **ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=False
+        )
+        return out.last_hidden_state
     captured: list[torch.Tensor] = []
 
     def keep(module, args, output):

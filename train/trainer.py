@@ -13,14 +13,17 @@ from prove.data.chat import IGNORE_INDEX
 from prove.decode.engine import end_of_turn_ids
 from prove.train import universal
 from prove.train.acceptance import AcceptanceSums, allowed_argmax, block_acceptance
+from prove.train.attention import mars_attention_impl, use_block_attention
 from prove.train.losses import depth_weights, distill_loss, head_cross_entropy, mars_loss_terms
 from prove.train.masks import (
+    BLOCK_ATTENTION,
     TrimmedInputs,
     noisy_depth,
     trimmed_attention_mask,
     trimmed_inputs,
     trimmed_targets,
 )
+from prove.train.modeling import target_embedding, target_head
 from prove.train.step import final_hidden
 from transformers import Trainer, TrainerCallback
 
@@ -63,10 +66,13 @@ class MarsTrainer(TermLogTrainer):
     Batches hold ``input_ids`` / ``labels`` / ``attention_mask`` ``(B, L)`` with each example a multiple of K long
     (:class:`prove.train.collate.Collator`). ``compute_loss`` turns them into ``[noisy | clean]`` without the noisy
     blocks before ``(P − 1) // K`` (:func:`prove.train.masks.trimmed_inputs`: they hold no target and nothing reads
-    them), builds each example's block attention mask (a float additive 4D tensor for eager/sdpa, or a
-    FlexAttention ``BlockMask`` under ``attn_implementation="flex_attention"``), runs the decoder and applies the
-    head and the cross-entropy only at the positions with a target, ``ce_chunk_rows`` at a time
-    (:func:`prove.train.losses.head_cross_entropy`); the loss is :func:`prove.train.losses.mars_loss_terms`.
+    them), builds each example's block attention as ``attention`` (``stage.attention``) says — ``auto``: under sdpa the
+    model switches to :mod:`prove.train.attention`'s block attention (the clean stream causal on its own, a mask of
+    the noisy rows only), under ``flex_attention`` a FlexAttention ``BlockMask``; ``mask``: one float additive 4D mask
+    over the whole input —, runs the decoder and applies the head (:func:`prove.train.modeling.target_head`: a
+    trainable ``<|mask|>`` row's gradient is its own row's) and the cross-entropy only at the positions with a
+    target, ``ce_chunk_rows`` at a time (:func:`prove.train.losses.head_cross_entropy`); the loss is
+    :func:`prove.train.losses.mars_loss_terms`.
 
     With an ``eval_dataset``, :meth:`evaluate` scores it in the same teacher-forced passes and logs the simulated
     acceptance of :mod:`prove.train.acceptance` (``eval_tpc_k{K′}``, ``eval_accept_d{d}``, ...).
@@ -84,9 +90,16 @@ class MarsTrainer(TermLogTrainer):
         depth_decay: float = 1.0,
         eval_batch_size: int | None = None,
         eval_tau: float = 0.95,
+        attention: str = "auto",
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
+        self.attention_impl = mars_attention_impl(
+            attention, getattr(self.model.config, "_attn_implementation", None)
+        )
+        """The attention the step's mask is built for (:func:`prove.train.attention.mars_attention_impl`)."""
+        if self.attention_impl == BLOCK_ATTENTION:
+            use_block_attention(self.model)
         self.mask_token_id = mask_token_id
         self.block_size = block_size
         self.ar_weight = ar_weight
@@ -104,7 +117,7 @@ class MarsTrainer(TermLogTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         hidden, targets, rows, cols, x = self._target_hidden(model, inputs)  # hidden (n, H)
         noisy = cols < x.noisy_len
-        head = self.accelerator.unwrap_model(model).get_output_embeddings()
+        head = target_head(self.accelerator.unwrap_model(model).get_output_embeddings())
         ce = head_cross_entropy(head, hidden, targets, self.ce_chunk_rows)  # (n,)
         weight = self._noisy_weight(inputs["labels"], x, rows, cols)
         out = mars_loss_terms(ce, rows, noisy, inputs["input_ids"].shape[0], self.ar_weight, weight)
@@ -119,7 +132,9 @@ class MarsTrainer(TermLogTrainer):
         mask = self._attention_mask(model, x)
         t = trimmed_targets(labels, x)  # (B, T)
         rows, cols = (t != IGNORE_INDEX).nonzero(as_tuple=True)
-        hidden = final_hidden(model, self.accelerator.unwrap_model(model), x.ids, x.position_ids, mask)
+        unwrapped = self.accelerator.unwrap_model(model)
+        embed = target_embedding(unwrapped.get_input_embeddings())
+        hidden = final_hidden(model, unwrapped, x.ids, x.position_ids, mask, embed)
         return hidden[rows, cols], t[rows, cols], rows, cols, x
 
     def _noisy_weight(self, labels, x: TrimmedInputs, rows, cols) -> torch.Tensor | None:
@@ -137,8 +152,10 @@ class MarsTrainer(TermLogTrainer):
         """The batch's mask, cached by everything it depends on (attention kind, dtype, device, L, N and where each
         example's noisy part starts)."""
         unwrapped = self.accelerator.unwrap_model(model)
-        impl = getattr(unwrapped.config, "_attn_implementation", None)
-        dtype = unwrapped.get_input_embeddings().weight.dtype
+        impl = self.attention_impl
+        dtype = (
+            unwrapped.dtype
+        )  # not the embedding's .weight: PEFT's trainable-token wrapper merges a copy to read it
         key = (impl, dtype, str(x.ids.device), x.ids.shape[1], x.noisy_len, tuple(x.starts.tolist()))
         if key not in self._masks:
             if len(self._masks) > 64:
@@ -255,7 +272,7 @@ class MarsTrainer(TermLogTrainer):
         bsz, length = labels.shape
         hidden, targets, rows, cols, x = self._target_hidden(model, batch)
         noisy = cols < x.noisy_len
-        head = self.accelerator.unwrap_model(model).get_output_embeddings()
+        head = target_head(self.accelerator.unwrap_model(model).get_output_embeddings())
         chunk = self.ce_chunk_rows or max(1, hidden.shape[0])
         ce, pred, conf = [], [], []
         for i in range(0, hidden.shape[0], chunk):

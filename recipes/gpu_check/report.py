@@ -44,6 +44,20 @@ def render_md(report: Mapping[str, Any]) -> str:
                 f"| {r['attn_implementation']} | {r['mask']} | {r['losses'][0]:.4f} | {r['losses'][-1]:.4f} | "
                 f"{r['tokens_per_s']:.0f} | {r['step_ms']:.1f} | {r['first_step_ms']:.0f} | {_f(r['peak_gib'])} |"
             )
+        plain = train.get("plain")
+        if plain and "error" not in plain:
+            lines.append(
+                f"| {plain['attn_implementation']} | {plain['mask']} | {plain['losses'][0]:.4f} | "
+                f"{plain['losses'][-1]:.4f} | {plain['tokens_per_s']:.0f} | {plain['step_ms']:.1f} | "
+                f"{plain['first_step_ms']:.0f} | {_f(plain['peak_gib'])} |"
+            )
+        elif plain:
+            lines.append(
+                f"| {plain['attn_implementation']} | plain step error: {plain['error']} | | | | | | |"
+            )
+        if train.get("mars_over_plain"):
+            ratios = ", ".join(f"{impl} {x:.2f}×" for impl, x in train["mars_over_plain"].items())
+            lines += ["", f"MARS step / plain causal-LM step on the same rows (step ms): {ratios}."]
         if train.get("note"):
             lines += ["", train["note"]]
     dec = report.get("decode")

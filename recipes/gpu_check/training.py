@@ -4,7 +4,10 @@ The inputs, mask and loss are ``prove.train.masks`` / ``prove.train.step`` / ``p
 ``MarsTrainer.compute_loss`` uses them (the noisy blocks from (P − 1) // K on, the head and the CE at targets only); the
 model is a random-weight one of ``train_shape`` (``prove.decode.random_models``). Both attention paths start from
 the same weights and read the same batches: the first step's losses must agree to the dtype's tolerance, and every
-gradient must be finite.
+gradient must be finite. A plain causal-LM step on the same rows and weights (the model's own loss: the head at every
+position, the CE at the labelled tokens; the ``dense_attn`` attention with transformers' causal mask) sets the
+baseline: ``mars_over_plain`` is each MARS path's step time over the plain one (the issue's ≤ 1.3× target, read on the
+GPU with the ``BlockMask``).
 """
 
 from __future__ import annotations
@@ -96,6 +99,55 @@ def train_one(cfg: CheckConfig, impl: str, batches: list[tuple[Any, Any]], mask_
     return result
 
 
+def train_plain(cfg: CheckConfig, impl: str, batches: list[tuple[Any, Any]]) -> dict[str, Any]:
+    """``train_steps`` AdamW steps of a plain causal-LM step on the same rows and starting weights as
+    :func:`train_one`: ``model(input_ids, labels)`` (the CE at the labelled tokens, the head at every position), attention
+    ``impl``; losses, grad norms, speed, memory."""
+    import torch
+
+    dtype = getattr(torch, cfg.train_dtype)
+    config = shape_config(SHAPES[cfg.train_shape], attn=impl, pad_token_id=0)
+    model = random_model(config, cfg.device, dtype, seed=cfg.seed).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
+    losses: list[float] = []
+    grad_norms: list[float] = []
+    finite = True
+    step_ms: list[float] = []
+    peak_reset(cfg.device)
+    for ids, labels in batches:
+        sync(cfg.device)
+        t0 = time.perf_counter()
+        loss = model(input_ids=ids, labels=labels, use_cache=False).loss
+        losses.append(loss.item())
+        loss.backward()
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+        finite = finite and bool(torch.isfinite(norm)) and len(grads) > 0
+        grad_norms.append(norm.item())
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync(cfg.device)
+        step_ms.append((time.perf_counter() - t0) * 1e3)
+        del loss
+    timed = step_ms[1:] or step_ms  # the first step warms up kernels
+    tokens = cfg.train_batch * cfg.train_len
+    result = {
+        "attn_implementation": impl,
+        "mask": "causal (plain step)",
+        "backward": True,
+        "losses": losses,
+        "grad_norms": grad_norms,
+        "grads_finite": finite,
+        "first_step_ms": step_ms[0],
+        "step_ms": statistics.median(timed),
+        "tokens_per_s": tokens / (statistics.median(timed) / 1e3),
+        "peak_gib": peak_gib(cfg.device),
+    }
+    del model, opt
+    free()
+    return result
+
+
 def run_train(cfg: CheckConfig, checks: list[dict[str, Any]]) -> dict[str, Any]:
     """Both attention paths (FlexAttention where torch has it, then the dense mask); appends their checks."""
     import torch
@@ -125,6 +177,17 @@ def run_train(cfg: CheckConfig, checks: list[dict[str, Any]]) -> dict[str, Any]:
         if "error" not in r and not r["backward"]:
             what = f"train {impl}: forward runs (no backward on {cfg.device})"
         checks.append(check_entry(what, ok, r.get("error")))
+    try:
+        plain = train_plain(cfg, cfg.dense_attn, batches)
+    except Exception as e:
+        plain = {"attn_implementation": cfg.dense_attn, "error": describe_error(e)}
+    free()
+    ok = "error" not in plain and plain["grads_finite"]
+    checks.append(
+        check_entry(
+            f"train plain causal LM ({cfg.dense_attn}): steps run, gradients finite", ok, plain.get("error")
+        )
+    )
     tol = 2e-2 if cfg.train_dtype in ("bfloat16", "float16") else 1e-4
     result: dict[str, Any] = {
         "shape": cfg.train_shape,
@@ -134,6 +197,12 @@ def run_train(cfg: CheckConfig, checks: list[dict[str, Any]]) -> dict[str, Any]:
         "block_size": cfg.block_size,
         "steps": cfg.train_steps,
         "runs": runs,
+        "plain": plain,
+        "mars_over_plain": {
+            impl: r["step_ms"] / plain["step_ms"]
+            for impl, r in runs.items()
+            if "error" not in r and r["backward"] and "error" not in plain
+        },
         "note": flex_note,
     }
     if len(runs) == 2 and all("error" not in r for r in runs.values()):

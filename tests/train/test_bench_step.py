@@ -76,7 +76,9 @@ def test_the_three_steps_are_the_trainers_the_reference_and_transformers_own(
     runs = {r["variant"]: r for r in result["runs"]}
     assert sorted(runs) == sorted(bench.VARIANTS)
     for r in runs.values():
-        assert len(r["warmup_s"]) == 1 and len(r["step_s"]) == 1 and r["median_s"] > 0
+        assert (
+            len(r["warmup_s"]) == 1 and len(r["step_s"]) == 1 and r["median_s"] > 0 and r["median_cpu_s"] > 0
+        )
         assert len(r["losses"]) == 2 and all(math.isfinite(x) for x in r["losses"])
         assert r["isolated"] is False and r["peak_rss_bytes"] >= r["setup_rss_bytes"] > 0
         assert r["trainable_parameters"] == runs["plain"]["trainable_parameters"]
@@ -181,6 +183,29 @@ def test_order_alternates_and_bad_flags_are_refused():
     for bad in (["--order", "plain,mars2"], ["--order", "mars,mars"], ["--steps", "0"]):
         with pytest.raises(SystemExit):
             bench.parse_args(bad)
+
+
+def test_the_ratio_is_the_median_of_pairwise_ratios_with_the_mars_seconds_beside_it():
+    """``make bench-step``'s statistic: each repeat's MARS / plain (one machine state), their median, and MARS's own
+    s/step beside it. Catches: the ratio of the two medians (1.29× here, not 1.20×), a MARS step paired with another
+    repeat's plain one, a headline without MARS's seconds (a slower plain step then passes for a faster MARS one)."""
+    times = [(6.0, 9.0), (8.0, 9.6), (7.0, 7.7)]  # (plain, mars) per repeat: 1.5×, 1.2×, 1.1×
+    runs = [
+        {"repeat": r, "variant": v, "median_s": t, "peak_rss_bytes": 1, "first_loss": 1.0}
+        for r, (plain, mars) in enumerate(times)
+        for v, t in (("plain", plain), ("mars", mars))
+    ]
+    summary = bench.summarise(runs, ["plain", "mars"])
+    assert [round(x["mars/plain"], 6) for x in summary["ratios_by_repeat"]] == [1.5, 1.2, 1.1]
+    assert summary["ratios"]["mars/plain"] == pytest.approx(1.2)
+    assert summary["ratios_of_medians"]["mars/plain"] == pytest.approx(9.0 / 7.0)
+    top = summary["headline"]
+    assert (top["mars_s"], top["plain_s"], top["mars_over_plain"]) == (9.0, 7.0, pytest.approx(1.2))
+    line = bench.headline(summary)
+    assert line.startswith("MARS / plain: **1.20×** (median of 3 pairwise ratios: 1.50×, 1.20×, 1.10×)")
+    assert line.endswith("MARS 9 s/step, plain 7 s/step")
+    slower_plain = [{**r, "median_s": r["median_s"] * (1.5 if r["variant"] == "plain" else 1)} for r in runs]
+    assert bench.summarise(slower_plain, ["plain", "mars"])["headline"]["mars_s"] == 9.0
 
 
 def test_profile_breakdown_sorts_operators_by_kind():
