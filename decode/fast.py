@@ -30,6 +30,7 @@ takes the reference path; ``fast=auto`` chooses this path on CUDA for a model th
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -333,6 +334,9 @@ class FastEngine:
         """The regular cycle as a CUDA graph over the persistent buffers (warmed up on a side stream first). Its
         replay advances ``last`` / ``pos`` and fills ``record``; capture leaves the state as it found it."""
         saved = self._state()
+        # An unreachable object holding an older graph (an earlier Decoder's) must not be collected during the
+        # capture: freeing a graph there invalidates the capture (cudaErrorStreamCaptureInvalidated).
+        gc.collect()
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
@@ -497,7 +501,6 @@ def self_check(model: Any, *, tokens: int = 6, atol: float | None = None) -> str
     V = model.get_output_embeddings().weight.shape[0]
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, V, (2 * tokens,), generator=g).to(device)
-    tol = atol if atol is not None else (1e-3 if dtype == torch.float32 else 5e-2)
     try:
         with torch.no_grad():
             dyn = DynamicCache(config=model.config)
@@ -508,6 +511,9 @@ def self_check(model: Any, *, tokens: int = 6, atol: float | None = None) -> str
                 past_key_values=dyn,
                 use_cache=True,
             ).logits[0]
+            # the same logits without a cache: how far two correct passes of other widths (other kernels) lie
+            # apart in this dtype — in bf16 at 32B that alone is several percent of the logits' scale
+            whole = model(input_ids=ids[None], use_cache=False).logits[0]
             cache = SlotCache.for_model(model, 4 * tokens)
 
             def run(chunk: torch.Tensor, start: int) -> torch.Tensor:
@@ -528,7 +534,17 @@ def self_check(model: Any, *, tokens: int = 6, atol: float | None = None) -> str
     except Exception as err:  # noqa: BLE001 - any failure means: use the reference path
         return f"the slot cache failed on this model ({type(err).__name__}: {err})"
     scale = max(float(ref_a.abs().max()), 1.0)
-    diff = max(float((got_a - ref_a).abs().max()), float((got_b - ref_b).abs().max())) / scale
+
+    def gap(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a.float() - b.float()).abs().max()) / scale
+
+    noise = max(gap(whole[:tokens], ref_a), gap(whole[tokens:], ref_b))
+    floor = 1e-3 if dtype == torch.float32 else 5e-2
+    tol = atol if atol is not None else max(floor, 4 * noise)
+    diff = max(gap(got_a, ref_a), gap(got_b, ref_b))
     if not diff <= tol:
-        return f"the slot cache's logits differ from DynamicCache's by {diff:.2e} (relative) on this model"
+        return (
+            f"the slot cache's logits differ from DynamicCache's by {diff:.2e} (relative) on this model, over "
+            f"{tol:.2e} allowed (4x the {noise:.2e} two correct passes differ by in {str(dtype).split('.')[-1]})"
+        )
     return None

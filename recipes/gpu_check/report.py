@@ -152,6 +152,9 @@ def render_engine(engine: Mapping[str, Any] | None, curve: Mapping[str, Any] | N
             )
         eager = (curve or {}).get("ms", {}).get(shape, {})
         g = d["graph_curve_ms"]
+        if "error" in g:
+            lines += ["", f"t(w) in graph mode: {g['error']}"]
+            continue
         mode = "a CUDA graph replayed" if engine.get("graphs") else "eager (no CUDA graphs off CUDA)"
         lines += ["", f"t(w), ms per pass on a warm cache: the slot cache's pass ({mode}) beside part 3's engine pass",
                   "", "| w | slot cache | part 3 |", "|---:|---:|---:|"]  # fmt: skip
