@@ -82,7 +82,7 @@ def _send(base: str, path: str, body: dict) -> tuple[int, str]:
     """(HTTP status, body text) of one POST, errors included."""
     req = urllib.request.Request(base + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=240) as r:
+        with urllib.request.urlopen(req, timeout=90) as r:  # a valid 8-token answer takes seconds
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
@@ -127,7 +127,8 @@ def _requests(model: str, prompts) -> list[tuple[str, dict, str | None]]:
 
 def test_the_server_stays_up_under_64_clients_mixing_valid_and_bad_requests(server, ckpts, prompts):
     """A gate that lets one bad request through to the engine (the old raise in the sampler, or a float() of a
-    string) fails here: the server dies or answers 500, and the valid requests sent beside it go unanswered."""
+    string) fails here: the server dies or answers 500, and the valid requests sent beside it go unanswered (checked:
+    with the plugin module as it was before, this test fails, its requests timing out on a dead engine)."""
     base, _ = server
     mix = _requests(ckpts["target"], prompts)
     jobs = [mix[i % len(mix)] for i in range(3 * CLIENTS)]
