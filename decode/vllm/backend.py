@@ -380,6 +380,12 @@ class VllmDecoder:
         print(f"prove: vLLM engine memory: {self.memory_plan}", file=sys.stderr, flush=True)
         if self.plugin:  # our rule in vLLM's step, for this engine only (prove.decode.vllm.plugin)
             self.engine_args["worker_cls"] = plugin.worker_cls(self.on_cpu)
+            if self.engine_args.get("async_scheduling"):
+                raise ValueError(
+                    f"method={self.method.name} on vLLM runs with async_scheduling=False (our rule reads each "
+                    f"request's committed length, docs/vllm.md): drop {knob_prefix}engine_args.async_scheduling"
+                )
+            self.engine_args["async_scheduling"] = False  # vLLM's GPU build turns it on for draft models
             extra = dict(self.engine_args.get("additional_config") or {})
             extra[plugin.CONFIG_KEY] = plugin.engine_settings(
                 self.method.name,

@@ -43,7 +43,16 @@ forward pass's scratch."""
 GPU_MARGIN = 1 * GiB
 """Free GPU memory left beside a lowered ``gpu_memory_utilization`` (another process's growth, the CUDA context)."""
 _DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1, "int8": 1}
-_SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1}
+_SAFETENSORS_BYTES = {
+    "F64": 8, "F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I64": 8, "I32": 4, "I16": 2,
+    "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1,
+}  # fmt: skip
+VLLM_CPU_BLOCK_SIZE = 128
+"""The KV block size vLLM 0.32's CPU platform resolves when ``block_size`` is not given (its CPU attention takes
+multiples of 32; checked against vLLM's own config in the tests)."""
+VLLM_GPU_BLOCK_SIZE = 16
+"""vLLM 0.32's ``CacheConfig.DEFAULT_BLOCK_SIZE``; a GPU attention backend may prefer a larger one
+(``engine_args.block_size`` pins it)."""
 
 
 class EngineMemoryError(ValueError):
@@ -60,16 +69,22 @@ class Footprint:
     kv_bytes_per_token: int
     max_model_len: int
     max_num_seqs: int
+    block_size: int = 1
+    """vLLM's KV block in tokens: a sequence holds whole blocks, and its pool holds one block back (the null block)."""
+
+    def _blocks(self, blocks: int) -> int:
+        return blocks * self.block_size * self.kv_bytes_per_token
 
     @property
     def min_kv_bytes(self) -> int:
-        """One sequence of ``max_model_len`` tokens: the least KV cache vLLM starts with."""
-        return self.kv_bytes_per_token * self.max_model_len
+        """One sequence of ``max_model_len`` tokens in whole blocks, plus the null block: the least KV cache vLLM
+        starts with (``check_enough_kv_cache_memory``)."""
+        return self._blocks(-(-self.max_model_len // self.block_size) + 1)
 
     @property
     def max_kv_bytes(self) -> int:
-        """``max_num_seqs`` full-length sequences: more KV cache than this is never used."""
-        return self.min_kv_bytes * self.max_num_seqs
+        """``max_num_seqs`` full-length sequences (and the null block): more KV cache than this is never used."""
+        return self._blocks(self.max_num_seqs * -(-self.max_model_len // self.block_size) + 1)
 
 
 @dataclass(frozen=True)
@@ -117,7 +132,7 @@ def plan_cpu(
         if need > mem.free:
             raise EngineMemoryError(
                 f"vLLM's engine needs {gib(need)} of CPU memory (weights {gib(weights)} + KV cache {gib(kv_bytes)} + "
-                f"{gib(CPU_MARGIN)} for the engine process), {gib(mem.free)} is free of {gib(mem.total)}: lower "
+                f"{gib(CPU_MARGIN)} for the engine process), {gib(mem.free)} is free of {gib(mem.total)} in {mem.where}: lower "
                 f"{knob(prefix, 'kv_cache_gb')} (at least {gib(fp.min_kv_bytes)} for max_model_len={fp.max_model_len}), "
                 "or free memory"
             )
@@ -128,7 +143,7 @@ def plan_cpu(
         if want > mem.free:
             raise EngineMemoryError(
                 f"{knob(prefix, 'gpu_memory_utilization')}={utilization} reserves {gib(want)} of CPU memory, "
-                f"{gib(mem.free)} is free of {gib(mem.total)}: lower it below {mem.free / mem.total:.2f}, or drop it "
+                f"{gib(mem.free)} is free of {gib(mem.total)} in {mem.where}: lower it below {mem.free / mem.total:.2f}, or drop it "
                 f"and set {knob(prefix, 'kv_cache_gb')} (prove sizes the KV cache from free memory when neither is set)"
             )
         return {}, f"vLLM's own sizing: {utilization} of {gib(mem.total)}"
@@ -138,11 +153,12 @@ def plan_cpu(
         raise EngineMemoryError(
             f"vLLM's engine does not fit in CPU memory: it needs {gib(need)} (weights {gib(weights)} + KV cache "
             f"{gib(fp.min_kv_bytes)} for one sequence of max_model_len={fp.max_model_len} + {gib(CPU_MARGIN)} for "
-            f"the engine process), {gib(mem.free)} is free of {gib(mem.total)}: lower {knob(prefix, 'max_model_len')}"
+            f"the engine process), {gib(mem.free)} is free of {gib(mem.total)} in {mem.where}: lower {knob(prefix, 'max_model_len')}"
             f" ({gib(fp.kv_bytes_per_token * 1024)} of KV per 1,024 tokens), or free memory"
         )
     kv = min(fp.max_kv_bytes, max(budget // 2, fp.min_kv_bytes))
-    kv = max(kv // MiB * MiB, fp.min_kv_bytes)
+    if kv < fp.max_kv_bytes:  # a round size, but never below one sequence nor trimming the sequences' own
+        kv = max(kv // MiB * MiB, fp.min_kv_bytes)
     why = (
         f"{fp.max_num_seqs} sequences of {fp.max_model_len} tokens"
         if kv == fp.max_kv_bytes
@@ -234,6 +250,15 @@ def kv_bytes_per_token(config: Any, element_bytes: int) -> int:
     return 2 * int(text.num_hidden_layers) * kv_heads * int(head_dim) * element_bytes
 
 
+def weight_bytes(model: str, config: Any, element_bytes: int) -> int:
+    """A checkpoint's weights in vLLM's memory: a quantized one (``quantization_config``) is loaded as stored, so its
+    safetensors' bytes; any other is cast to vLLM's dtype, so its parameters × ``element_bytes``."""
+    files = sorted(Path(model).glob("*.safetensors")) if Path(model).is_dir() else []
+    if files and getattr(config, "quantization_config", None):
+        return sum(_safetensors_bytes(f) for f in files)
+    return parameter_count(model, config) * element_bytes
+
+
 def parameter_count(model: str, config: Any) -> int:
     """Parameters of a checkpoint: exact from a local folder's safetensors headers, else estimated from ``config``
     (a decoder-only transformer: embeddings, attention with its KV heads, gated MLP, the untied head)."""
@@ -255,12 +280,24 @@ def parameter_count(model: str, config: Any) -> int:
     return vocab * h + layers * per_layer + head + h
 
 
-def _safetensors_numel(path: Path) -> int:
-    """Elements in a safetensors file, from its header alone (8 bytes of length, then JSON)."""
+def _safetensors_header(path: Path) -> dict[str, Any]:
+    """A safetensors file's tensors (dtype, shape, offsets), from its header alone (8 bytes of length, then JSON)."""
     with open(path, "rb") as f:
         (size,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(size))
-    return sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")
+    return {k: t for k, t in header.items() if k != "__metadata__"}
+
+
+def _safetensors_numel(path: Path) -> int:
+    """Elements in a safetensors file."""
+    return sum(math.prod(t["shape"]) for t in _safetensors_header(path).values())
+
+
+def _safetensors_bytes(path: Path) -> int:
+    """Bytes of a safetensors file's tensors as stored (packed int4 in a U8 / I32 tensor counts as stored)."""
+    return sum(
+        math.prod(t["shape"]) * _SAFETENSORS_BYTES[t["dtype"]] for t in _safetensors_header(path).values()
+    )
 
 
 def footprint(
@@ -271,14 +308,16 @@ def footprint(
     max_num_seqs: int,
     tensor_parallel_size: int = 1,
     kv_cache_dtype: str | None = None,
+    block_size: int = VLLM_CPU_BLOCK_SIZE,
 ) -> Footprint:
     """The :class:`Footprint` of an engine running ``models`` ((path, config) of the target, then of its drafter if
-    any: the same checkpoint twice when it drafts for itself), in vLLM's ``dtype``."""
+    any: the same checkpoint twice when it drafts for itself), in vLLM's ``dtype`` (quantized weights as stored),
+    with KV blocks of ``block_size`` tokens."""
     weights = kv = 0
     lengths = []
     for path, config in models:
         element = dtype_bytes(dtype, config)
-        weights += parameter_count(path, config) * element
+        weights += weight_bytes(path, config, element)
         kv_element = element if kv_cache_dtype in (None, "auto") else dtype_bytes(kv_cache_dtype)
         kv += kv_bytes_per_token(config, kv_element)
         lengths.append(getattr(config, "max_position_embeddings", None) or 2048)
@@ -288,17 +327,20 @@ def footprint(
         kv_bytes_per_token=math.ceil(kv / tp),
         max_model_len=int(max_model_len or min(lengths)),
         max_num_seqs=max_num_seqs,
+        block_size=int(block_size),
     )
 
 
 # -- the machine's side ----------------------------------------------------------------------------------------------
 
 
-def read_cpu_memory(node: int = 0) -> MemoryReading:
-    """Free and total memory of CPU node ``node`` as vLLM's CPU worker counts them: the node's MemFree + file pages +
-    reclaimable slab (``/sys/devices/system/node``), else the system's available memory; clamped to the cgroup's
-    limit (a container's)."""
-    meminfo = Path(f"/sys/devices/system/node/node{node}/meminfo")
+def read_cpu_memory(node: int = 0, *, sys_root: str | Path = "/sys") -> MemoryReading:
+    """Free and total memory of CPU node ``node`` as vLLM 0.32's CPU worker counts them (``get_memory_node_info``):
+    the node's MemFree + file pages + reclaimable slab (``/sys/devices/system/node``), else the system's available
+    memory; clamped to a container's cgroup limit (v2 ``memory.max``, else v1 ``memory.limit_in_bytes`` below its
+    "unlimited" sentinel), as vLLM clamps it. ``sys_root``: where sysfs is (a made-up tree in tests)."""
+    root = Path(sys_root)
+    meminfo = root / f"devices/system/node/node{node}/meminfo"
     if meminfo.exists():
         kb: dict[str, int] = {}
         for line in meminfo.read_text().splitlines():
@@ -312,19 +354,65 @@ def read_cpu_memory(node: int = 0) -> MemoryReading:
 
         vm = psutil.virtual_memory()
         total, free = int(vm.total), int(vm.available)
-    limit, usage = _cgroup("memory.max"), _cgroup("memory.current")
+    limit, usage = _cgroup_memory(root)
     if limit is not None and limit < total:
         total = limit
         free = max(0, min(free, limit - (usage or 0)))
     return MemoryReading(free=free, total=total, where=f"CPU memory (node {node})")
 
 
-def _cgroup(name: str) -> int | None:
+def _cgroup_memory(root: Path) -> tuple[int | None, int | None]:
+    """(limit, usage) of this process's memory cgroup, v2 first, then v1; (None, None) when unlimited."""
+    limit = _read_int(root / "fs/cgroup/memory.max")
+    if limit is not None:
+        return limit, _read_int(root / "fs/cgroup/memory.current")
+    limit = _read_int(root / "fs/cgroup/memory/memory.limit_in_bytes")
+    if limit is not None and limit < 1 << 62:  # v1 reports "unlimited" as a huge number
+        return limit, _read_int(root / "fs/cgroup/memory/memory.usage_in_bytes")
+    return None, None
+
+
+def _read_int(path: Path) -> int | None:
     try:
-        text = Path("/sys/fs/cgroup", name).read_text().strip()
+        text = path.read_text().strip()
     except OSError:
         return None
     return int(text) if text.isdigit() else None
+
+
+def cpu_rank_nodes(ranks: int, *, proc_status: str | Path = "/proc/self/status") -> list[int]:
+    """The NUMA node vLLM 0.32's CPU backend binds each of ``ranks`` workers to, whose memory it checks that rank's
+    KV cache against: with its automatic binding (``VLLM_CPU_OMP_THREADS_BIND=auto``, the default) rank r takes the
+    r-th memory node this process may use (``Mems_allowed_list``, narrowed by ``CPU_VISIBLE_MEMORY_NODES``), and
+    vLLM refuses more ranks than nodes. A :class:`EngineMemoryError` says so before vLLM does; with a binding set by
+    hand, ranks past the nodes wrap round."""
+    allowed: list[int] = []
+    try:
+        for line in Path(proc_status).read_text().splitlines():
+            if line.startswith("Mems_allowed_list:"):
+                allowed = _id_list(line.split(":", 1)[1].strip())
+    except OSError:
+        pass
+    allowed = allowed or [0]
+    visible = os.environ.get("CPU_VISIBLE_MEMORY_NODES", "").strip()
+    if visible:
+        allowed = [n for n in (int(v) for v in visible.split(",")) if n in allowed] or allowed
+    if ranks > len(allowed) and os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto") == "auto":
+        raise EngineMemoryError(
+            f"tensor_parallel_size={ranks} on the CPU: vLLM binds each rank to its own NUMA node and this process "
+            f"may use {len(allowed)} ({', '.join(map(str, allowed))}): lower tensor_parallel_size to "
+            f"{len(allowed)}, or bind the ranks yourself (vLLM's VLLM_CPU_OMP_THREADS_BIND)"
+        )
+    return [allowed[r % len(allowed)] for r in range(ranks)]
+
+
+def _id_list(text: str) -> list[int]:
+    """``"0-2,4"`` → [0, 1, 2, 4] (the kernel's list format)."""
+    out: list[int] = []
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
 
 
 def read_gpu_memory(count: int) -> list[MemoryReading]:
@@ -384,6 +472,7 @@ def plan_engine_memory(
         max_num_seqs=int(args.get("max_num_seqs", 256)),
         tensor_parallel_size=int(args.get("tensor_parallel_size", 1)),
         kv_cache_dtype=args.get("kv_cache_dtype"),
+        block_size=int(args.get("block_size") or (VLLM_CPU_BLOCK_SIZE if on_cpu else VLLM_GPU_BLOCK_SIZE)),
     )
     kv_bytes: int | None = None
     if "kv_cache_memory_bytes" in user_args:
@@ -396,9 +485,12 @@ def plan_engine_memory(
         legacy = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
         if legacy.strip():  # vLLM's own environment variable overrides any argument: check what it will take
             kv_bytes = int(legacy) * GiB
-        updates, line = plan_cpu(
-            fp, cpu or read_cpu_memory(), kv_bytes=kv_bytes, utilization=utilization, prefix=prefix
-        )
+        if (
+            cpu is None
+        ):  # each rank's share (weights, KV) against the node vLLM binds it to: the tightest decides
+            readings = [read_cpu_memory(n) for n in cpu_rank_nodes(fp_tp(args))]
+            cpu = min(readings, key=lambda r: r.free)
+        updates, line = plan_cpu(fp, cpu, kv_bytes=kv_bytes, utilization=utilization, prefix=prefix)
     else:
         readings = read_gpu_memory(fp_tp(args)) if gpus is None else gpus
         updates, line = plan_gpu(fp, readings, kv_bytes=kv_bytes, utilization=utilization, prefix=prefix)

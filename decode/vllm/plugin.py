@@ -101,12 +101,18 @@ def request_args(method: str, params: Any) -> dict[str, Any]:
 
 def resolve_request(settings: Mapping[str, Any], extra: Mapping[str, Any] | None) -> dict[str, Any]:
     """The rule parameters of one request: its extra arguments over the engine's defaults, checked by the method's
-    own checks (``resolve_params``). A ``ValueError`` names what to change: a request for another method, an unknown
-    key, a value out of range."""
+    own checks (``resolve_params``). A ``ValueError`` names what to change: extra arguments that are not a mapping, a
+    request for another method, a key the method does not read (nothing else on a plugin engine reads them), a value
+    that is not a number or is out of range."""
     from prove.decode.methods import resolve_params
 
     method = settings["method"]
-    extra = dict(extra or {})
+    if extra is not None and not isinstance(extra, Mapping):
+        raise ValueError(
+            f'vllm_xargs must be a JSON object such as {{"{RULE_KEYS[method][0]}": ...}}, not '
+            f"{type(extra).__name__}: pass a mapping of method={method}'s per-request parameters"
+        )
+    extra = {k: v for k, v in (extra or {}).items() if k not in _VLLM_EXTRA_ARGS}
     asked = extra.pop(METHOD_ARG, method)
     if asked != method:
         raise ValueError(
@@ -114,41 +120,152 @@ def resolve_request(settings: Mapping[str, Any], extra: Mapping[str, Any] | None
             f"method={asked} needs an engine started with method={asked} (prove-serve method={asked} ...)"
         )
     keys = RULE_KEYS[method]
-    given = {k: v for k, v in extra.items() if k in keys}
-    unknown = sorted(set(extra) - set(keys))
-    if unknown and any(k in _ALL_RULE_KEYS for k in unknown):
+    unknown = sorted(set(extra) - set(keys), key=str)
+    if unknown:
         raise ValueError(
-            f"method={method} reads {', '.join(keys)} per request, not {', '.join(unknown)}: drop them (the engine "
-            "fixes the rest when it starts)"
+            f"method={method} reads {', '.join(keys)} per request, not {', '.join(map(str, unknown))}: drop them "
+            "from vllm_xargs (the engine fixes the rest when it starts)"
         )
-    values = {k: settings[k] for k in keys} | given
+    for k, v in extra.items():
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ValueError(f"vllm_xargs.{k} must be a number, not {v!r}: pass e.g. {settings[k]!r}")
+    values = {k: settings[k] for k in keys} | extra
     _, params = resolve_params(method, **values)
     return {k: getattr(params, k) for k in keys}
 
 
-_ALL_RULE_KEYS = {k for keys in RULE_KEYS.values() for k in keys} | {"block_size", "k", "tau"}
+_VLLM_EXTRA_ARGS = ("kv_transfer_params", "ec_transfer_params")
+"""Keys vLLM's server itself puts in ``extra_args`` (from the request's fields of those names)."""
 
 
 # -- the server's request check (an ASGI "http" middleware; no vLLM needed) ----------------------------------------
 
+SERVED_PATHS = ("/v1/completions", "/v1/chat/completions")
+"""The generating endpoints a plugin engine's server serves, each request body checked (:func:`check_request`)."""
+_PASSIVE_POSTS = ("/tokenize", "/detokenize")
+"""POSTs that generate nothing (let through unchecked). Every other POST is refused (default-deny): vLLM 0.32 also
+generates on /v1/responses, /v1/messages, /v1/chat/completions/batch, /inference/v1/generate, /invocations,
+/cohere/v2/chat, /generative_scoring, /v1/audio/..., none of them checked."""
+_SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
-def check_request(method: str, body: Mapping[str, Any]) -> str | None:
-    """Why the server must refuse this completions request body for an engine of ``method`` (None = fine): a method
-    other than the engine's, a bad per-request parameter, sampling (these rules are greedy on vLLM), log-probs (the
-    plugin's sampler returns none)."""
-    xargs = body.get("vllm_xargs") or {}
+_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    # field: the values that leave the output as our rule has it (None = vLLM's default)
+    "repetition_penalty": (None, 1, 1.0),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "length_penalty": (None, 1, 1.0),
+    "min_tokens": (None, 0),
+    "n": (None, 1),
+    "use_beam_search": (None, False),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "prompt_logprobs": (None,),
+    "logprob_token_ids": (None,),
+    "logit_bias": (None,),
+    "bad_words": (None,),
+    "structured_outputs": (None,),
+    "thinking_token_budget": (None,),
+    "watermarking": (None,),
+    "repetition_detection": (None,),
+}
+"""Controls the plugin's sampler does not apply (it would ignore them): refused unless neutral. The rule is greedy and
+returns no log-probs; n > 1 and beam search would ask the rule for what it cannot give."""
+_WHY = {
+    "repetition_penalty": "our rule scores the target's raw logits",
+    "presence_penalty": "our rule scores the target's raw logits",
+    "frequency_penalty": "our rule scores the target's raw logits",
+    "logit_bias": "our rule scores the target's raw logits",
+    "bad_words": "our rule scores the target's raw logits",
+    "min_tokens": "our rule ends at EOS wherever it falls",
+    "n": "a greedy rule gives one answer a prompt",
+    "use_beam_search": "our rule is not a beam search",
+    "length_penalty": "our rule is not a beam search",
+    "logprobs": "the plugin's sampler returns no log-probs",
+    "top_logprobs": "the plugin's sampler returns no log-probs",
+    "prompt_logprobs": "the plugin's sampler returns no log-probs",
+    "logprob_token_ids": "the plugin's sampler returns no log-probs",
+    "structured_outputs": "our rule does not follow a grammar",
+    "thinking_token_budget": "it rewrites the target's logits",
+    "watermarking": "it rewrites the target's logits",
+    "repetition_detection": "our engine has no such stop",
+}
+PASSED_FIELDS = frozenset(
+    """add_special_tokens allowed_token_ids cache_salt ec_transfer_params echo ignore_eos include_stop_str_in_output
+    kv_transfer_params max_tokens max_completion_tokens min_p mm_payload model priority request_id return_mm_kwargs
+    return_token_ids return_token_offsets return_tokens_as_token_ids routed_experts_prompt_start seed session_id
+    skip_special_tokens spaces_between_special_tokens stop stop_token_ids stream stream_interval stream_options top_k
+    top_p truncate_prompt_tokens truncation_side user prompt prompt_embeds suffix add_generation_prompt chat_template
+    chat_template_kwargs continue_final_message documents include_reasoning media_io_kwargs messages
+    mm_processor_kwargs parallel_tool_calls reasoning_effort return_prompt_text tools tool_choice temperature
+    vllm_xargs response_format""".split()
+)
+"""Fields of vLLM 0.32's completions / chat completions requests that leave our rule's output alone (top_p, top_k,
+min_p: vLLM drops them at temperature 0), or that are checked below apart from :data:`_NEUTRAL` (temperature,
+max_tokens, vllm_xargs, response_format, tool_choice). A test keeps this list and :data:`_NEUTRAL` covering every
+field vLLM's request models have."""
+
+
+def check_request(method: str, body: Any, *, max_model_len: int | None = None) -> str | None:
+    """Why the server must refuse this completions / chat completions request body for an engine of ``method``
+    (None = fine), in one line naming the field and the fix: a body that is not a JSON object, a method other than
+    the engine's or a bad per-request parameter (``vllm_xargs``), sampling (these rules are greedy on vLLM), a
+    ``max_tokens`` that is not a positive whole number or exceeds ``max_model_len``, a control the plugin's sampler
+    would ignore (penalties, ``logit_bias``, ``min_tokens``, ``bad_words``, structured outputs, ``n`` > 1, log-probs)."""
+    if not isinstance(body, Mapping):
+        return f"the request body must be a JSON object (method={method} on vLLM): send one"
     try:
-        resolve_request({"method": method, **_defaults(method)}, xargs)
+        resolve_request({"method": method, **_defaults(method)}, body.get("vllm_xargs"))
     except ValueError as e:
         return str(e)
-    if body.get("temperature") is None or float(body["temperature"]) != 0.0:
+    temperature = body.get("temperature")
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature != 0:
         return (
-            f"method={method} on vLLM is greedy: pass \"temperature\": 0 (vLLM's default is the model's sampling "
-            "temperature)"
+            f'method={method} on vLLM is greedy: pass "temperature": 0, not {temperature!r} (vLLM\'s default is the '
+            "model's sampling temperature)"
         )
-    if body.get("logprobs") or body.get("top_logprobs"):
-        return f"method={method} on vLLM returns no log-probs: drop logprobs"
+    for key in ("max_tokens", "max_completion_tokens"):
+        n = body.get(key)
+        if n is None:
+            continue
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            return f'{key} must be a whole number of tokens of at least 1, not {n!r}: pass e.g. "{key}": 256'
+        if max_model_len is not None and n > max_model_len:
+            return (
+                f"{key}={n} is more than this server's max_model_len={max_model_len}: pass at most "
+                f"{max_model_len} (prompt included)"
+            )
+    for key, neutral in _NEUTRAL.items():
+        value = body.get(key)
+        if _neutral(value, neutral):
+            continue
+        return (
+            f"{key}={json.dumps(value)} is not supported by method={method} on vLLM ({_WHY[key]}): drop {key}"
+        )
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, Mapping) and fmt.get("type") == "text"):
+        return (
+            f"response_format={json.dumps(fmt)} is not supported by method={method} on vLLM (our rule does not "
+            "follow a grammar): drop response_format"
+        )
+    choice = body.get("tool_choice")
+    if choice not in (None, "none", "auto"):
+        return (
+            f"tool_choice={json.dumps(choice)} is not supported by method={method} on vLLM (it forces a grammar): "
+            'pass "auto" or "none"'
+        )
     return None
+
+
+def _neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
+    """``value`` is one of ``neutral`` (booleans only as themselves: ``"logprobs": 0`` asks for log-probs), or an
+    empty object / list where None is."""
+    if value is None or value == {} or value == []:
+        return None in neutral
+    if isinstance(value, bool):
+        return any(value is v for v in neutral)
+    return isinstance(value, int | float) and any(
+        not isinstance(v, bool) and v is not None and value == v for v in neutral
+    )
 
 
 def _defaults(method: str) -> dict[str, Any]:
@@ -158,22 +275,42 @@ def _defaults(method: str) -> dict[str, Any]:
     return {k: getattr(params, k) for k in RULE_KEYS[method]}
 
 
-_CHECKED_PATHS = ("/v1/completions", "/v1/chat/completions")
+def _max_model_len(request: Any) -> int | None:
+    """The server's ``max_model_len`` (vLLM's API server keeps its config in the app's state), or None."""
+    config = getattr(getattr(request.app, "state", None), "vllm_config", None)
+    return getattr(getattr(config, "model_config", None), "max_model_len", None)
 
 
 def _request_checker(method: str):
-    async def check(request: Any, call_next: Any) -> Any:
-        if request.method == "POST" and request.url.path in _CHECKED_PATHS:
-            from starlette.responses import JSONResponse
+    """The middleware: default-deny. A POST (or any method but GET / HEAD / OPTIONS) to a path outside
+    :data:`SERVED_PATHS` and the passive ones gets a 404 naming what this server serves; a body on a served path is
+    checked by :func:`check_request` (a 400 naming the field) before vLLM parses it."""
+    served = " and ".join(f"POST {p}" for p in SERVED_PATHS)
 
-            try:
-                body = json.loads(await request.body() or b"{}")
-            except ValueError:
-                body = None
-            why = check_request(method, body) if isinstance(body, dict) else None
-            if why is not None:
-                error = {"message": why, "type": "BadRequestError", "param": None, "code": 400}
-                return JSONResponse({"error": error, "object": "error", "message": why}, status_code=400)
+    async def check(request: Any, call_next: Any) -> Any:
+        path = request.url.path
+        if request.method in _SAFE_METHODS or path in _PASSIVE_POSTS:
+            return await call_next(request)
+        from starlette.responses import JSONResponse
+
+        if path not in SERVED_PATHS:
+            why = (
+                f"prove-serve method={method} generates on {served} only (each request checked against our rule), "
+                f"not {request.method} {path}: send the request there"
+            )
+            error = {"message": why, "type": "NotFoundError", "param": None, "code": 404}
+            return JSONResponse({"error": error, "object": "error", "message": why}, status_code=404)
+        try:
+            body = json.loads(await request.body() or b"{}")
+        except ValueError:
+            why: str | None = (
+                f"the request body is not valid JSON (method={method} on vLLM): send a JSON object"
+            )
+        else:
+            why = check_request(method, body, max_model_len=_max_model_len(request))
+        if why is not None:
+            error = {"message": why, "type": "BadRequestError", "param": None, "code": 400}
+            return JSONResponse({"error": error, "object": "error", "message": why}, status_code=400)
         return await call_next(request)
 
     check.__name__ = f"check_{method}_requests"
@@ -189,7 +326,7 @@ def __getattr__(name: str) -> Any:
     for method in PLUGIN_METHODS:
         if name == f"check_{method}_requests":
             return _request_checker(method)
-    if name in ("RuleCPUWorker", "RuleGPUWorker", "RuleDrafter", "RuleSampler"):
+    if name in ("RuleCPUWorker", "RuleGPUWorker", "RuleDrafter", "RuleSampler", "install_rule"):
         classes = _vllm_classes()
         globals().update(classes)
         return classes[name]
@@ -200,10 +337,14 @@ def _vllm_classes() -> dict[str, type]:
     import torch
     from prove.decode.rules.block import prove_rule
     from prove.decode.rules.speculative import AsdState, asd_greedy, nsd_greedy
+    from vllm.logger import init_logger
+    from vllm.sampling_params import SamplingType
     from vllm.v1.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID, RejectionSampler
     from vllm.v1.spec_decode.draft_model import DraftModelProposer
     from vllm.v1.worker.cpu_worker import CPUWorker
     from vllm.v1.worker.gpu_worker import Worker
+
+    logger = init_logger(__name__)
 
     class RuleDrafter(DraftModelProposer):
         """vLLM's draft-model drafter, restricted to the ids each request may output (the request's
@@ -256,14 +397,15 @@ def _vllm_classes() -> dict[str, type]:
             self.runner, self.drafter = runner, drafter
             self.params: dict[str, dict[str, Any]] = {}
             self.asd: dict[str, Any] = {}
+            self.failed: dict[str, str] = {}  # request id -> why the plugin ended it
 
         def forward(
             self, metadata: Any, draft_probs: Any, logits: torch.Tensor, sampling_metadata: Any
         ) -> Any:
+            """Each request's row by our rule. Never raises: a request the rule cannot serve (one that samples, bad
+            extra arguments, or any error in its row) is ended by :meth:`_fail` alone, and the step goes on."""
             from vllm.v1.outputs import SamplerOutput
 
-            if not sampling_metadata.all_greedy:
-                raise ValueError(f"method={self.method} on vLLM is greedy: send requests with temperature 0")
             target = logits[metadata.target_logits_indices].float()  # (drafts, V)
             bonus = logits[metadata.bonus_logits_indices].float()  # (batch, V)
             banned = sampling_metadata.allowed_token_ids_mask  # (batch, V) or None
@@ -278,10 +420,48 @@ def _vllm_classes() -> dict[str, type]:
                 rid = req_ids[j]
                 drafts, rows = drafts_all[start : start + n], target[start : start + n]
                 start += n
-                row = self._row(rid, drafts, rows, bonus[j], None if banned is None else banned[j])
+                mask = None if banned is None else banned[j]
+                try:
+                    why = self.failed.get(rid) or self._refusal(rid)
+                    row = self._row(rid, drafts, rows, bonus[j], mask) if why is None else None
+                except Exception as e:  # noqa: BLE001 - one request's failure must not end the engine step
+                    why, row = f"{type(e).__name__}: {e}", None
+                if row is None:
+                    row = self._fail(rid, why, rows[0] if n else bonus[j], mask)
                 out[j, : len(row)] = torch.tensor(row, dtype=torch.int32)
             self._forget_finished()
+            for rid in [r for r in self.failed if r not in self.runner.requests]:
+                del self.failed[rid]
             return SamplerOutput(sampled_token_ids=out.to(logits.device), logprobs_tensors=None)
+
+        def _refusal(self, rid: str) -> str | None:
+            """Why our rule cannot serve this request (what the server refuses with a 400), or None."""
+            sp = self.runner.requests[rid].sampling_params
+            if sp.sampling_type != SamplingType.GREEDY:
+                return f"method={self.method} on vLLM is greedy: send requests with temperature 0"
+            try:
+                self._request(rid)
+            except ValueError as e:
+                return str(e)
+            return None
+
+        def _fail(self, rid: str, why: str, logits: torch.Tensor, banned: torch.Tensor | None) -> list[int]:
+            """End one request the rule cannot serve, alone: vLLM 0.32 gives a worker no way to finish a request
+            with an error (``FINISHED_ERROR`` is set by its scheduler only), so its row is its own stop token, which
+            vLLM's stop check ends it on (finish reason ``stop``), logged with the reason. A request with no stop
+            token gets the target's greedy token each step until its length ends it."""
+            state = self.runner.requests[rid]
+            sp = state.sampling_params
+            if rid not in self.failed:
+                self.failed[rid] = why
+                logger.error("prove plugin: request %s ended by the plugin (%s)", rid, why)
+            stops = [sp.eos_token_id, *(sp.stop_token_ids or ())]
+            stop = next((t for t in stops if t is not None), None)
+            if stop is not None:
+                return [int(stop)]
+            if banned is not None:
+                logits = logits.masked_fill(banned, float("-inf"))
+            return [int(logits.argmax())]
 
         def _request(self, rid: str) -> tuple[dict[str, Any], Any]:
             state = self.runner.requests[rid]
@@ -291,12 +471,16 @@ def _vllm_classes() -> dict[str, type]:
 
         def _cut(self, state: Any, drafts: list[int], extra: bool) -> int:
             """How many drafts our engine would have proposed: no more than the request may still take (less
-            the correction / bonus token), and a drafted EOS ends a draft model's block."""
+            the correction / bonus token), and a drafted EOS (a stop id or the primary EOS) ends a draft model's
+            block."""
             sp = state.sampling_params
             left = sp.max_tokens - len(state.output_token_ids) - int(extra)
             n = max(0, min(len(drafts), left))
             if self.method != "prove":
-                eos = set(sp.stop_token_ids or ())
+                # the request's stop ids and its primary EOS (vLLM keeps that one apart, in ``eos_token_id``, None
+                # under ignore_eos), as our VllmDecoder passes them; not ``all_stop_token_ids``, which vLLM fills
+                # with the tokenizer's EOS even under ignore_eos
+                eos = set(sp.stop_token_ids or ()) | ({sp.eos_token_id} - {None})
                 for i, t in enumerate(drafts[:n]):
                     if t in eos:
                         return i + 1
@@ -368,6 +552,13 @@ def _vllm_classes() -> dict[str, type]:
                 "prove-serve pass it): start the engine through them"
             )
         check_vllm_version(settings["method"])
+        if config.scheduler_config.async_scheduling:
+            # async scheduling hands the sampler rows whose output_token_ids end in placeholders: the length cut
+            # (_cut) and ASD's gate would read the wrong length (docs/vllm.md, "Async scheduling")
+            raise ValueError(
+                f"method={settings['method']} on vLLM needs async_scheduling=False (VllmDecoder and prove-serve set "
+                "it): drop engine_args.async_scheduling"
+            )
         spec = config.speculative_config
         runner = worker.model_runner
         if spec is None or not spec.uses_draft_model():
@@ -402,6 +593,7 @@ def _vllm_classes() -> dict[str, type]:
         "RuleGPUWorker": with_rule(Worker),
         "RuleDrafter": RuleDrafter,
         "RuleSampler": RuleSampler,
+        "install_rule": install,
     }
 
 

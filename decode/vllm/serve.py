@@ -7,8 +7,9 @@ can run, configured like ``prove-decode`` (docs/vllm.md).
     prove-serve model=runs/tiny/mars verifier=runs/tiny/verifier-distill method=prove theta=0.1   # our plugin
 
 prove, nsd and asd (``prove.decode.vllm.plugin``) are greedy and take their rule's parameters per request in
-``vllm_xargs`` (``{"theta": 0.2}``); a request the engine would not run (another method, sampling, log-probs) is
-answered with a 400 that says why.
+``vllm_xargs`` (``{"theta": 0.2}``); their server is default-deny: it generates on /v1/completions and
+/v1/chat/completions only (any other POST: a 404 naming them), and a request the rule would not serve as asked
+(another method, sampling, penalties, log-probs, ... — ``plugin.check_request``) gets a 400 naming the field.
 
 Every check ``backend=vllm`` makes runs first (a method vLLM cannot run is refused, with the fix; an engine that
 does not fit in the free memory is refused with what it needs, what is free and the knob: ``kv_cache_gb`` or

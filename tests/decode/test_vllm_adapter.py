@@ -159,7 +159,9 @@ def test_each_request_is_checked_against_the_engines_method():
 
     settings = {"method": "prove", "theta": 0.1}
     assert vllm_plugin.resolve_request(settings, None) == {"theta": 0.1}
-    assert vllm_plugin.resolve_request(settings, {"theta": 0.4, "other_plugin": 1}) == {"theta": 0.4}
+    assert vllm_plugin.resolve_request(settings, {"theta": 0.4}) == {"theta": 0.4}
+    with pytest.raises(ValueError, match="reads theta per request, not other_plugin: drop them"):
+        vllm_plugin.resolve_request(settings, {"theta": 0.4, "other_plugin": 1})  # nothing else reads them
     with pytest.raises(
         ValueError, match="this engine runs method=prove .* a request for method=asd needs an engine"
     ):

@@ -68,10 +68,12 @@ def test_cpu_explicit_kv_cache_is_kept_and_checked():
     with pytest.raises(EngineMemoryError, match=r"lower vllm\.kv_cache_gb") as e:
         plan_cpu(FP, cpu(4.5), kv_bytes=2 * GiB)  # 1 + 2 + 2 > 4.5
     assert "needs 5.00 GiB" in str(e.value)
+    half = FP.min_kv_bytes // 2 - 1
     with pytest.raises(
-        EngineMemoryError, match=r"holds 511 tokens, less than one sequence of max_model_len=1024"
+        EngineMemoryError,
+        match=rf"holds {half // FP.kv_bytes_per_token} tokens, less than one sequence of max_model_len=1024",
     ):
-        plan_cpu(FP, cpu(8), kv_bytes=FP.min_kv_bytes // 2 - 1)  # vLLM would refuse it in its subprocess
+        plan_cpu(FP, cpu(8), kv_bytes=half)  # vLLM would refuse it in its subprocess
 
 
 def test_cpu_utilization_is_vllms_own_sizing_and_checked_as_vllm_checks_it():
@@ -256,3 +258,157 @@ def test_each_documented_override_composes(override):
     prefix = re.sub(r"(engine_args\.\w+|kv_cache_gb)$", "", key)
     with initialize_config_module(module, version_base=None), pytest.raises(Exception, match="kv_cache_gbx"):
         compose(name, overrides=[*base, f"{prefix}kv_cache_gbx=1"])  # every other key stays closed
+
+
+# -- against vLLM 0.32's own arithmetic and readings (issue: a floor vLLM refused, node 0 only, dtype for int8) ------
+
+
+@pytest.mark.slow
+def test_the_kv_floor_is_the_least_vllm_itself_accepts(tmp_path, qwen2_factory):
+    """vLLM's own ``check_enough_kv_cache_memory`` on the engine config it builds (prove-lossless shape: the model
+    drafts for itself, one KV pool for both) accepts the planner's least KV cache and refuses one byte less. The old
+    floor (``max_model_len`` tokens, not whole blocks and the null block) is below it and fails here; so does a
+    block size that is not the one vLLM's CPU platform resolves."""
+    pytest.importorskip("vllm")
+    import torch
+    from transformers import AutoConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
+    from vllm.v1.core.kv_cache_utils import check_enough_kv_cache_memory
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    model = qwen2_factory(320, layers=2, hidden=64, heads=2, kv_heads=1, intermediate=128)
+    model.save_pretrained(tmp_path)
+    path, length = str(tmp_path), 500  # not a multiple of the block
+    spec = {"method": "draft_model", "model": path, "num_speculative_tokens": 4}
+    config = EngineArgs(
+        model=path, skip_tokenizer_init=True, dtype="float32", max_model_len=length, enforce_eager=True,
+        kv_cache_memory_bytes=2**28, speculative_config=spec,
+    ).create_engine_config()  # fmt: skip
+    assert config.cache_config.block_size == vllm_memory.VLLM_CPU_BLOCK_SIZE
+    hf = AutoConfig.from_pretrained(path)
+    fp = footprint([(path, hf)] * 2, dtype="float32", max_model_len=length, max_num_seqs=4)
+    layer = FullAttentionSpec(
+        block_size=config.cache_config.block_size, num_kv_heads=hf.num_key_value_heads,
+        head_size=hf.hidden_size // hf.num_attention_heads, dtype=torch.float32,
+    )  # fmt: skip
+    layers = {f"model.{m}.layers.{i}": layer for m in range(2) for i in range(hf.num_hidden_layers)}
+    layouts = [[x.name for x in CPUAttentionBackend.supported_kv_cache_layouts()]]
+    resolve_kv_cache_layout(config, layouts, layers.values())
+    check_enough_kv_cache_memory(config, layers, fp.min_kv_bytes)
+    with pytest.raises(ValueError, match="To serve at least one request"):
+        check_enough_kv_cache_memory(config, layers, fp.min_kv_bytes - 1)
+    assert fp.kv_bytes_per_token * length < fp.min_kv_bytes  # what the planner allowed before
+
+
+def _sysfs(root: Path, *, node_kb: dict, cgroup: dict[str, str]) -> Path:
+    node = root / "devices/system/node/node0"
+    node.mkdir(parents=True)
+    node.joinpath("meminfo").write_text("".join(f"Node 0 {k}: {v} kB\n" for k, v in node_kb.items()))
+    for name, text in cgroup.items():
+        (root / "fs/cgroup" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "fs/cgroup" / name).write_text(text + "\n")
+    return root
+
+
+def test_cpu_memory_is_read_as_vllm_reads_it(tmp_path):
+    """The node's MemFree + file pages + reclaimable slab, clamped to a container's cgroup limit as vLLM 0.32's
+    ``get_memory_node_info`` clamps it — cgroup v2 and v1 (v1 was not read: a v1 container's limit was missed), v1's
+    "unlimited" sentinel ignored; and, where vLLM is installed, the same figures as vLLM's own on this machine."""
+    node = {"MemTotal": 16 * 2**20, "MemFree": 2 * 2**20, "Active(file)": 2**20, "Inactive(file)": 2**20}
+    node["SReclaimable"] = 2**20
+    bare = vllm_memory.read_cpu_memory(0, sys_root=_sysfs(tmp_path / "bare", node_kb=node, cgroup={}))
+    assert (bare.total, bare.free) == (16 * GiB, 5 * GiB) and bare.where == "CPU memory (node 0)"
+    v1 = {"memory/memory.limit_in_bytes": str(8 * GiB), "memory/memory.usage_in_bytes": str(6 * GiB)}
+    got = vllm_memory.read_cpu_memory(0, sys_root=_sysfs(tmp_path / "v1", node_kb=node, cgroup=v1))
+    assert (got.total, got.free) == (8 * GiB, 2 * GiB)
+    v1["memory/memory.limit_in_bytes"] = str(2**63 - 4096)  # v1's "no limit"
+    got = vllm_memory.read_cpu_memory(0, sys_root=_sysfs(tmp_path / "v1-unlimited", node_kb=node, cgroup=v1))
+    assert (got.total, got.free) == (16 * GiB, 5 * GiB)
+    v2 = {"memory.max": str(12 * GiB), "memory.current": str(10 * GiB)}
+    got = vllm_memory.read_cpu_memory(0, sys_root=_sysfs(tmp_path / "v2", node_kb=node, cgroup=v2))
+    assert (got.total, got.free) == (12 * GiB, 2 * GiB)
+    pytest.importorskip("vllm")
+    from vllm.utils.cpu_resource_utils import get_memory_node_info, get_visible_memory_node
+
+    nodes = get_visible_memory_node()
+    assert vllm_memory.cpu_rank_nodes(1) == nodes[:1]
+    for n in nodes:
+        ours, theirs = vllm_memory.read_cpu_memory(n), get_memory_node_info(n)
+        assert ours.total == theirs.total_memory
+        assert (
+            abs(ours.free - theirs.available_memory) < 0.05 * ours.total
+        )  # read a moment apart on a busy box
+
+
+def test_each_cpu_rank_is_checked_against_the_numa_node_vllm_binds_it_to(tmp_path, checkpoints, monkeypatch):
+    """Rank r on the r-th node this process may use (vLLM's automatic binding): a second node short of memory
+    refuses the engine naming that node, though node 0 has room (node 0 alone was read); more ranks than nodes is
+    refused as vLLM refuses it (checked against vLLM's own binding where it is installed)."""
+    status = tmp_path / "status"
+    status.write_text("Name:\tpython\nMems_allowed_list:\t0-1\n")
+    assert vllm_memory.cpu_rank_nodes(2, proc_status=status) == [0, 1]
+    status.write_text("Mems_allowed_list:\t0\n")
+    with pytest.raises(EngineMemoryError, match="tensor_parallel_size=2 on the CPU: vLLM binds each rank"):
+        vllm_memory.cpu_rank_nodes(2, proc_status=status)
+    monkeypatch.setattr(vllm_memory, "cpu_rank_nodes", lambda ranks: list(range(ranks)))
+
+    def reading(node=0):
+        free = 16 if node == 0 else 2.5
+        return MemoryReading(int(free * GiB), 16 * GiB, f"CPU memory (node {node})")
+
+    monkeypatch.setattr(vllm_memory, "read_cpu_memory", reading)
+    from transformers import AutoConfig
+
+    mars = checkpoints["mars"]
+    models = [(mars, AutoConfig.from_pretrained(mars))]
+    args = {"dtype": "float32", "max_model_len": 256, "max_num_seqs": 4}
+    plan = vllm_memory.plan_engine_memory
+    assert plan({**args, "tensor_parallel_size": 1}, models, on_cpu=True, user_args={}, kv_cache_gb=None)
+    with pytest.raises(EngineMemoryError, match=r"2.50 GiB is free of 16.00 GiB in CPU memory \(node 1\)"):
+        plan({**args, "tensor_parallel_size": 2}, models, on_cpu=True, user_args={}, kv_cache_gb=1.0)
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace
+
+    from vllm.utils.cpu_resource_utils import get_visible_memory_node
+    from vllm.utils.ompmultiprocessing import OMPProcessManager
+
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    ranks = len(get_visible_memory_node()) + 1
+    parallel = SimpleNamespace(local_world_size=ranks, data_parallel_rank_local=None, _api_process_count=1)
+    with pytest.raises(AssertionError, match="Not enough allowed NUMA nodes"):
+        OMPProcessManager(SimpleNamespace(parallel_config=parallel, kv_transfer_config=None))
+    monkeypatch.undo()
+    with pytest.raises(EngineMemoryError, match=f"tensor_parallel_size={ranks} on the CPU"):
+        vllm_memory.cpu_rank_nodes(ranks)
+
+
+def test_quantized_weights_are_sized_as_stored(tmp_path, checkpoints):
+    """A quantized checkpoint (``quantization_config``) is loaded as stored: its weights are its tensors' bytes as
+    safetensors itself reads them, not its parameters × the engine's dtype (4x too many for int8 in fp32); any
+    other checkpoint is cast to the engine's dtype."""
+    from types import SimpleNamespace
+
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    tensors = {
+        "w.qweight": torch.zeros(64, 32, dtype=torch.int8),
+        "w.fp8": torch.zeros(16, 16, dtype=torch.float8_e4m3fn),
+        "w.scales": torch.ones(64, dtype=torch.bfloat16),
+        "w.packed": torch.zeros(8, 4, dtype=torch.int32),
+    }
+    save_file(tensors, tmp_path / "model.safetensors")
+    with safe_open(tmp_path / "model.safetensors", "pt") as f:
+        stored = sum(f.get_tensor(k).nbytes for k in f.keys())
+    quantized = SimpleNamespace(quantization_config={"quant_method": "compressed-tensors"})
+    assert vllm_memory.weight_bytes(str(tmp_path), quantized, 4) == stored
+    numel = sum(t.numel() for t in tensors.values())
+    assert vllm_memory.weight_bytes(str(tmp_path), SimpleNamespace(), 4) == 4 * numel
+    from transformers import AutoConfig
+
+    mars = checkpoints["mars"]
+    config = AutoConfig.from_pretrained(mars)
+    assert vllm_memory.weight_bytes(mars, config, 2) == 2 * parameter_count(mars, config)

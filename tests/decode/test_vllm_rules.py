@@ -334,3 +334,23 @@ def test_prove_eval_on_vllm_sends_theta_per_request(vllm_prove, ours_prove, ckpt
         assert min(abs(s / theta - 1) for s in scores) > 1e-3  # no p̃·q at θ's float edge
         texts.append(postprocess_generated_text(out.outputs[0].text, sp.stop, None))
     assert sorted(s["resps"][0][0] for s in results["samples"]["prove_arith"]) == sorted(texts)
+
+
+def test_a_request_that_slips_past_the_checks_ends_alone(vllm_prove, prompts):
+    """A sampling request sent to the engine directly (``vllm.LLM``, past VllmDecoder's and the server's checks)
+    beside a valid one: the plugin's sampler ends it on its stop token at once, and the valid one is what it is
+    alone (a sampler that served it greedily would give N tokens). Before, the sampler raised in the engine step and
+    the engine died for both (issue 39)."""
+    from vllm import SamplingParams
+
+    eos = vllm_prove.eos_ids()
+    good = vllm_prove.sampling_params(N, None, eos, None)
+    hot = SamplingParams(temperature=0.8, seed=1, max_tokens=N, stop_token_ids=eos, ignore_eos=True)
+    inputs = [{"prompt_token_ids": list(p)} for p in prompts[:2]]
+    both = vllm_prove.llm.generate(inputs, [hot, good], use_tqdm=False)
+    alone = vllm_prove.llm.generate(inputs[1:], [good], use_tqdm=False)
+    assert list(both[1].outputs[0].token_ids) == list(alone[0].outputs[0].token_ids)
+    # its first step may be the sampler's already (a prefill padded beside decodes)
+    ended = both[0].outputs[0]
+    assert ended.finish_reason == "stop" and len(ended.token_ids) <= 2, ended
+    assert ended.token_ids[-1] == eos[0], ended
