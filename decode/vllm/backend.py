@@ -380,6 +380,7 @@ class VllmDecoder:
         print(f"prove: vLLM engine memory: {self.memory_plan}", file=sys.stderr, flush=True)
         if self.plugin:  # our rule in vLLM's step, for this engine only (prove.decode.vllm.plugin)
             self.engine_args["worker_cls"] = plugin.worker_cls(self.on_cpu)
+            self.engine_args["scheduler_cls"] = plugin.scheduler_cls()
             extra = dict(self.engine_args.get("additional_config") or {})
             extra[plugin.CONFIG_KEY] = plugin.engine_settings(
                 self.method.name,

@@ -79,6 +79,12 @@ def worker_cls(on_cpu: bool) -> str:
     return f"{__name__}.{'RuleCPUWorker' if on_cpu else 'RuleGPUWorker'}"
 
 
+def scheduler_cls() -> str:
+    """The ``scheduler_cls`` engine argument of a plugin method's engine (:class:`RuleScheduler`: a preempted request
+    resumes on our rule; vLLM's padded placeholder steps stay out of the stats)."""
+    return f"{__name__}.RuleScheduler"
+
+
 def middleware(method: str) -> str:
     """The server's ``--middleware`` that checks each request against the engine's method (:func:`check_request`)."""
     return f"{__name__}.check_{method.replace('-', '_')}_requests"
@@ -189,7 +195,7 @@ def __getattr__(name: str) -> Any:
     for method in PLUGIN_METHODS:
         if name == f"check_{method}_requests":
             return _request_checker(method)
-    if name in ("RuleCPUWorker", "RuleGPUWorker", "RuleDrafter", "RuleSampler"):
+    if name in ("RuleCPUWorker", "RuleGPUWorker", "RuleDrafter", "RuleSampler", "RuleScheduler"):
         classes = _vllm_classes()
         globals().update(classes)
         return classes[name]
@@ -200,6 +206,7 @@ def _vllm_classes() -> dict[str, type]:
     import torch
     from prove.decode.rules.block import prove_rule
     from prove.decode.rules.speculative import AsdState, asd_greedy, nsd_greedy
+    from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID, RejectionSampler
     from vllm.v1.spec_decode.draft_model import DraftModelProposer
     from vllm.v1.worker.cpu_worker import CPUWorker
@@ -358,6 +365,67 @@ def _vllm_classes() -> dict[str, type]:
                 for rid in [r for r in table if r not in live]:
                     del table[rid]
 
+    class RuleScheduler(Scheduler):
+        """vLLM's scheduler, so that every step after a request's first follows our rule at any load.
+
+        1. A preempted request resumes on our rule. vLLM drops its drafts and recomputes it, and the step that
+           completes that prefill would sample the next token from the target (``prove``: the verifier's token).
+           Here the resumed prefill stops one token short: the last committed token is left for the next step,
+           where the drafter's block after it (proposed on the prefill step, as after any partial prefill, and
+           kept here where vLLM drops a prefill chunk's drafts) is verified with it, our engine's next cycle. A
+           resumed request reads no prefix cache: a hit could leave that one token alone, a step vLLM pads with
+           placeholder drafts and the target would answer.
+        2. A step vLLM pads with placeholder drafts (a new request with one token to compute beside running ones:
+           a one-token prompt, a prefix-cache hit) is its prefill, not a drafting step: it is left out of the
+           request's speculative metrics (vLLM records K drafted, 0 accepted), so the stats have no phantom cycle.
+        """
+
+        def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> None:
+            super()._preempt_request(request, *args, **kwargs)
+            request.skip_reading_prefix_cache = True
+
+        def _update_after_schedule(self, scheduler_output: Any) -> None:
+            scheduled = scheduler_output.num_scheduled_tokens
+            for rid, n in scheduled.items():
+                request = self.requests[rid]
+                resumed_last_chunk = (
+                    request.num_output_tokens > 0
+                    and rid not in scheduler_output.scheduled_spec_decode_tokens
+                    and request.num_computed_tokens + n == request.num_tokens
+                )
+                if resumed_last_chunk and n > 1:
+                    scheduled[rid] = n - 1  # the last committed token waits for the drafter's block
+                    scheduler_output.total_num_scheduled_tokens -= 1
+            super()._update_after_schedule(scheduler_output)
+
+        def update_draft_token_ids(self, draft_token_ids: Any) -> None:
+            super().update_draft_token_ids(draft_token_ids)
+            for rid, drafts in zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids, strict=True):
+                request = self.requests.get(rid)
+                if (
+                    request is not None
+                    and not request.is_finished()
+                    and request.num_output_tokens > 0
+                    and request.num_computed_tokens == request.num_tokens - 1
+                    and not request.spec_token_ids
+                ):  # a resumed prefill one short of its last token: the block after that token
+                    request.spec_token_ids = list(drafts)
+
+        def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+            padded = [
+                self.requests[rid]
+                for rid, drafts in scheduler_output.scheduled_spec_decode_tokens.items()
+                if rid in self.requests and drafts and all(t == -1 for t in drafts)
+            ]
+            kept = [(request, request.spec_decode_metrics) for request in padded]
+            for request in padded:
+                request.spec_decode_metrics = None  # vLLM observes a step only where a request has metrics
+            try:
+                return super().update_from_output(scheduler_output, model_runner_output)
+            finally:
+                for request, metrics in kept:
+                    request.spec_decode_metrics = metrics
+
     def install(worker: Any) -> None:
         """Swap our drafter and sampler into the worker's model runner (before its weights load)."""
         config = worker.vllm_config
@@ -402,6 +470,7 @@ def _vllm_classes() -> dict[str, type]:
         "RuleGPUWorker": with_rule(Worker),
         "RuleDrafter": RuleDrafter,
         "RuleSampler": RuleSampler,
+        "RuleScheduler": RuleScheduler,
     }
 
 

@@ -89,6 +89,7 @@ def test_prove_nsd_asd_run_our_rule_in_vllms_step_through_the_worker_class(check
         "parallel_drafting": True,
     }
     assert args["worker_cls"] == "prove.decode.vllm.plugin.RuleCPUWorker"
+    assert args["scheduler_cls"] == "prove.decode.vllm.plugin.RuleScheduler"
     assert args["additional_config"][vllm_plugin.CONFIG_KEY] == {
         "method": "prove",
         "theta": 0.3,
@@ -98,13 +99,14 @@ def test_prove_nsd_asd_run_our_rule_in_vllms_step_through_the_worker_class(check
         dec = plan(verifier, method=name, draft=mars, k=3)
         assert dec.spec == {"method": "draft_model", "model": mars, "num_speculative_tokens": 3}
         assert dec.engine_args["worker_cls"].endswith("RuleCPUWorker")
+        assert dec.engine_args["scheduler_cls"].endswith("RuleScheduler")
     asd = plan(verifier, method="asd", draft=mars, budget=4.0)
     assert asd.engine_args["additional_config"][vllm_plugin.CONFIG_KEY] == {
         "method": "asd", "budget": 4.0, "gate": 0.25, "max_mismatches": 2
     }  # fmt: skip
     for name in ("ar", "prove-lossless"):
-        assert (
-            "worker_cls" not in plan(mars, method=name).engine_args
+        assert {"worker_cls", "scheduler_cls"}.isdisjoint(
+            plan(mars, method=name).engine_args
         )  # nothing changes for vLLM's own methods
     with pytest.raises(ValueError, match="method=prove needs ProVe's small verifier: pass verifier=PATH"):
         plan(mars, method="prove")
@@ -319,6 +321,7 @@ def test_prove_serve_builds_the_server_command_and_refuses_what_vllm_cannot_run(
     argv, args = server_argv(ServeConfig(model=mars, verifier=verifier, method="prove", theta=0.2))
     assert argv[argv.index("--model") + 1] == verifier and args["served_model_name"] == mars
     assert argv[argv.index("--worker-cls") + 1] == "prove.decode.vllm.plugin.RuleCPUWorker"
+    assert argv[argv.index("--scheduler-cls") + 1] == "prove.decode.vllm.plugin.RuleScheduler"
     assert argv[argv.index("--middleware") + 1] == "prove.decode.vllm.plugin.check_prove_requests"
     assert json.loads(argv[argv.index("--additional-config") + 1])["prove_rule"]["theta"] == 0.2
     with pytest.raises(ValueError, match="port=0 must lie in 1..65535"):
@@ -331,6 +334,8 @@ def test_the_vllm_internals_the_plugin_subclasses_are_where_it_expects():
     import inspect
 
     from prove.decode.vllm import plugin as vllm_plugin
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.request import Request
     from vllm.v1.sample.rejection_sampler import RejectionSampler
     from vllm.v1.spec_decode.draft_model import DraftModelProposer
     from vllm.v1.worker.cpu_worker import CPUWorker
@@ -346,3 +351,16 @@ def test_the_vllm_internals_the_plugin_subclasses_are_where_it_expects():
         "self", "hidden_states", "sampling_metadata"
     ]  # fmt: skip
     assert "init_device" in vars(CPUWorker) and vllm_plugin.vllm_version() in vllm_plugin.TESTED_VLLM
+    assert issubclass(vllm_plugin.RuleScheduler, Scheduler)
+    for name, params in (
+        ("_preempt_request", ["self", "request", "timestamp", "drop_stale_output"]),
+        ("_update_after_schedule", ["self", "scheduler_output"]),
+        ("update_draft_token_ids", ["self", "draft_token_ids"]),
+        ("update_from_output", ["self", "scheduler_output", "model_runner_output"]),
+    ):  # the scheduler's hooks RuleScheduler overrides
+        assert list(inspect.signature(getattr(Scheduler, name)).parameters) == params, name
+    source = inspect.getsource(Request.__init__)
+    for attr in ("skip_reading_prefix_cache", "spec_decode_metrics", "is_prefill_chunk", "num_output_tokens"):
+        assert f"self.{attr}" in source or hasattr(Request, attr), (
+            attr
+        )  # the request's fields RuleScheduler reads and sets
