@@ -540,7 +540,7 @@ class VllmDecoder:
                     inflight[rid] = i
                 for out in engine.step():
                     if out.finished and out.request_id in inflight:
-                        yield inflight.pop(out.request_id), self._result(out, logprobs)
+                        yield inflight.pop(out.request_id), self._result(out, logprobs, max_new_tokens)
         finally:
             if inflight:
                 engine.abort_request(list(inflight))
@@ -562,7 +562,7 @@ class VllmDecoder:
         )
         return result
 
-    def _result(self, out: Any, logprobs: int = 0) -> VllmResult:
+    def _result(self, out: Any, logprobs: int = 0, max_new_tokens: int | None = None) -> VllmResult:
         completion = out.outputs[0]
         ids = [int(t) for t in completion.token_ids]
         metrics = getattr(completion, "spec_decode_metrics", None)
@@ -570,7 +570,9 @@ class VllmDecoder:
         # engine-core timestamps (monotonic): queued to the last token; 0 where vLLM kept none
         wall = 0.0 if timing is None else max(0.0, float(timing.last_token_ts) - float(timing.queued_ts))
         spec = None if metrics is None else metrics.to_dict()
-        stats = vllm_stats(len(ids), spec, wall, bonus=self.method.name != "prove")
+        stats = vllm_stats(
+            len(ids), spec, wall, bonus=self.method.name != "prove", max_new_tokens=max_new_tokens
+        )
         top = None
         if logprobs and completion.logprobs is not None:
             top = [_top_ranked(position, logprobs) for position in completion.logprobs]

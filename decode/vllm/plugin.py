@@ -135,6 +135,18 @@ def resolve_request(settings: Mapping[str, Any], extra: Mapping[str, Any] | None
 _ALL_RULE_KEYS = {k for keys in RULE_KEYS.values() for k in keys} | {"block_size", "k", "tau"}
 
 
+def drafts_scored(method: str, drafts: list[int], *, left: int, eos: set[int]) -> int:
+    """How many of a step's drafts our rule scores, as our engine proposes them: no more than the request may still
+    take (``left``, less the correction / bonus token for ``nsd`` / ``asd``), and a drafted EOS ends a draft model's
+    block (``RuleSampler._cut`` applies the same count; the scheduler counts the rest as not proposed)."""
+    n = max(0, min(len(drafts), left - int(method != "prove")))
+    if method != "prove":
+        for i, t in enumerate(drafts[:n]):
+            if t in eos:
+                return i + 1
+    return n
+
+
 # -- the server's request check (an ASGI "http" middleware; no vLLM needed) ----------------------------------------
 
 
@@ -378,6 +390,8 @@ def _vllm_classes() -> dict[str, type]:
         2. A step vLLM pads with placeholder drafts (a new request with one token to compute beside running ones:
            a one-token prompt, a prefix-cache hit) is its prefill, not a drafting step: it is left out of the
            request's speculative metrics (vLLM records K drafted, 0 accepted), so the stats have no phantom cycle.
+           Drafts our rule does not score (past ``max_tokens`` or a drafted EOS: :func:`drafts_scored`) are not
+           counted as drafted, as our engine never proposes them.
         """
 
         def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> None:
@@ -417,6 +431,18 @@ def _vllm_classes() -> dict[str, type]:
                 for rid, drafts in scheduler_output.scheduled_spec_decode_tokens.items()
                 if rid in self.requests and drafts and all(t == -1 for t in drafts)
             ]
+            method = self.vllm_config.additional_config[CONFIG_KEY]["method"]
+            unscored = dict(scheduler_output.num_invalid_spec_tokens or {})
+            for rid, drafts in scheduler_output.scheduled_spec_decode_tokens.items():
+                request = self.requests.get(rid)
+                if request is None or not drafts or request in padded:
+                    continue
+                sp = request.sampling_params
+                left = sp.max_tokens - request.num_output_tokens
+                n = drafts_scored(method, list(drafts), left=left, eos=set(sp.stop_token_ids or ()))
+                if n < len(drafts):
+                    unscored[rid] = unscored.get(rid, 0) + len(drafts) - n
+            scheduler_output.num_invalid_spec_tokens = unscored or None  # read by vLLM's metrics only
             kept = [(request, request.spec_decode_metrics) for request in padded]
             for request in padded:
                 request.spec_decode_metrics = None  # vLLM observes a step only where a request has metrics

@@ -300,6 +300,13 @@ def test_vllm_stats_count_only_committed_tokens_as_ours():
     assert prove.proposed_by_depth == [3, 3, 3, 3]
     cut = vllm_stats(6, rows, 0.5, bonus=False)  # max_new_tokens inside the last block: 2 of its 4 drafts
     assert cut.committed_per_cycle == [1, 2, 1, 2] and cut.accepted_by_depth == [3, 2, 0, 0]
+    # with the request's limit: what our engine proposes, no more than max_new_tokens leaves (less the bonus)
+    limited = vllm_stats(7, spec, 0.5, max_new_tokens=7)  # steps after 1, 4 and 5 tokens: 3, 2 and 1 drafts
+    assert limited.proposed_by_depth == [3, 2, 1] and limited.accepted_by_depth == [2, 1, 0]
+    assert limited.committed_per_cycle == [1, 3, 1, 2]
+    assert vllm_stats(9, spec, 0.5, max_new_tokens=20).proposed_by_depth == [3, 3, 3]
+    limited = vllm_stats(6, rows, 0.5, bonus=False, max_new_tokens=6)  # prove: no bonus, 4, 3 and 2 drafts
+    assert limited.proposed_by_depth == [3, 3, 2, 1] and limited.accepted_by_depth == [3, 2, 0, 0]
     ar = vllm_stats(5, None, 0.1)
     assert (
         ar.cycles == 5 and ar.tokens_per_cycle == 1.0 and ar.drafts == 0 and ar.to_dict()["backend"] == "vllm"
