@@ -192,21 +192,10 @@ def engine_args(
     return args
 
 
-def warn_k_schedule(args: Mapping[str, Any]) -> None:
-    """A warning for vLLM 0.32's batch-size schedule of K (``num_speculative_tokens_per_batch_size``, passed in
-    ``engine_args``' speculative config) with parallel drafting (docs/vllm.md, "Under load"): the drafter fills the
-    K slots it was built with, so a scheduled K between 0 and that hands a batch's drafts to the wrong requests
-    (still lossless; acceptance length 1.98 at 4 in flight where an engine built with that K gives 4.65), and at
-    K = 0 the drafter's pass still runs (0.42x vLLM ar's tokens/s on the demo's CPU)."""
-    spec = args.get("speculative_config") or {}
-    if spec.get("parallel_drafting") and spec.get("num_speculative_tokens_per_batch_size"):
-        warnings.warn(
-            "num_speculative_tokens_per_batch_size with parallel drafting (vLLM 0.32): a scheduled K below the "
-            f"{spec.get('num_speculative_tokens')} the drafter was built with misassigns drafts across a batch's "
-            "requests, and K = 0 still runs the drafter's pass (slower than method=ar); serve method=ar past the "
-            "crossover instead (docs/vllm.md)",
-            stacklevel=3,
-        )
+def k_schedule(args: Mapping[str, Any]) -> list[list[int]] | None:
+    """vLLM 0.32's batch-size schedule of K (``num_speculative_tokens_per_batch_size``, passed in ``engine_args``'
+    speculative config), or None."""
+    return (args.get("speculative_config") or {}).get("num_speculative_tokens_per_batch_size") or None
 
 
 def start_llm(args: Mapping[str, Any]) -> Any:
@@ -358,12 +347,34 @@ class VllmDecoder:
         self.allowed = allowed_token_ids(self.tokenizer, rows, masks)
         self.generation_eos = _generation_eos(model, configs["model"])
         self.spec = speculative_config(self.method, self.params, model, draft)
+        if self.options.k_schedule and self.spec is not None:
+            if self.plugin:
+                warnings.warn(
+                    f"vllm.k_schedule applies to prove-lossless, pard and sd: method={self.method.name} keeps its "
+                    "static K (a K that shrinks with the batch moves its rule away from our engine's)",
+                    stacklevel=2,
+                )
+            else:
+                top, k = max(e[2] for e in self.options.k_schedule), self.spec["num_speculative_tokens"]
+                if top > k:
+                    raise ValueError(
+                        f"vllm.k_schedule asks K={top}, more than the engine's {k}: lower it, or start the engine "
+                        "with a larger K (block_size= / k=)"
+                    )
+                schedule = [list(e) for e in self.options.k_schedule]
+                self.spec["num_speculative_tokens_per_batch_size"] = schedule
         # prove: the small verifier is vLLM's target, the MARS proposer (``model``) its drafter (in ``spec``)
         target, target_config = (
             (verifier, configs["verifier"]) if verifier is not None else (model, configs["model"])
         )
         args = engine_args(target, self.spec, self.options, dtype=dtype, device=device, seed=self.params.seed)
-        warn_k_schedule(args)
+        schedule = k_schedule(args)
+        if schedule is not None and self.plugin:
+            raise ValueError(
+                f"method={self.method.name} on vLLM takes no K schedule (num_speculative_tokens_per_batch_size): a "
+                "K that shrinks with the batch moves prove's cycle boundaries and ASD's gate away from our engine's; "
+                "drop it from engine_args' speculative_config (lossless methods take one: method=prove-lossless)"
+            )
         # the KV cache sized and the fit checked here, before vLLM's engine process exists (prove.decode.vllm.memory)
         served = [(target, target_config)]
         if self.spec is not None:
@@ -387,6 +398,15 @@ class VllmDecoder:
                 self.params,
                 verifier_rows=None if verifier is None else plugin.vocab_rows(configs["verifier"]),
             )
+            self.engine_args["additional_config"] = extra
+        if schedule is not None and self.engine_args["speculative_config"].get("parallel_drafting"):
+            # vLLM's parallel drafter lays out the K it was built with whatever K a step asks for (its rows then
+            # land on other requests): ours lays out each step's K (prove.decode.vllm.plugin.ScheduledDrafter)
+            if start:
+                plugin.check_vllm_version(self.method.name)
+            self.engine_args["worker_cls"] = plugin.worker_cls(self.on_cpu)
+            extra = dict(self.engine_args.get("additional_config") or {})
+            extra[plugin.CONFIG_KEY] = {"method": self.method.name}
             self.engine_args["additional_config"] = extra
         self.llm = start_llm(self.engine_args) if start else None
         self._requests = 0

@@ -11,6 +11,13 @@ objects of one engine, both subclasses, and nothing else:
 - :class:`RuleSampler` (a ``RejectionSampler``): each request's drafts go through our pure rule
   (``prove.decode.rules``): ``prove_rule`` (the drafts d₁..d_m, d₁ always, d_i while p̃_i·q_i ≥ θ, no verifier
   token), ``nsd_greedy``, ``asd_greedy`` (its regret budget per request, freed when the request ends).
+- :class:`RuleScheduler` (a ``Scheduler``, the engine's ``scheduler_cls``): a preempted request resumes on our rule
+  (its last committed token verified with the drafter's block after it, not sampled from the target), and vLLM's
+  padded placeholder steps and the drafts our rule does not score stay out of the request's metrics.
+
+With a K schedule (``VllmOptions.k_schedule``) vLLM's own lossless parallel-drafting methods (``prove-lossless``,
+``pard``) get one object of ours through the same worker class: :class:`ScheduledDrafter`, whose slots follow each
+step's K.
 
 Mapping: ``prove``'s MARS proposer is vLLM's *drafter* (parallel drafting, K in one pass) and its small verifier vLLM's
 *target*, so an engine step is one big pass and one small one. ``nsd`` / ``asd``: the small draft drafts, the big
@@ -207,7 +214,14 @@ def __getattr__(name: str) -> Any:
     for method in PLUGIN_METHODS:
         if name == f"check_{method}_requests":
             return _request_checker(method)
-    if name in ("RuleCPUWorker", "RuleGPUWorker", "RuleDrafter", "RuleSampler", "RuleScheduler"):
+    if name in (
+        "RuleCPUWorker",
+        "RuleGPUWorker",
+        "RuleDrafter",
+        "RuleSampler",
+        "RuleScheduler",
+        "ScheduledDrafter",
+    ):
         classes = _vllm_classes()
         globals().update(classes)
         return classes[name]
@@ -255,6 +269,19 @@ def _vllm_classes() -> dict[str, type]:
                 rows = drafts.tolist()
                 self.kept = {rid: (rows[j], conf[j].clone()) for j, rid in enumerate(ids)}
             return drafts
+
+    class ScheduledDrafter(DraftModelProposer):
+        """vLLM's parallel drafter, its slots laid out per step for the K vLLM's batch-size schedule hands it
+        (``num_speculative_tokens_per_batch_size``): vLLM's lays out the K it was built with whatever K a step asks
+        for, so below it a batch's drafts land on the wrong requests. A step of K = 0 still runs the pass (one slot:
+        the drafter's KV follows the target's), as vLLM's does. For vLLM's own lossless methods (``prove-lossless``,
+        ``pard``): a schedule changes no output of theirs."""
+
+        def propose(self, num_speculative_tokens: int, *args: Any, **kwargs: Any) -> torch.Tensor:
+            if self.parallel_drafting:  # [next token, <|mask|> × (K - 1)] a request; one slot at K = 0
+                slots = max(int(num_speculative_tokens), 1)
+                self.extra_slots_per_request = self.net_num_new_slots_per_request = slots
+            return super().propose(num_speculative_tokens, *args, **kwargs)
 
     class RuleSampler(RejectionSampler):
         """vLLM's rejection sampler with our rule in place of its acceptance (greedy requests only)."""
@@ -419,6 +446,7 @@ def _vllm_classes() -> dict[str, type]:
                 if (
                     request is not None
                     and not request.is_finished()
+                    and request.is_prefill_chunk
                     and request.num_output_tokens > 0
                     and request.num_computed_tokens == request.num_tokens - 1
                     and not request.spec_token_ids
@@ -464,6 +492,14 @@ def _vllm_classes() -> dict[str, type]:
         check_vllm_version(settings["method"])
         spec = config.speculative_config
         runner = worker.model_runner
+        if settings["method"] not in PLUGIN_METHODS:  # a lossless method with a K schedule: our drafter only
+            if not isinstance(getattr(runner, "drafter", None), DraftModelProposer):
+                raise RuntimeError(
+                    f"prove plugin: vLLM {vllm_version()}'s model runner ({type(runner).__name__}) has no V1 "
+                    "draft-model drafter to replace (its V2 runner is not supported)"
+                )
+            runner.drafter = ScheduledDrafter(vllm_config=config, device=runner.device, runner=runner)
+            return
         if spec is None or not spec.uses_draft_model():
             raise ValueError(
                 f"method={settings['method']} on vLLM needs speculative_config method=draft_model"
@@ -497,6 +533,7 @@ def _vllm_classes() -> dict[str, type]:
         "RuleDrafter": RuleDrafter,
         "RuleSampler": RuleSampler,
         "RuleScheduler": RuleScheduler,
+        "ScheduledDrafter": ScheduledDrafter,
     }
 
 

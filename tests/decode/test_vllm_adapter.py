@@ -366,6 +366,17 @@ def test_the_vllm_internals_the_plugin_subclasses_are_where_it_expects():
         ("update_from_output", ["self", "scheduler_output", "model_runner_output"]),
     ):  # the scheduler's hooks RuleScheduler overrides
         assert list(inspect.signature(getattr(Scheduler, name)).parameters) == params, name
+    assert issubclass(vllm_plugin.ScheduledDrafter, DraftModelProposer)
+    assert list(inspect.signature(DraftModelProposer.propose).parameters)[:2] == [
+        "self",
+        "num_speculative_tokens",
+    ]
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    init = inspect.getsource(
+        SpecDecodeBaseProposer.__init__
+    )  # the slot counts ScheduledDrafter sets per step
+    assert "self.extra_slots_per_request =" in init and "self.net_num_new_slots_per_request =" in init
     source = inspect.getsource(Request.__init__)
     for attr in ("skip_reading_prefix_cache", "spec_decode_metrics", "is_prefill_chunk", "num_output_tokens"):
         assert f"self.{attr}" in source or hasattr(Request, attr), (

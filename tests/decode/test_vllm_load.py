@@ -1,11 +1,12 @@
 """Our rules inside vLLM under load (``prove.decode.vllm.plugin.RuleScheduler``): with a KV cache too small for the
 requests in flight, vLLM preempts requests and recomputes them; a resumed request still follows our rule (its last
 committed token re-fed with the drafter's block after it), so every output of ``prove`` / ``asd`` is vLLM's first
-token followed by our engine's output for the prompt extended by it, and a lossless rule (``asd`` at budget 0) gives
-our ``ar``'s tokens. The stats of a request vLLM pads with placeholder drafts (a one-token prompt, a prefix-cache hit,
-beside running requests) equal our engine's.
+token followed by our engine's output for the prompt extended by it, with our engine's stats; vLLM's own lossless
+``prove-lossless`` (here under a K schedule too, through our drafter) gives our ``ar``'s tokens. The stats of a
+request vLLM pads with placeholder drafts (a one-token prompt, a prefix-cache hit, beside running requests) equal our
+engine's.
 
-Two engines (``prove`` and ``asd``), each started once for the module, with a KV cache of a few sequences.
+Three engines (``prove``, ``asd``, ``prove-lossless``), each started once, with a KV cache of 8 blocks of 32 tokens.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from prove.decode.config import DecodeParams, VllmOptions  # noqa: E402
 from prove.decode.vllm.backend import VllmDecoder  # noqa: E402
 
 from tests.decode import test_vllm_rules as rules  # noqa: E402
-from tests.decode.test_vllm_rules import K, _first_then_ours  # noqa: E402
+from tests.decode.test_vllm_rules import K, assert_stats_equal_ours  # noqa: E402
 
 ckpts = rules.ckpts  # the same tiny checkpoints (built again for this module)
 
@@ -81,20 +82,64 @@ def test_prove_under_preemption_follows_our_rule(vllm_prove, ckpts, many):
     got = dict(vllm_prove.generate_many(many, N, sampling=DecodeParams(theta=3e-4)))
     assert _preemptions(vllm_prove) > before
     for i, p in enumerate(many):
-        assert got[i].token_ids == _first_then_ours(ours, p, got[i].token_ids, n=N), i
+        want = ours.generate(list(p) + got[i].token_ids[:1], max_new_tokens=N - 1)
+        assert got[i].token_ids == got[i].token_ids[:1] + want.token_ids, i
+        assert_stats_equal_ours(got[i], want)  # the resumed prefill is no cycle of its own
 
 
-@pytest.mark.parametrize("given", [{}, {"budget": 0.0}], ids=["asd", "asd-budget-0"])
-def test_asd_under_preemption_follows_our_rule(vllm_asd, ckpts, many, given):
-    """As above for ASD, whose regret budget is kept per request across its preemption; at budget 0 (exact greedy)
-    the outputs are our ``ar``'s token for token."""
-    ref = Decoder(ckpts["mars"], method="asd", draft=ckpts["draft"], k=K, **given)
+def test_asd_under_preemption_follows_our_rule(vllm_asd, ckpts, many):
+    """As above for ASD, whose regret budget is kept per request across its preemption."""
+    ref = Decoder(ckpts["mars"], method="asd", draft=ckpts["draft"], k=K)
     before = _preemptions(vllm_asd)
-    sampling = dataclasses.replace(vllm_asd.params, **given)
-    got = dict(vllm_asd.generate_many(many, N, sampling=sampling))
+    got = dict(vllm_asd.generate_many(many, N))
     assert _preemptions(vllm_asd) > before
-    ar = Decoder(ckpts["mars"], method="ar")
     for i, p in enumerate(many):
-        assert got[i].token_ids == _first_then_ours(ref, p, got[i].token_ids, n=N), i
-        if given:
-            assert got[i].token_ids == ar.generate(p, max_new_tokens=N).token_ids, i
+        want = ref.generate(list(p) + got[i].token_ids[:1], max_new_tokens=N - 1)
+        assert got[i].token_ids == got[i].token_ids[:1] + want.token_ids, i
+        assert_stats_equal_ours(got[i], want)
+
+
+def test_padded_steps_leave_no_phantom_cycle(vllm_prove, ckpts, many, tokenizer):
+    """A one-token prompt and a repeated prompt of 33 tokens (a prefix-cache hit of one 32-token block leaves one
+    token) arrive beside running requests: vLLM schedules each as a decode padded with K placeholder drafts and
+    records K drafted, 0 accepted; the stats still equal our engine's (no phantom cycle, no depth-1 acceptance for a
+    step without a draft). Fails if the padded step is counted as a drafting step."""
+    ours = Decoder(ckpts["mars"], method="prove", verifier=ckpts["verifier"], theta=3e-4)
+    sampling = DecodeParams(theta=3e-4)
+    text = " ".join(TEXTS)
+    long = tokenizer(text)["input_ids"][:33]
+    assert len(long) == 33
+    dict(vllm_prove.generate_many([long], 4, sampling=sampling))  # its first block now cached
+    special = {4: long, 6: many[0][:1]}
+    queue = [*many[:4], long, many[4], many[0][:1], *many[5:8]]
+    got = dict(vllm_prove.generate_many(queue, N, sampling=sampling, concurrency=4))
+    for i in special:
+        want = ours.generate(list(queue[i]) + got[i].token_ids[:1], max_new_tokens=N - 1)
+        assert got[i].token_ids[1:] == want.token_ids, i
+        assert_stats_equal_ours(got[i], want)
+    for i, p in enumerate(queue):
+        want = ours.generate(list(p) + got[i].token_ids[:1], max_new_tokens=N - 1)
+        assert_stats_equal_ours(got[i], want)
+
+
+def test_prove_lossless_under_preemption_and_a_k_schedule(request, ckpts, many):
+    """vLLM's prove-lossless (the MARS checkpoint drafting for itself) with a K schedule of 4 up to 2 requests in
+    flight, 2 from 3 and 0 from 6 (``vllm.k_schedule``), 16 requests at once through the small cache (preemptions
+    counted): the outputs are our ``ar``'s token for token, and position 1 of a self-draft (the model's own next
+    token) is accepted on nearly every drafting step, at K = 2 and after steps at K = 0 too. Fails on a resumed
+    request that leaves AR, and with vLLM's own parallel drafter, whose K = 4 slots a request reshaped into rows of 2
+    hand request j the drafts of another (position 1 then mostly rejected)."""
+    mars = ckpts["mars"]
+    options = dataclasses.replace(TINY_KV, k_schedule=[[1, 2, K], [3, 5, 2], [6, 256, 0]])
+    dec = VllmDecoder(mars, method="prove-lossless", options=options)
+    request.addfinalizer(dec.close)
+    assert dec.engine_args["worker_cls"].endswith("RuleCPUWorker")  # our drafter
+    got = dict(dec.generate_many(many, N))
+    assert _preemptions(dec) > 0
+    ar = Decoder(mars, method="ar")
+    for i, p in enumerate(many):
+        assert got[i].token_ids == ar.generate(p, max_new_tokens=N).token_ids, i
+    stats = [r.stats for r in got.values()]
+    drafted, accepted = sum(s.proposed_by_depth[0] for s in stats), sum(s.accepted_by_depth[0] for s in stats)
+    assert drafted > 16 and accepted >= 0.9 * drafted, (accepted, drafted)
+    assert sum(s.draft_tokens for s in stats) < K * sum(s.drafts for s in stats)  # steps at K = 2 ran
