@@ -64,3 +64,20 @@ def test_vllm_k_schedule_is_one_knob_for_the_lossless_methods(checkpoints):
         VllmDecoder(mars, start=False, options=VllmOptions(k_schedule=[[1, 256, 8]]))
     with pytest.raises(ValueError, match=r"vllm.k_schedule entry \[4, 2, 1\] must be \[first, last, K\]"):
         VllmOptions(k_schedule=[[4, 2, 1]])
+
+
+def test_prove_serve_takes_the_k_schedule(checkpoints):
+    """One server for every load: ``prove-serve k_schedule=...`` passes the schedule and our drafter to vLLM."""
+    import json
+
+    from prove.decode.vllm.serve import ServeConfig, server_argv
+
+    argv, _ = server_argv(
+        ServeConfig(model=checkpoints["mars"], method="prove-lossless", k_schedule=SCHEDULE)
+    )
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec["num_speculative_tokens_per_batch_size"] == SCHEDULE
+    assert argv[argv.index("--worker-cls") + 1] == "prove.decode.vllm.plugin.RuleCPUWorker"
+    assert json.loads(argv[argv.index("--additional-config") + 1]) == {
+        "prove_rule": {"method": "prove-lossless"}
+    }
