@@ -198,6 +198,31 @@ def k_schedule(args: Mapping[str, Any]) -> list[list[int]] | None:
     return (args.get("speculative_config") or {}).get("num_speculative_tokens_per_batch_size") or None
 
 
+VLLM_MIN_TOKEN_BUDGET = 2048
+"""The smallest default ``max_num_batched_tokens`` of vLLM 0.32 on a CPU or GPU (its API server's, below an H100)."""
+
+
+def plugin_token_budget(args: Mapping[str, Any], prefix: str = "vllm.") -> dict[str, int]:
+    """``max_num_batched_tokens`` for a plugin method's engine: enough for every running request's 1 + K tokens and
+    its drafter slots in one step. vLLM trims a running request's drafts to what is left of the step's token budget,
+    and a block cut short leaves our rule's cycle (docs/vllm.md, "Under load: preemption"). Returns the argument to
+    set (none where vLLM's default suffices); a ``ValueError`` where the user's is too small."""
+    spec = args["speculative_config"]
+    k = int(spec["num_speculative_tokens"])
+    slots = k if spec.get("parallel_drafting") else 1
+    need = int(args["max_num_seqs"]) * (1 + k + slots)
+    given = args.get("max_num_batched_tokens")
+    if given is not None:
+        if int(given) < need:
+            raise ValueError(
+                f"max_num_batched_tokens={given} cannot give {args['max_num_seqs']} running requests their 1 + K "
+                f"tokens and {slots} drafter slot(s) a step (K = {k}): set {prefix}engine_args.max_num_batched_tokens"
+                f"={need} or more, or lower {prefix}max_num_seqs"
+            )
+        return {}
+    return {"max_num_batched_tokens": need} if need > VLLM_MIN_TOKEN_BUDGET else {}
+
+
 def start_llm(args: Mapping[str, Any]) -> Any:
     """``vllm.LLM(**args)``; vLLM missing (or a broken install) is a ``ValueError`` naming the fix."""
     try:
@@ -392,6 +417,7 @@ class VllmDecoder:
         if self.plugin:  # our rule in vLLM's step, for this engine only (prove.decode.vllm.plugin)
             self.engine_args["worker_cls"] = plugin.worker_cls(self.on_cpu)
             self.engine_args["scheduler_cls"] = plugin.scheduler_cls()
+            self.engine_args.update(plugin_token_budget(self.engine_args, knob_prefix))
             extra = dict(self.engine_args.get("additional_config") or {})
             extra[plugin.CONFIG_KEY] = plugin.engine_settings(
                 self.method.name,

@@ -335,6 +335,24 @@ def test_prove_serve_builds_the_server_command_and_refuses_what_vllm_cannot_run(
         ServeConfig(model="m", port=0)
 
 
+def test_a_plugin_engines_token_budget_covers_every_running_requests_block(checkpoints):
+    """vLLM trims a running request's drafts to what is left of a step's token budget, which would cut a block
+    short of our rule's K under load: a plugin engine gets ``max_num_seqs`` × (1 + K + drafter slots) where vLLM's
+    smallest default is less, and a smaller budget of the user's is refused. Fails if the budget is left to vLLM's
+    default (2048 on a CPU server) at 256 sequences of K = 4, or an insufficient one passes."""
+    mars, verifier = checkpoints["mars"], checkpoints["verifier"]
+    prove = plan(mars, method="prove", verifier=verifier)  # K = 4, parallel: 4 slots; 256 sequences
+    assert prove.engine_args["max_num_batched_tokens"] == 256 * (1 + 4 + 4)
+    asd = plan(verifier, method="asd", draft=mars, k=3, options=VllmOptions(max_num_seqs=64))
+    assert "max_num_batched_tokens" not in asd.engine_args  # 64 × (1 + 3 + 1) fits vLLM's default
+    assert (
+        "max_num_batched_tokens" not in plan(mars, method="prove-lossless").engine_args
+    )  # vLLM's own: as it is
+    small = VllmOptions(engine_args={"max_num_batched_tokens": 1024})
+    with pytest.raises(ValueError, match="set vllm.engine_args.max_num_batched_tokens=2304 or more"):
+        plan(mars, method="prove", verifier=verifier, options=small)
+
+
 def test_the_vllm_internals_the_plugin_subclasses_are_where_it_expects():
     """A vLLM upgrade that moves them fails here, loudly, not inside an engine (the plugin is pinned too)."""
     pytest.importorskip("vllm", reason="the plugin subclasses vLLM's classes")
