@@ -157,6 +157,13 @@ class VllmOptions:
     enforce_eager: bool | None = None
     """No CUDA graphs or compilation; ``None`` = true on the CPU (where compiling buys nothing at test sizes), vLLM's
     default on a GPU."""
+    k_schedule: list[list[int]] | None = None
+    """K by batch size for the lossless methods (``prove-lossless``, ``pard``, ``sd``): ``[[first, last, K], ...]``
+    ranges of requests in a step, K = 0 allowed (vLLM's ``num_speculative_tokens_per_batch_size``), e.g.
+    ``[[1,8,8],[9,32,4],[33,256,0]]``, so one engine drafts less as the batch grows (docs/vllm.md, "Under load").
+    Parallel drafting then runs through our drafter (``prove.decode.vllm.plugin``, pinned to its tested vLLM).
+    ``prove``, ``nsd`` and ``asd`` keep their static K (a shrinking K moves prove's blocks and ASD's gate away from
+    our engine's); ``None`` = the static K everywhere."""
     engine_args: dict[str, Any] = field(default_factory=dict)
     """Any other vLLM engine argument (``vllm.EngineArgs``), one override a key:
     ``vllm.engine_args.max_num_batched_tokens=8192`` (prove-serve: ``engine_args.max_num_batched_tokens=8192``); it
@@ -176,6 +183,12 @@ class VllmOptions:
             )
         if self.tensor_parallel_size < 1:
             raise ValueError(f"vllm.tensor_parallel_size={self.tensor_parallel_size} must be ≥ 1")
+        for entry in self.k_schedule or ():
+            if len(entry) != 3 or not 1 <= entry[0] <= entry[1] or entry[2] < 0:
+                raise ValueError(
+                    f"vllm.k_schedule entry {list(entry)} must be [first, last, K] with 1 ≤ first ≤ last and K ≥ 0, "
+                    "e.g. vllm.k_schedule=[[1,8,8],[9,256,0]]"
+                )
 
 
 @dataclass

@@ -192,21 +192,35 @@ def engine_args(
     return args
 
 
-def warn_k_schedule(args: Mapping[str, Any]) -> None:
-    """A warning for vLLM 0.32's batch-size schedule of K (``num_speculative_tokens_per_batch_size``, passed in
-    ``engine_args``' speculative config) with parallel drafting (docs/vllm.md, "Under load"): the drafter fills the
-    K slots it was built with, so a scheduled K between 0 and that hands a batch's drafts to the wrong requests
-    (still lossless; acceptance length 1.98 at 4 in flight where an engine built with that K gives 4.65), and at
-    K = 0 the drafter's pass still runs (0.42x vLLM ar's tokens/s on the demo's CPU)."""
-    spec = args.get("speculative_config") or {}
-    if spec.get("parallel_drafting") and spec.get("num_speculative_tokens_per_batch_size"):
-        warnings.warn(
-            "num_speculative_tokens_per_batch_size with parallel drafting (vLLM 0.32): a scheduled K below the "
-            f"{spec.get('num_speculative_tokens')} the drafter was built with misassigns drafts across a batch's "
-            "requests, and K = 0 still runs the drafter's pass (slower than method=ar); serve method=ar past the "
-            "crossover instead (docs/vllm.md)",
-            stacklevel=3,
-        )
+def k_schedule(args: Mapping[str, Any]) -> list[list[int]] | None:
+    """vLLM 0.32's batch-size schedule of K (``num_speculative_tokens_per_batch_size``, passed in ``engine_args``'
+    speculative config), or None."""
+    return (args.get("speculative_config") or {}).get("num_speculative_tokens_per_batch_size") or None
+
+
+VLLM_MIN_TOKEN_BUDGET = 2048
+"""The smallest default ``max_num_batched_tokens`` of vLLM 0.32 on a CPU or GPU (its API server's, below an H100)."""
+
+
+def plugin_token_budget(args: Mapping[str, Any], prefix: str = "vllm.") -> dict[str, int]:
+    """``max_num_batched_tokens`` for a plugin method's engine: enough for every running request's 1 + K tokens and
+    its drafter slots in one step. vLLM trims a running request's drafts to what is left of the step's token budget,
+    and a block cut short leaves our rule's cycle (docs/vllm.md, "Under load: preemption"). Returns the argument to
+    set (none where vLLM's default suffices); a ``ValueError`` where the user's is too small."""
+    spec = args["speculative_config"]
+    k = int(spec["num_speculative_tokens"])
+    slots = k if spec.get("parallel_drafting") else 1
+    need = int(args["max_num_seqs"]) * (1 + k + slots)
+    given = args.get("max_num_batched_tokens")
+    if given is not None:
+        if int(given) < need:
+            raise ValueError(
+                f"max_num_batched_tokens={given} cannot give {args['max_num_seqs']} running requests their 1 + K "
+                f"tokens and {slots} drafter slot(s) a step (K = {k}): set {prefix}engine_args.max_num_batched_tokens"
+                f"={need} or more, or lower {prefix}max_num_seqs"
+            )
+        return {}
+    return {"max_num_batched_tokens": need} if need > VLLM_MIN_TOKEN_BUDGET else {}
 
 
 def start_llm(args: Mapping[str, Any]) -> Any:
@@ -358,12 +372,34 @@ class VllmDecoder:
         self.allowed = allowed_token_ids(self.tokenizer, rows, masks)
         self.generation_eos = _generation_eos(model, configs["model"])
         self.spec = speculative_config(self.method, self.params, model, draft)
+        if self.options.k_schedule and self.spec is not None:
+            if self.plugin:
+                warnings.warn(
+                    f"vllm.k_schedule applies to prove-lossless, pard and sd: method={self.method.name} keeps its "
+                    "static K (a K that shrinks with the batch moves its rule away from our engine's)",
+                    stacklevel=2,
+                )
+            else:
+                top, k = max(e[2] for e in self.options.k_schedule), self.spec["num_speculative_tokens"]
+                if top > k:
+                    raise ValueError(
+                        f"vllm.k_schedule asks K={top}, more than the engine's {k}: lower it, or start the engine "
+                        "with a larger K (block_size= / k=)"
+                    )
+                schedule = [list(e) for e in self.options.k_schedule]
+                self.spec["num_speculative_tokens_per_batch_size"] = schedule
         # prove: the small verifier is vLLM's target, the MARS proposer (``model``) its drafter (in ``spec``)
         target, target_config = (
             (verifier, configs["verifier"]) if verifier is not None else (model, configs["model"])
         )
         args = engine_args(target, self.spec, self.options, dtype=dtype, device=device, seed=self.params.seed)
-        warn_k_schedule(args)
+        schedule = k_schedule(args)
+        if schedule is not None and self.plugin:
+            raise ValueError(
+                f"method={self.method.name} on vLLM takes no K schedule (num_speculative_tokens_per_batch_size): a "
+                "K that shrinks with the batch moves prove's cycle boundaries and ASD's gate away from our engine's; "
+                "drop it from engine_args' speculative_config (lossless methods take one: method=prove-lossless)"
+            )
         # the KV cache sized and the fit checked here, before vLLM's engine process exists (prove.decode.vllm.memory)
         served = [(target, target_config)]
         if self.spec is not None:
@@ -386,12 +422,23 @@ class VllmDecoder:
                     f"request's committed length, docs/vllm.md): drop {knob_prefix}engine_args.async_scheduling"
                 )
             self.engine_args["async_scheduling"] = False  # vLLM's GPU build turns it on for draft models
+            self.engine_args["scheduler_cls"] = plugin.scheduler_cls()
+            self.engine_args.update(plugin_token_budget(self.engine_args, knob_prefix))
             extra = dict(self.engine_args.get("additional_config") or {})
             extra[plugin.CONFIG_KEY] = plugin.engine_settings(
                 self.method.name,
                 self.params,
                 verifier_rows=None if verifier is None else plugin.vocab_rows(configs["verifier"]),
             )
+            self.engine_args["additional_config"] = extra
+        if schedule is not None and self.engine_args["speculative_config"].get("parallel_drafting"):
+            # vLLM's parallel drafter lays out the K it was built with whatever K a step asks for (its rows then
+            # land on other requests): ours lays out each step's K (prove.decode.vllm.plugin.ScheduledDrafter)
+            if start:
+                plugin.check_vllm_version(self.method.name)
+            self.engine_args["worker_cls"] = plugin.worker_cls(self.on_cpu)
+            extra = dict(self.engine_args.get("additional_config") or {})
+            extra[plugin.CONFIG_KEY] = {"method": self.method.name}
             self.engine_args["additional_config"] = extra
         self.llm = start_llm(self.engine_args) if start else None
         self._requests = 0
@@ -543,7 +590,7 @@ class VllmDecoder:
                     inflight[rid] = i
                 for out in engine.step():
                     if out.finished and out.request_id in inflight:
-                        yield inflight.pop(out.request_id), self._result(out, logprobs)
+                        yield inflight.pop(out.request_id), self._result(out, logprobs, max_new_tokens)
         finally:
             if inflight:
                 engine.abort_request(list(inflight))
@@ -565,7 +612,7 @@ class VllmDecoder:
         )
         return result
 
-    def _result(self, out: Any, logprobs: int = 0) -> VllmResult:
+    def _result(self, out: Any, logprobs: int = 0, max_new_tokens: int | None = None) -> VllmResult:
         completion = out.outputs[0]
         ids = [int(t) for t in completion.token_ids]
         metrics = getattr(completion, "spec_decode_metrics", None)
@@ -573,7 +620,9 @@ class VllmDecoder:
         # engine-core timestamps (monotonic): queued to the last token; 0 where vLLM kept none
         wall = 0.0 if timing is None else max(0.0, float(timing.last_token_ts) - float(timing.queued_ts))
         spec = None if metrics is None else metrics.to_dict()
-        stats = vllm_stats(len(ids), spec, wall, bonus=self.method.name != "prove")
+        stats = vllm_stats(
+            len(ids), spec, wall, bonus=self.method.name != "prove", max_new_tokens=max_new_tokens
+        )
         top = None
         if logprobs and completion.logprobs is not None:
             top = [_top_ranked(position, logprobs) for position in completion.logprobs]

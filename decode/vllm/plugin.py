@@ -11,6 +11,13 @@ objects of one engine, both subclasses, and nothing else:
 - :class:`RuleSampler` (a ``RejectionSampler``): each request's drafts go through our pure rule
   (``prove.decode.rules``): ``prove_rule`` (the drafts d₁..d_m, d₁ always, d_i while p̃_i·q_i ≥ θ, no verifier
   token), ``nsd_greedy``, ``asd_greedy`` (its regret budget per request, freed when the request ends).
+- :class:`RuleScheduler` (a ``Scheduler``, the engine's ``scheduler_cls``): a preempted request resumes on our rule
+  (its last committed token verified with the drafter's block after it, not sampled from the target), and vLLM's
+  padded placeholder steps and the drafts our rule does not score stay out of the request's metrics.
+
+With a K schedule (``VllmOptions.k_schedule``) vLLM's own lossless parallel-drafting methods (``prove-lossless``,
+``pard``) get one object of ours through the same worker class: :class:`ScheduledDrafter`, whose slots follow each
+step's K.
 
 Mapping: ``prove``'s MARS proposer is vLLM's *drafter* (parallel drafting, K in one pass) and its small verifier vLLM's
 *target*, so an engine step is one big pass and one small one. ``nsd`` / ``asd``: the small draft drafts, the big
@@ -79,6 +86,12 @@ def worker_cls(on_cpu: bool) -> str:
     return f"{__name__}.{'RuleCPUWorker' if on_cpu else 'RuleGPUWorker'}"
 
 
+def scheduler_cls() -> str:
+    """The ``scheduler_cls`` engine argument of a plugin method's engine (:class:`RuleScheduler`: a preempted request
+    resumes on our rule; vLLM's padded placeholder steps stay out of the stats)."""
+    return f"{__name__}.RuleScheduler"
+
+
 def middleware(method: str) -> str:
     """The server's ``--middleware`` that checks each request against the engine's method (:func:`check_request`)."""
     return f"{__name__}.check_{method.replace('-', '_')}_requests"
@@ -136,6 +149,25 @@ def resolve_request(settings: Mapping[str, Any], extra: Mapping[str, Any] | None
 
 _VLLM_EXTRA_ARGS = ("kv_transfer_params", "ec_transfer_params")
 """Keys vLLM's server itself puts in ``extra_args`` (from the request's fields of those names)."""
+
+
+def stop_ids(sampling_params: Any) -> set[int]:
+    """The ids that end a request's block: its stop ids and its primary EOS (vLLM keeps that one apart, in
+    ``eos_token_id``, None under ignore_eos), as our VllmDecoder passes them; not ``all_stop_token_ids``, which vLLM
+    fills with the tokenizer's EOS even under ignore_eos. The sampler's cut and the scheduler's count read it."""
+    return set(sampling_params.stop_token_ids or ()) | ({sampling_params.eos_token_id} - {None})
+
+
+def drafts_scored(method: str, drafts: list[int], *, left: int, eos: set[int]) -> int:
+    """How many of a step's drafts our rule scores, as our engine proposes them: no more than the request may still
+    take (``left``, less the correction / bonus token for ``nsd`` / ``asd``), and a drafted EOS ends a draft model's
+    block (``RuleSampler._cut`` applies the same count; the scheduler counts the rest as not proposed)."""
+    n = max(0, min(len(drafts), left - int(method != "prove")))
+    if method != "prove":
+        for i, t in enumerate(drafts[:n]):
+            if t in eos:
+                return i + 1
+    return n
 
 
 # -- the server's request check (an ASGI "http" middleware; no vLLM needed) ----------------------------------------
@@ -326,7 +358,15 @@ def __getattr__(name: str) -> Any:
     for method in PLUGIN_METHODS:
         if name == f"check_{method}_requests":
             return _request_checker(method)
-    if name in ("RuleCPUWorker", "RuleGPUWorker", "RuleDrafter", "RuleSampler", "install_rule"):
+    if name in (
+        "RuleCPUWorker",
+        "RuleGPUWorker",
+        "RuleDrafter",
+        "RuleSampler",
+        "RuleScheduler",
+        "ScheduledDrafter",
+        "install_rule",
+    ):
         classes = _vllm_classes()
         globals().update(classes)
         return classes[name]
@@ -339,6 +379,7 @@ def _vllm_classes() -> dict[str, type]:
     from prove.decode.rules.speculative import AsdState, asd_greedy, nsd_greedy
     from vllm.logger import init_logger
     from vllm.sampling_params import SamplingType
+    from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID, RejectionSampler
     from vllm.v1.spec_decode.draft_model import DraftModelProposer
     from vllm.v1.worker.cpu_worker import CPUWorker
@@ -377,6 +418,19 @@ def _vllm_classes() -> dict[str, type]:
                 rows = drafts.tolist()
                 self.kept = {rid: (rows[j], conf[j].clone()) for j, rid in enumerate(ids)}
             return drafts
+
+    class ScheduledDrafter(DraftModelProposer):
+        """vLLM's parallel drafter, its slots laid out per step for the K vLLM's batch-size schedule hands it
+        (``num_speculative_tokens_per_batch_size``): vLLM's lays out the K it was built with whatever K a step asks
+        for, so below it a batch's drafts land on the wrong requests. A step of K = 0 still runs the pass (one slot:
+        the drafter's KV follows the target's), as vLLM's does. For vLLM's own lossless methods (``prove-lossless``,
+        ``pard``): a schedule changes no output of theirs."""
+
+        def propose(self, num_speculative_tokens: int, *args: Any, **kwargs: Any) -> torch.Tensor:
+            if self.parallel_drafting:  # [next token, <|mask|> × (K - 1)] a request; one slot at K = 0
+                slots = max(int(num_speculative_tokens), 1)
+                self.extra_slots_per_request = self.net_num_new_slots_per_request = slots
+            return super().propose(num_speculative_tokens, *args, **kwargs)
 
     class RuleSampler(RejectionSampler):
         """vLLM's rejection sampler with our rule in place of its acceptance (greedy requests only)."""
@@ -469,22 +523,13 @@ def _vllm_classes() -> dict[str, type]:
                 self.params[rid] = resolve_request(self.settings, state.sampling_params.extra_args)
             return self.params[rid], state
 
-        def _cut(self, state: Any, drafts: list[int], extra: bool) -> int:
+        def _cut(self, state: Any, drafts: list[int]) -> int:
             """How many drafts our engine would have proposed: no more than the request may still take (less
             the correction / bonus token), and a drafted EOS (a stop id or the primary EOS) ends a draft model's
             block."""
             sp = state.sampling_params
-            left = sp.max_tokens - len(state.output_token_ids) - int(extra)
-            n = max(0, min(len(drafts), left))
-            if self.method != "prove":
-                # the request's stop ids and its primary EOS (vLLM keeps that one apart, in ``eos_token_id``, None
-                # under ignore_eos), as our VllmDecoder passes them; not ``all_stop_token_ids``, which vLLM fills
-                # with the tokenizer's EOS even under ignore_eos
-                eos = set(sp.stop_token_ids or ()) | ({sp.eos_token_id} - {None})
-                for i, t in enumerate(drafts[:n]):
-                    if t in eos:
-                        return i + 1
-            return n
+            left = sp.max_tokens - len(state.output_token_ids)
+            return drafts_scored(self.method, drafts, left=left, eos=stop_ids(sp))
 
         def _row(
             self,
@@ -513,7 +558,7 @@ def _vllm_classes() -> dict[str, type]:
                         f"prove plugin: the drafts vLLM verifies for request {rid} are not the ones its drafter "
                         f"kept p̃ for (vLLM {vllm_version()}'s internals differ from {TESTED_VLLM}'s)"
                     )
-                n = self._cut(state, drafts, extra=False)
+                n = self._cut(state, drafts)
                 # q: the verifier's own distribution, unrestricted (as our engine's) but for its padded rows
                 q_logits = rows[:n].clone()
                 q_logits[:, self.settings.get("verifier_rows", q_logits.shape[-1]) :] = float("-inf")
@@ -521,7 +566,7 @@ def _vllm_classes() -> dict[str, type]:
                 q = q_logits.softmax(-1).gather(-1, tokens[:, None])[:, 0]  # (n,)
                 verdict = prove_rule(conf[:n].to(q.device), q, params["theta"])
                 return drafts[: verdict.n]  # d₁ always; no verifier token
-            n = self._cut(state, drafts, extra=True)
+            n = self._cut(state, drafts)
             # (n+1, V): the target's rows over the first n drafts and the one after them (the bonus row only when
             # n is every draft), restricted as our verifier restricts the target's
             z = torch.cat([rows, bonus[None]])[: n + 1]
@@ -542,6 +587,82 @@ def _vllm_classes() -> dict[str, type]:
                 for rid in [r for r in table if r not in live]:
                     del table[rid]
 
+    class RuleScheduler(Scheduler):
+        """vLLM's scheduler, so that every step after a request's first follows our rule at any load.
+
+        1. A preempted request resumes on our rule. vLLM drops its drafts and recomputes it, and the step that
+           completes that prefill would sample the next token from the target (``prove``: the verifier's token).
+           Here the resumed prefill stops one token short: the last committed token is left for the next step,
+           where the drafter's block after it (proposed on the prefill step, as after any partial prefill, and
+           kept here where vLLM drops a prefill chunk's drafts) is verified with it, our engine's next cycle. A
+           resumed request reads no prefix cache: a hit could leave that one token alone, a step vLLM pads with
+           placeholder drafts and the target would answer.
+        2. A step vLLM pads with placeholder drafts (a new request with one token to compute beside running ones:
+           a one-token prompt, a prefix-cache hit) is its prefill, not a drafting step: it is left out of the
+           request's speculative metrics (vLLM records K drafted, 0 accepted), so the stats have no phantom cycle.
+           Drafts our rule does not score (past ``max_tokens`` or a drafted EOS: :func:`drafts_scored`) are not
+           counted as drafted, as our engine never proposes them.
+        """
+
+        def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> None:
+            super()._preempt_request(request, *args, **kwargs)
+            request.skip_reading_prefix_cache = True
+
+        def _update_after_schedule(self, scheduler_output: Any) -> None:
+            scheduled = scheduler_output.num_scheduled_tokens
+            for rid, n in scheduled.items():
+                request = self.requests[rid]
+                resumed_last_chunk = (
+                    request.num_output_tokens > 0
+                    and rid not in scheduler_output.scheduled_spec_decode_tokens
+                    and request.num_computed_tokens + n == request.num_tokens
+                )
+                if resumed_last_chunk and n > 1:
+                    scheduled[rid] = n - 1  # the last committed token waits for the drafter's block
+                    scheduler_output.total_num_scheduled_tokens -= 1
+            super()._update_after_schedule(scheduler_output)
+
+        def update_draft_token_ids(self, draft_token_ids: Any) -> None:
+            super().update_draft_token_ids(draft_token_ids)
+            for rid, drafts in zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids, strict=True):
+                request = self.requests.get(rid)
+                if (
+                    request is not None
+                    and not request.is_finished()
+                    and request.is_prefill_chunk
+                    and request.num_output_tokens > 0
+                    and request.num_computed_tokens == request.num_tokens - 1
+                    and not request.spec_token_ids
+                ):  # a resumed prefill one short of its last token: the block after that token
+                    request.spec_token_ids = list(drafts)
+
+        def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+            padded = [
+                self.requests[rid]
+                for rid, drafts in scheduler_output.scheduled_spec_decode_tokens.items()
+                if rid in self.requests and drafts and all(t == -1 for t in drafts)
+            ]
+            method = self.vllm_config.additional_config[CONFIG_KEY]["method"]
+            unscored = dict(scheduler_output.num_invalid_spec_tokens or {})
+            for rid, drafts in scheduler_output.scheduled_spec_decode_tokens.items():
+                request = self.requests.get(rid)
+                if request is None or not drafts or request in padded:
+                    continue
+                sp = request.sampling_params
+                left = sp.max_tokens - request.num_output_tokens
+                n = drafts_scored(method, list(drafts), left=left, eos=stop_ids(sp))
+                if n < len(drafts):
+                    unscored[rid] = unscored.get(rid, 0) + len(drafts) - n
+            scheduler_output.num_invalid_spec_tokens = unscored or None  # read by vLLM's metrics only
+            kept = [(request, request.spec_decode_metrics) for request in padded]
+            for request in padded:
+                request.spec_decode_metrics = None  # vLLM observes a step only where a request has metrics
+            try:
+                return super().update_from_output(scheduler_output, model_runner_output)
+            finally:
+                for request, metrics in kept:
+                    request.spec_decode_metrics = metrics
+
     def install(worker: Any) -> None:
         """Swap our drafter and sampler into the worker's model runner (before its weights load)."""
         config = worker.vllm_config
@@ -561,6 +682,14 @@ def _vllm_classes() -> dict[str, type]:
             )
         spec = config.speculative_config
         runner = worker.model_runner
+        if settings["method"] not in PLUGIN_METHODS:  # a lossless method with a K schedule: our drafter only
+            if not isinstance(getattr(runner, "drafter", None), DraftModelProposer):
+                raise RuntimeError(
+                    f"prove plugin: vLLM {vllm_version()}'s model runner ({type(runner).__name__}) has no V1 "
+                    "draft-model drafter to replace (its V2 runner is not supported)"
+                )
+            runner.drafter = ScheduledDrafter(vllm_config=config, device=runner.device, runner=runner)
+            return
         if spec is None or not spec.uses_draft_model():
             raise ValueError(
                 f"method={settings['method']} on vLLM needs speculative_config method=draft_model"
@@ -594,6 +723,8 @@ def _vllm_classes() -> dict[str, type]:
         "RuleDrafter": RuleDrafter,
         "RuleSampler": RuleSampler,
         "install_rule": install,
+        "RuleScheduler": RuleScheduler,
+        "ScheduledDrafter": ScheduledDrafter,
     }
 
 

@@ -5,6 +5,7 @@ vLLM's per-request speculative metrics (:func:`vllm_stats`); the adapter itself 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -41,14 +42,27 @@ class VllmStats:
 
 
 def vllm_stats(
-    new_tokens: int, spec: Mapping[str, Any] | None, wall_s: float, *, bonus: bool = True
+    new_tokens: int,
+    spec: Mapping[str, Any] | None,
+    wall_s: float,
+    *,
+    bonus: bool = True,
+    max_new_tokens: int | None = None,
 ) -> VllmStats:
     """Our stats from vLLM's per-request speculative metrics (``RequestSpecDecodeMetrics.to_dict()`` at the
     ``detailed`` level: ``per_step_accepted`` / ``per_step_drafted``), or from the token count alone (AR).
 
     vLLM counts a step's accepted drafts as its row's length less one (the bonus or correction token it assumes).
     ``bonus=False``: rows of accepted drafts alone (``prove``: d₁..d_m, no verifier token), so m drafts were
-    accepted where vLLM reports m − 1; the step still committed m tokens."""
+    accepted where vLLM reports m − 1; the step still committed m tokens.
+
+    ``max_new_tokens``: the request's limit. vLLM drafts K a step whatever the request may still take, where our
+    proposers propose no more than that (less the correction / bonus token), and our rule inside vLLM scores no more
+    (``plugin``'s cut): ``proposed_by_depth`` counts what our engine would have proposed.
+
+    A step vLLM pads with placeholder drafts (a new request with one token to compute beside running ones) is its
+    prefill: for ``prove`` / ``nsd`` / ``asd`` the plugin's scheduler leaves it out of vLLM's per-step figures, so
+    it counts here as the prefill step it is. vLLM's own methods record it as a drafting step with 0 accepted."""
     if spec is None:
         return VllmStats(new_tokens, new_tokens, 1.0, [1] * new_tokens, [], [], 0, 0, 0, 1.0, wall_s)
     accepted = list(spec.get("per_step_accepted", []))
@@ -63,6 +77,10 @@ def vllm_stats(
         excess -= cut
         if commits[-1] == 0:
             commits.pop(), taken.pop(), drafted.pop()
+    if max_new_tokens is not None:  # step s runs after the tokens of the steps before it
+        done = list(itertools.accumulate(commits))
+        drafted = [max(0, min(d, max_new_tokens - done[s] - int(bonus))) for s, d in enumerate(drafted)]
+        taken = [min(a, d) for a, d in zip(taken, drafted, strict=True)]
     depth = max(drafted, default=0)
     proposed = [sum(d > i for d in drafted) for i in range(depth)]
     accepted_by = [sum(a > i for a in taken) for i in range(depth)]

@@ -89,6 +89,7 @@ def test_prove_nsd_asd_run_our_rule_in_vllms_step_through_the_worker_class(check
         "parallel_drafting": True,
     }
     assert args["worker_cls"] == "prove.decode.vllm.plugin.RuleCPUWorker"
+    assert args["scheduler_cls"] == "prove.decode.vllm.plugin.RuleScheduler"
     assert args["additional_config"][vllm_plugin.CONFIG_KEY] == {
         "method": "prove",
         "theta": 0.3,
@@ -98,13 +99,14 @@ def test_prove_nsd_asd_run_our_rule_in_vllms_step_through_the_worker_class(check
         dec = plan(verifier, method=name, draft=mars, k=3)
         assert dec.spec == {"method": "draft_model", "model": mars, "num_speculative_tokens": 3}
         assert dec.engine_args["worker_cls"].endswith("RuleCPUWorker")
+        assert dec.engine_args["scheduler_cls"].endswith("RuleScheduler")
     asd = plan(verifier, method="asd", draft=mars, budget=4.0)
     assert asd.engine_args["additional_config"][vllm_plugin.CONFIG_KEY] == {
         "method": "asd", "budget": 4.0, "gate": 0.25, "max_mismatches": 2
     }  # fmt: skip
     for name in ("ar", "prove-lossless"):
-        assert (
-            "worker_cls" not in plan(mars, method=name).engine_args
+        assert {"worker_cls", "scheduler_cls"}.isdisjoint(
+            plan(mars, method=name).engine_args
         )  # nothing changes for vLLM's own methods
     with pytest.raises(ValueError, match="method=prove needs ProVe's small verifier: pass verifier=PATH"):
         plan(mars, method="prove")
@@ -300,6 +302,13 @@ def test_vllm_stats_count_only_committed_tokens_as_ours():
     assert prove.proposed_by_depth == [3, 3, 3, 3]
     cut = vllm_stats(6, rows, 0.5, bonus=False)  # max_new_tokens inside the last block: 2 of its 4 drafts
     assert cut.committed_per_cycle == [1, 2, 1, 2] and cut.accepted_by_depth == [3, 2, 0, 0]
+    # with the request's limit: what our engine proposes, no more than max_new_tokens leaves (less the bonus)
+    limited = vllm_stats(7, spec, 0.5, max_new_tokens=7)  # steps after 1, 4 and 5 tokens: 3, 2 and 1 drafts
+    assert limited.proposed_by_depth == [3, 2, 1] and limited.accepted_by_depth == [2, 1, 0]
+    assert limited.committed_per_cycle == [1, 3, 1, 2]
+    assert vllm_stats(9, spec, 0.5, max_new_tokens=20).proposed_by_depth == [3, 3, 3]
+    limited = vllm_stats(6, rows, 0.5, bonus=False, max_new_tokens=6)  # prove: no bonus, 4, 3 and 2 drafts
+    assert limited.proposed_by_depth == [3, 3, 2, 1] and limited.accepted_by_depth == [3, 2, 0, 0]
     ar = vllm_stats(5, None, 0.1)
     assert (
         ar.cycles == 5 and ar.tokens_per_cycle == 1.0 and ar.drafts == 0 and ar.to_dict()["backend"] == "vllm"
@@ -321,10 +330,29 @@ def test_prove_serve_builds_the_server_command_and_refuses_what_vllm_cannot_run(
     argv, args = server_argv(ServeConfig(model=mars, verifier=verifier, method="prove", theta=0.2))
     assert argv[argv.index("--model") + 1] == verifier and args["served_model_name"] == mars
     assert argv[argv.index("--worker-cls") + 1] == "prove.decode.vllm.plugin.RuleCPUWorker"
+    assert argv[argv.index("--scheduler-cls") + 1] == "prove.decode.vllm.plugin.RuleScheduler"
     assert argv[argv.index("--middleware") + 1] == "prove.decode.vllm.plugin.check_prove_requests"
     assert json.loads(argv[argv.index("--additional-config") + 1])["prove_rule"]["theta"] == 0.2
     with pytest.raises(ValueError, match="port=0 must lie in 1..65535"):
         ServeConfig(model="m", port=0)
+
+
+def test_a_plugin_engines_token_budget_covers_every_running_requests_block(checkpoints):
+    """vLLM trims a running request's drafts to what is left of a step's token budget, which would cut a block
+    short of our rule's K under load: a plugin engine gets ``max_num_seqs`` × (1 + K + drafter slots) where vLLM's
+    smallest default is less, and a smaller budget of the user's is refused. Fails if the budget is left to vLLM's
+    default (2048 on a CPU server) at 256 sequences of K = 4, or an insufficient one passes."""
+    mars, verifier = checkpoints["mars"], checkpoints["verifier"]
+    prove = plan(mars, method="prove", verifier=verifier)  # K = 4, parallel: 4 slots; 256 sequences
+    assert prove.engine_args["max_num_batched_tokens"] == 256 * (1 + 4 + 4)
+    asd = plan(verifier, method="asd", draft=mars, k=3, options=VllmOptions(max_num_seqs=64))
+    assert "max_num_batched_tokens" not in asd.engine_args  # 64 × (1 + 3 + 1) fits vLLM's default
+    assert (
+        "max_num_batched_tokens" not in plan(mars, method="prove-lossless").engine_args
+    )  # vLLM's own: as it is
+    small = VllmOptions(engine_args={"max_num_batched_tokens": 1024})
+    with pytest.raises(ValueError, match="set vllm.engine_args.max_num_batched_tokens=2304 or more"):
+        plan(mars, method="prove", verifier=verifier, options=small)
 
 
 def test_the_vllm_internals_the_plugin_subclasses_are_where_it_expects():
@@ -333,6 +361,8 @@ def test_the_vllm_internals_the_plugin_subclasses_are_where_it_expects():
     import inspect
 
     from prove.decode.vllm import plugin as vllm_plugin
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.request import Request
     from vllm.v1.sample.rejection_sampler import RejectionSampler
     from vllm.v1.spec_decode.draft_model import DraftModelProposer
     from vllm.v1.worker.cpu_worker import CPUWorker
@@ -348,3 +378,27 @@ def test_the_vllm_internals_the_plugin_subclasses_are_where_it_expects():
         "self", "hidden_states", "sampling_metadata"
     ]  # fmt: skip
     assert "init_device" in vars(CPUWorker) and vllm_plugin.vllm_version() in vllm_plugin.TESTED_VLLM
+    assert issubclass(vllm_plugin.RuleScheduler, Scheduler)
+    for name, params in (
+        ("_preempt_request", ["self", "request", "timestamp", "drop_stale_output"]),
+        ("_update_after_schedule", ["self", "scheduler_output"]),
+        ("update_draft_token_ids", ["self", "draft_token_ids"]),
+        ("update_from_output", ["self", "scheduler_output", "model_runner_output"]),
+    ):  # the scheduler's hooks RuleScheduler overrides
+        assert list(inspect.signature(getattr(Scheduler, name)).parameters) == params, name
+    assert issubclass(vllm_plugin.ScheduledDrafter, DraftModelProposer)
+    assert list(inspect.signature(DraftModelProposer.propose).parameters)[:2] == [
+        "self",
+        "num_speculative_tokens",
+    ]
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    init = inspect.getsource(
+        SpecDecodeBaseProposer.__init__
+    )  # the slot counts ScheduledDrafter sets per step
+    assert "self.extra_slots_per_request =" in init and "self.net_num_new_slots_per_request =" in init
+    source = inspect.getsource(Request.__init__)
+    for attr in ("skip_reading_prefix_cache", "spec_decode_metrics", "is_prefill_chunk", "num_output_tokens"):
+        assert f"self.{attr}" in source or hasattr(Request, attr), (
+            attr
+        )  # the request's fields RuleScheduler reads and sets

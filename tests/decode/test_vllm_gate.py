@@ -216,12 +216,12 @@ def test_a_drafted_primary_eos_ends_a_draft_models_block():
     server = _state(temperature=0.0)
     server.sampling_params.update_from_generation_config({}, eos_token_id=7)
     assert server.sampling_params.stop_token_ids == []
-    assert sampler._cut(server, [3, 7, 4, 5], extra=True) == 2
+    assert sampler._cut(server, [3, 7, 4, 5]) == 2
     ignoring = _state(temperature=0.0, ignore_eos=True, stop_token_ids=[9])
     ignoring.sampling_params.update_from_generation_config({}, eos_token_id=7)
     assert 7 in ignoring.sampling_params.all_stop_token_ids
-    assert sampler._cut(ignoring, [3, 7, 4, 5], extra=True) == 4
-    assert sampler._cut(ignoring, [3, 7, 9, 5], extra=True) == 3
+    assert sampler._cut(ignoring, [3, 7, 4, 5]) == 4
+    assert sampler._cut(ignoring, [3, 7, 9, 5]) == 3
 
 
 def test_async_scheduling_is_off_for_plugin_methods(checkpoints):

@@ -1,6 +1,7 @@
-"""vLLM 0.32's batch-size schedule of K with parallel drafting (docs/vllm.md, "Under load"): the adapter warns that it
-misassigns drafts below the K the drafter was built with and still runs the drafter at K = 0 (measured on the demo's
-checkpoint: tests cannot time it)."""
+"""vLLM 0.32's batch-size schedule of K (``num_speculative_tokens_per_batch_size``) with parallel drafting (docs/vllm.md,
+"Under load"): a lossless method's engine gets our drafter (``ScheduledDrafter``, its slots laid out per scheduled K,
+installed through the worker class), so each request verifies its own drafts at every K; the plugin methods refuse a
+schedule (it would move prove's cycle boundaries and ASD's gate away from our engine's)."""
 
 from __future__ import annotations
 
@@ -12,18 +13,71 @@ from prove.decode.vllm.backend import VllmDecoder
 
 pytestmark = pytest.mark.filterwarnings("ignore:checkpoint .* records no trained block size")
 
+SCHEDULE = [[1, 2, 4], [3, 256, 2]]
 
-def test_a_k_schedule_with_parallel_drafting_is_warned_about(checkpoints):
+
+def test_a_k_schedule_with_parallel_drafting_installs_our_drafter(checkpoints):
+    """Fails if a schedule reaches vLLM's own drafter (rows misassigned) or a plugin method accepts one."""
     mars = checkpoints["mars"]
     spec = {"method": "draft_model", "model": mars, "num_speculative_tokens": 4, "parallel_drafting": True}
-    schedule = {**spec, "num_speculative_tokens_per_batch_size": [[1, 4, 4], [5, 256, 0]]}
-    with pytest.warns(UserWarning, match="misassigns drafts across a batch's requests, and K = 0 still runs"):
+    schedule = {**spec, "num_speculative_tokens_per_batch_size": SCHEDULE}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
         plan = VllmDecoder(
             mars, start=False, options=VllmOptions(engine_args={"speculative_config": schedule})
         )
-    assert plan.engine_args["speculative_config"] == schedule  # passed on as asked: vLLM runs it, losslessly
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", UserWarning)
-        VllmDecoder(mars, start=False)  # the static K: no warning
+        assert plan.engine_args["speculative_config"] == schedule  # passed on as asked
+        assert plan.engine_args["worker_cls"] == "prove.decode.vllm.plugin.RuleCPUWorker"
+        assert plan.engine_args["additional_config"]["prove_rule"] == {"method": "prove-lossless"}
+        assert "scheduler_cls" not in plan.engine_args  # vLLM's own scheduler runs its own schedule
+        static = VllmDecoder(mars, start=False)  # the static K: vLLM as it is
+        assert "worker_cls" not in static.engine_args
         sd = {"method": "draft_model", "model": mars, "num_speculative_tokens": 3}
-        VllmDecoder(mars, start=False, options=VllmOptions(engine_args={"speculative_config": {**sd, "num_speculative_tokens_per_batch_size": [[1, 256, 2]]}}))  # fmt: skip
+        seq = VllmDecoder(mars, start=False, options=VllmOptions(engine_args={"speculative_config": {**sd, "num_speculative_tokens_per_batch_size": [[1, 256, 2]]}}))  # fmt: skip
+        assert "worker_cls" not in seq.engine_args  # sequential drafting runs any K as it is
+    with pytest.raises(ValueError, match="method=prove on vLLM takes no K schedule"):
+        VllmDecoder(
+            mars,
+            method="prove",
+            verifier=checkpoints["verifier"],
+            start=False,
+            options=VllmOptions(engine_args={"speculative_config": schedule}),
+        )
+
+
+def test_vllm_k_schedule_is_one_knob_for_the_lossless_methods(checkpoints):
+    """``vllm.k_schedule`` (prove-serve: ``k_schedule=``) reaches the lossless engines' speculative config; ``prove``
+    keeps its static K, with a warning; a K above the engine's, or a malformed entry, is a ValueError naming the fix.
+    Fails if the knob is dropped, reaches a plugin method, or is passed on unchecked."""
+    mars, verifier = checkpoints["mars"], checkpoints["verifier"]
+    options = VllmOptions(k_schedule=SCHEDULE)
+    plan = VllmDecoder(mars, start=False, options=options)
+    assert plan.engine_args["speculative_config"]["num_speculative_tokens_per_batch_size"] == SCHEDULE
+    assert plan.engine_args["worker_cls"].endswith("RuleCPUWorker")  # parallel drafting: our drafter
+    sd = VllmDecoder(mars, method="sd", draft=mars, k=4, start=False, options=options)
+    assert sd.engine_args["speculative_config"]["num_speculative_tokens_per_batch_size"] == SCHEDULE
+    assert "worker_cls" not in sd.engine_args
+    with pytest.warns(UserWarning, match="method=prove keeps its static K"):
+        prove = VllmDecoder(mars, method="prove", verifier=verifier, start=False, options=options)
+    assert "num_speculative_tokens_per_batch_size" not in prove.engine_args["speculative_config"]
+    with pytest.raises(ValueError, match="vllm.k_schedule asks K=8, more than the engine's 4"):
+        VllmDecoder(mars, start=False, options=VllmOptions(k_schedule=[[1, 256, 8]]))
+    with pytest.raises(ValueError, match=r"vllm.k_schedule entry \[4, 2, 1\] must be \[first, last, K\]"):
+        VllmOptions(k_schedule=[[4, 2, 1]])
+
+
+def test_prove_serve_takes_the_k_schedule(checkpoints):
+    """One server for every load: ``prove-serve k_schedule=...`` passes the schedule and our drafter to vLLM."""
+    import json
+
+    from prove.decode.vllm.serve import ServeConfig, server_argv
+
+    argv, _ = server_argv(
+        ServeConfig(model=checkpoints["mars"], method="prove-lossless", k_schedule=SCHEDULE)
+    )
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec["num_speculative_tokens_per_batch_size"] == SCHEDULE
+    assert argv[argv.index("--worker-cls") + 1] == "prove.decode.vllm.plugin.RuleCPUWorker"
+    assert json.loads(argv[argv.index("--additional-config") + 1]) == {
+        "prove_rule": {"method": "prove-lossless"}
+    }
