@@ -55,7 +55,7 @@ IGNORED: tuple[str, ...] = (
     # how the work is laid out (the effective batch is compared instead of its split)
     "deepspeed", "cpu_threads", "data.num_proc", "model.attn_implementation", "trainer.activation_checkpointing",
     "trainer.dataloader_num_workers", "trainer.per_device_train_batch_size", "trainer.gradient_accumulation_steps",
-    "stage.ce_chunk_rows",
+    "stage.ce_chunk_rows", "stage.attention",
     # when and how the held-out rows are scored (eval.rows, eval.best and eval.block_size change the model written)
     "eval.steps", "eval.batch_size", "eval.tau",
 )  # fmt: skip

@@ -48,7 +48,7 @@ def test_a_finished_stage_of_the_same_config_is_skipped_unless_forced(tmp_path):
     laid_out = train_config(
         [*base, "trainer.logging_steps=5", "trainer.save_steps=7", "deepspeed=zero3", "logger=wandb",
          "trainer.per_device_train_batch_size=4", "trainer.gradient_accumulation_steps=2", "cpu_threads=3",
-         "model.attn_implementation=sdpa", "block_size=8", "distill.num_prompts=3"]
+         "model.attn_implementation=sdpa", "stage.attention=mask", "block_size=8", "distill.num_prompts=3"]
     )  # fmt: skip
     assert config_differences(laid_out, json.loads((tmp_path / "sft" / "prove.json").read_text())) == []
     assert plan_stage(laid_out).skip
