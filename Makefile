@@ -122,7 +122,21 @@ train-verifier: install ## distil the verifier on the proposer's outputs: [verif
 	$(if $(VERIFIER_SFT),$(TRAIN_ENV) $(TRAIN_LAUNCH) recipe=$(RECIPE) stage=sft stage.role=verifier $(ARGS))
 	$(TRAIN_ENV) $(TRAIN_LAUNCH) recipe=$(RECIPE) stage=distill $(ARGS)
 
-train: train-proposer train-verifier ## the whole training pipeline for RECIPE: proposer sft -> mars, then verifier [sft ->] distill
+# make train: the recipe's `steps` (its own list; `python -m prove.train.steps recipe=<recipe>` prints them, with the
+# on-policy rounds written out), one prove-train run each, in order: tiny sft -> mars -> verifier sft -> distill;
+# smollm2-135m (after install-real and its prompts) self-distill -> mars -> round r's relabel -> mars, r = 2..rounds.count
+# -> the verifier's distill. A rerun skips each finished stage and resumes the unfinished one (as train-proposer).
+# ARGS reach every run and the step list (ARGS="rounds.count=4" adds a round).
+REAL_PROMPTS ?= runs/data/smollm2-mix
+TRAIN_STEPS = $(shell $(PY) -m prove.train.steps recipe=$(RECIPE) --joiner '^' $(ARGS))
+TRAIN_NEEDS_smollm2-135m = install-real $(REAL_PROMPTS)/train.jsonl
+train: install $(TRAIN_NEEDS_$(RECIPE)) ## the recipe's whole training pipeline, in order (its `steps`: proposer, on-policy rounds, verifier) (RECIPE, ARGS, launch variables)
+	$(foreach step,$(or $(TRAIN_STEPS),$(error make train: no steps for RECIPE=$(RECIPE): see python -m prove.train.steps's error above)),$(TRAIN_ENV) $(TRAIN_LAUNCH) recipe=$(RECIPE) $(subst ^, ,$(step)) $(ARGS)$(newline))
+
+# The prompts of recipes/smollm2-135m.yaml: 4,000 generated prompts of two kinds (its training set: 2,000 for
+# self-distillation, 400 a later round) and 100 held out of each (test-<kind>.jsonl, make bench-real's). Made once.
+$(REAL_PROMPTS)/train.jsonl: | install
+	$(PY) -m prove.data.synthetic --out $(REAL_PROMPTS) --n 4000 --test-size 200 --tasks arithmetic,lists --instruct
 
 # make eval: a method against AR through lm-evaluation-harness (prove-eval, conf/eval/eval.yaml); ARGS adds any
 # key, e.g. ARGS="verifier=runs/tiny/verifier tasks=[gsm8k] limit=100 device=cuda dtype=bfloat16".
@@ -161,15 +175,15 @@ bench: install ## speedup, tokens/cycle, agreement with AR, accuracy, plots of e
 
 # make bench-real: the bench of recipes/smollm2-135m.yaml once its steps have run: ar, mars, prove over a θ sweep,
 # prove-lossless unfused and fused, on the first REAL_N held-out prompts of each kind -> $(REAL_OUT)/<kind>.
-# REAL_MODEL: the proposer benched (step 2's output; another round's, e.g. REAL_MODEL=runs/smollm2-135m/mars-onpolicy).
+# REAL_MODEL: the proposer benched (the last on-policy round's: python -m prove.train.steps --proposer; another
+# round's, e.g. REAL_MODEL=runs/smollm2-135m/mars for round 1).
 # The prove rows need step 3's verifier (REAL_VERIFIER): without its prove.json they are left out and the verifier
 # is not loaded, so steps 1-2 alone bench the rows that need no verifier. REAL_METHODS picks rows (REAL_PARAMS
 # follows it: prove's θ sweep only where prove is named). 256 new tokens reach the answers (responses average ~130).
 # ARGS adds any key, e.g. ARGS="backend=vllm vllm_methods=[ar,prove-lossless] vllm_concurrency=[1,6]".
 REAL_RUN ?= runs/smollm2-135m
-REAL_MODEL ?= $(REAL_RUN)/mars
+REAL_MODEL ?= $(shell $(PY) -m prove.train.steps recipe=smollm2-135m run_dir=$(REAL_RUN) --proposer)
 REAL_OUT ?= outputs/smollm2-135m
-REAL_PROMPTS ?= runs/data/smollm2-mix
 REAL_KINDS ?= arithmetic lists
 REAL_N ?= 30
 REAL_THETAS ?= [0.05,0.2]

@@ -308,6 +308,13 @@ class DistillConfig:
     prompt_seed: int | None = None
     """Shuffle ``data``'s conversations with this seed before taking ``num_prompts`` (a sample of the whole
     mixture; Dolci's rows are grouped by source); ``None``: file order."""
+    exclude_from: list[str] = field(default_factory=list)
+    """Generated sets (``generated_dir`` folders) whose prompts this one leaves out: the ids their
+    ``generation.json`` records (``prompt_ids``) are dropped before ``num_prompts`` are taken — an on-policy round
+    relabels only prompts no earlier set read (``rounds``)."""
+    reserve_prompts: int = 0
+    """Prompts that must remain unread after this set (the later on-policy rounds' share, set by ``rounds``): fewer
+    is an error before anything is generated."""
     method: str = "prove-lossless"
     """Decoding method; a greedy-exact one (``prove-lossless``, ``ar``) so responses are the proposer's AR output."""
     block_size: int | None = None
@@ -356,6 +363,8 @@ class DistillConfig:
             )
         if self.num_prompts is not None and self.num_prompts < 1:
             raise ValueError(f"distill.num_prompts={self.num_prompts}: use ≥ 1, or null for every prompt")
+        if self.reserve_prompts < 0:
+            raise ValueError(f"distill.reserve_prompts={self.reserve_prompts} must be ≥ 0")
         if self.max_new_tokens < 1:
             raise ValueError(f"distill.max_new_tokens={self.max_new_tokens} must be ≥ 1")
         if self.batch_size < 1:
@@ -440,6 +449,32 @@ class PeftConfig:
     # The adapter goes to ``output_dir/adapter`` and the merged model to ``output_dir`` (the checkpoint contract).
 
 
+@dataclass
+class RoundsConfig:
+    """On-policy rounds of the proposer (:mod:`prove.train.rounds`, docs/training.md). Round 1 is the recipe's
+    own stages (``stage=distill stage.role=proposer`` with ``distill.train=false``, then ``stage=mars``); each round
+    r ≥ 2 (``round=r``) relabels ``num_prompts`` prompts no earlier round read with round r − 1's MARS model
+    (its greedy outputs: stage distill's generation) into ``<run_dir>/round-r/self-distill``, then continues MARS
+    from round r − 1's model on them into ``<run_dir>/round-r/mars`` (its own held-out acceptance curve)."""
+
+    count: int = 1
+    """Rounds in all (1: no on-policy round)."""
+    num_prompts: int = 400
+    """Prompts each round r ≥ 2 relabels."""
+    max_steps: int = 40
+    """MARS steps each round r ≥ 2 continues for."""
+    max_minutes: float | None = None
+    """A wall-time cap on each round r ≥ 2's MARS (``None``: the stage's own)."""
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError(f"rounds.count={self.count}: use ≥ 1 (1: no on-policy round)")
+        if self.num_prompts < 1 or self.max_steps < 1:
+            raise ValueError(
+                f"rounds.num_prompts={self.num_prompts}, rounds.max_steps={self.max_steps}: both must be ≥ 1"
+            )
+
+
 class LoggerKind(_Choice):
     none = "none"
     wandb = "wandb"
@@ -473,6 +508,15 @@ class TrainConfig:
     """Stage distill's generation and loss settings (ignored by sft and mars)."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Stage mars's held-out acceptance (``eval.rows``, ``eval.steps``, ``eval.best``; ignored by sft and distill)."""
+
+    rounds: RoundsConfig = field(default_factory=RoundsConfig)
+    """On-policy rounds of the proposer (``rounds.count``, ``rounds.num_prompts``, ``rounds.max_steps``)."""
+    round: int = 1
+    """The round this run trains: 1 = the recipe's stages as written; r ≥ 2 = round r's relabelling
+    (``stage=distill stage.role=proposer``) or MARS (``stage=mars``), in ``<run_dir>/round-r`` (:mod:`prove.train.rounds`)."""
+    steps: list[str] = field(default_factory=lambda: ["stage=sft", "stage=mars", "stage=distill"])
+    """``make train``'s prove-train runs, in order (``python -m prove.train.steps``): each the overrides of one
+    run; a run of consecutive entries holding ``{round}`` repeats for each round 2..``rounds.count``."""
 
     run_name: str = "default"
     """Names the run: outputs go to ``runs/<run_name>/<stage>``."""
@@ -607,10 +651,20 @@ def register_configs() -> None:
     """Register the schema, the recipes and the ``${package_file:<package>/<file>}`` resolver (a file shipped inside
     an installed package, :func:`prove.data.gguf.package_file`) with Hydra (idempotent)."""
     OmegaConf.register_new_resolver("package_file", package_file, replace=True)
+    OmegaConf.register_new_resolver("round_dir", round_dir, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=schema_node(TrainConfig))
     for name, node in recipe_nodes().items():
         cs.store(group="recipe", name=name, node=node, package="_global_")
+
+
+def round_dir(run_dir: str, r: int | str) -> str:
+    """Round r's folder: ``run_dir`` itself for round 1, ``<run_dir>/round-r`` after it (the recipes'
+    ``${round_dir:${run_dir},${rounds.count}}/mars``: the last round's proposer)."""
+    r = int(r)
+    if r < 1:
+        raise ValueError(f"round {r}: rounds count from 1")
+    return str(run_dir) if r == 1 else f"{run_dir}/round-{r}"
 
 
 def recipe_nodes() -> dict[str, Any]:

@@ -89,6 +89,7 @@ _SETTING_KEYS = (
     "prompts",
     "num_prompts",
     "prompt_seed",
+    "exclude_from",
 )
 # How long a rank that finished its shard waits for the slowest one (generation speed varies with response length).
 WAIT_TIMEOUT = timedelta(days=7)
@@ -110,11 +111,16 @@ class Prompt:
 
 
 def prompt_set(cfg: TrainConfig) -> tuple[list[Prompt], str]:
-    """The prompts to answer and a description of their source (recorded in generation.json)."""
+    """The prompts to answer and a description of their source (recorded in generation.json): the first
+    ``num_prompts`` (after the ``prompt_seed`` shuffle) whose ids no set of ``distill.exclude_from`` read; fewer
+    than ``num_prompts + reserve_prompts`` such prompts is a ValueError."""
     d = cfg.distill
+    excluded = excluded_ids(d.exclude_from)
     prompts: list[Prompt] = []
     if d.prompts is not None:
-        for rec in read_prompts(d.prompts):
+        records = [rec for rec in read_prompts(d.prompts) if str(rec.id) not in excluded]
+        _check_enough(len(records), d.num_prompts, d.reserve_prompts, d.prompts, excluded)
+        for rec in records:
             turns = render(rec, chat=True)
             assert isinstance(turns, list)
             prompts.append(Prompt(len(prompts), str(rec.id), _clean(turns)))
@@ -125,6 +131,15 @@ def prompt_set(cfg: TrainConfig) -> tuple[list[Prompt], str]:
         rows = load_rows(cfg)
         if d.prompt_seed is not None:  # a sample of the whole mixture (Dolci's rows are grouped by source)
             rows = rows.shuffle(seed=d.prompt_seed)
+        if excluded:
+            if "id" not in rows.column_names:
+                raise ValueError(
+                    f"distill.exclude_from needs rows with an `id` column ({cfg.data.path} has none): drop "
+                    "distill.exclude_from, or give the rows ids"
+                )
+            keep = [i for i, x in enumerate(rows["id"]) if str(x) not in excluded]
+            rows = rows.select(keep)
+        _check_enough(len(rows), d.num_prompts, d.reserve_prompts, cfg.data.path, excluded)
         if d.num_prompts is not None:
             rows = rows.select(range(min(d.num_prompts, len(rows))))
         with_tools = 0
@@ -157,6 +172,41 @@ def prompt_set(cfg: TrainConfig) -> tuple[list[Prompt], str]:
     return prompts, source
 
 
+def excluded_ids(folders: Sequence[str]) -> set[str]:
+    """The prompt ids the generated sets in ``folders`` read (their generation.json ``prompt_ids``)."""
+    ids: set[str] = set()
+    for folder in folders:
+        path = Path(folder) / GENERATION_JSON
+        if not path.is_file():
+            raise ValueError(
+                f"distill.exclude_from: {folder} holds no {GENERATION_JSON}: generate that set first (its "
+                "round's stage=distill), or drop it from distill.exclude_from"
+            )
+        stored = json.loads(path.read_text())
+        if "prompt_ids" not in stored:
+            raise ValueError(
+                f"distill.exclude_from: {path} records no prompt_ids (written before sets recorded them): "
+                "regenerate that set, or drop it from distill.exclude_from"
+            )
+        ids.update(str(x) for x in stored["prompt_ids"])
+    return ids
+
+
+def _check_enough(available: int, wanted: int | None, reserve: int, source: Any, excluded: set[str]) -> None:
+    need = (wanted or 0) + reserve
+    if reserve and available < need:
+        raise ValueError(
+            f"{source}: {available} prompts unread by earlier sets ({len(excluded)} excluded), but this set "
+            f"takes {wanted} and the later on-policy rounds {reserve}: lower rounds.count or "
+            "rounds.num_prompts (or stages.proposer.distill.num_prompts), or generate more prompts"
+        )
+    if wanted is not None and excluded and available < wanted:
+        raise ValueError(
+            f"{source}: only {available} prompts are unread by the sets of distill.exclude_from, fewer than "
+            f"distill.num_prompts={wanted}: lower it (rounds.num_prompts), or generate more prompts"
+        )
+
+
 def _clean(messages: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
     return [
         {"role": str(m["role"]), "content": str(m["content"])}
@@ -166,7 +216,7 @@ def _clean(messages: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
 
 
 def generation_settings(
-    cfg: TrainConfig, source: str, n_prompts: int, block_size: int | None
+    cfg: TrainConfig, source: str, prompts: Sequence[Prompt], block_size: int | None
 ) -> dict[str, Any]:
     """What generation.json records; the keys of ``_SETTING_KEYS`` must match for a rerun to resume."""
     d = cfg.distill
@@ -182,8 +232,10 @@ def generation_settings(
         "dtype": generation_dtype(cfg),
         "top_k": d.top_k,
         "prompts": source,
-        "num_prompts": n_prompts,
+        "num_prompts": len(prompts),
+        "prompt_ids": [p.id for p in prompts],
         "prompt_seed": d.prompt_seed,
+        "exclude_from": [str(x) for x in d.exclude_from],
         "top_k_source": "the generating pass's raw log-probs on vLLM (the proposer's AR distribution)"
         if d.backend == "vllm"
         else "teacher-forced forward of the proposer over [prompt, response] (its AR distribution)",
@@ -208,6 +260,7 @@ def _check_settings(directory: Path, settings: dict[str, Any]) -> dict[str, Any]
     if not path.is_file():
         return None
     stored = json.loads(path.read_text())
+    stored = {"exclude_from": [], **stored}  # sets written before exclude_from existed read none
     diff = {k: (stored.get(k), settings[k]) for k in _SETTING_KEYS if stored.get(k) != settings[k]}
     if diff:
         raise ValueError(
@@ -416,7 +469,7 @@ def generate_responses(
             f"distill.proposer={d.proposer!r} does not exist: train it first (prove-train stage=mars)"
         )
     prompts, source = prompt_set(cfg)
-    settings = generation_settings(cfg, source, len(prompts), _block_size(cfg))
+    settings = generation_settings(cfg, source, prompts, _block_size(cfg))
     stored = _check_settings(out, settings)
     if stored is not None and stored.get("complete") and (out / "dataset").is_dir():
         log.info("reusing the generated set in %s", out)

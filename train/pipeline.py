@@ -30,6 +30,7 @@ import torch
 from prove.train.config import PeftKind, TrainConfig, run_label
 from prove.train.modeling import apply_lora, build_model_and_tokenizer, mask_token_id
 from prove.train.rerun import StagePlan, plan_stage, record_start, world_size
+from prove.train.rounds import for_round
 from prove.train.saving import barrier, prove_meta, save_checkpoint
 from prove.train.stages import stage_unit
 from prove.train.threads import set_cpu_threads
@@ -61,7 +62,9 @@ class StageResult:
 
 def train(cfg: TrainConfig) -> StageResult:
     """Run one stage, or skip it when its output is already a finished checkpoint of the same config; the logger
-    is always closed, also when training fails."""
+    is always closed, also when training fails. ``cfg.round`` ≥ 2 trains that on-policy round's stage
+    (:func:`prove.train.rounds.for_round`)."""
+    cfg = for_round(cfg)
     plan = plan_stage(cfg)
     log.info("%s", plan.message)
     if plan.skip:

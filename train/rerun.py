@@ -44,8 +44,9 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 IGNORED: tuple[str, ...] = (
     # where things go, and what the run is called
     "run_name", "run_dir", "output_dir", "trainer.output_dir", "data.cache_dir", "logger",
-    # the relaunch knobs
-    "resume", "force",
+    # the relaunch knobs, and the on-policy rounds' plan (a round's stage compares what it sets: its proposer,
+    # init_from, data, max_steps; adding a round redoes none of the earlier ones)
+    "resume", "force", "rounds", "round", "steps", "distill.reserve_prompts",
     # top-level knobs: interpolated into the groups, which are compared
     "block_size", "max_len", "lr", "epochs", "max_steps", "stages",
     # logging and checkpoint cadence

@@ -580,3 +580,46 @@ def test_two_process_generation_partitions_the_prompts_and_a_killed_run_resumes(
     assert (
         json.loads((shards.parent / "generation.json").read_text())["dtype"] == "float32"
     )  # fp32 on the CPU
+
+
+def test_exclude_from_leaves_out_the_prompts_earlier_sets_read(tmp_path, arithmetic_jsonl, models):
+    """An on-policy round's prompts (``distill.exclude_from``): the next unread ones, from a prompt file or from
+    ``data``, after the earlier sets' recorded ``prompt_ids``; too few left for the later rounds, a set without
+    recorded ids, or rows without ids are errors at start (fails if the exclusion is applied after ``num_prompts``
+    are taken — fewer prompts — or ignored)."""
+    from prove.train.distill import GENERATION_JSON, prompt_set
+
+    earlier = tmp_path / "round-1"
+    earlier.mkdir()
+    first, _ = prompt_set(_cfg(tmp_path, arithmetic_jsonl, models))
+    (earlier / GENERATION_JSON).write_text(json.dumps({"prompt_ids": [p.id for p in first]}))
+    rows = [json.loads(x) for x in arithmetic_jsonl.read_text().splitlines()]
+    nxt, _ = prompt_set(_cfg(tmp_path, arithmetic_jsonl, models, **{"distill.exclude_from": f"[{earlier}]"}))
+    assert [p.id for p in nxt] == [r["id"] for r in rows[6:12]]  # data: the next six rows
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "".join(json.dumps({"id": r["id"], "prompt": r["messages"][0]["content"]}) + "\n" for r in rows[:9])
+    )
+    from_file = {
+        "distill.prompts": str(prompts),
+        "distill.exclude_from": f"[{earlier}]",
+        "distill.num_prompts": 3,
+    }
+    nxt, _ = prompt_set(_cfg(tmp_path, arithmetic_jsonl, models, **from_file))
+    assert [p.id for p in nxt] == [r["id"] for r in rows[6:9]]  # a prompt file: the three left
+    with pytest.raises(ValueError, match="later on-policy rounds 4"):  # 3 unread < 3 + 4
+        prompt_set(_cfg(tmp_path, arithmetic_jsonl, models, **{**from_file, "distill.reserve_prompts": 4}))
+    with pytest.raises(ValueError, match="only 3 prompts are unread"):  # 3 < num_prompts 6: a too small round
+        prompt_set(_cfg(tmp_path, arithmetic_jsonl, models, **{**from_file, "distill.num_prompts": 6}))
+    (earlier / GENERATION_JSON).write_text("{}")
+    with pytest.raises(ValueError, match="records no prompt_ids"):
+        prompt_set(_cfg(tmp_path, arithmetic_jsonl, models, **{"distill.exclude_from": f"[{earlier}]"}))
+    with pytest.raises(ValueError, match="holds no generation.json"):
+        prompt_set(
+            _cfg(tmp_path, arithmetic_jsonl, models, **{"distill.exclude_from": f"[{tmp_path / 'none'}]"})
+        )
+    (earlier / GENERATION_JSON).write_text(json.dumps({"prompt_ids": ["x"]}))
+    no_ids = tmp_path / "no-ids.jsonl"
+    no_ids.write_text("".join(json.dumps({"messages": r["messages"]}) + "\n" for r in rows[:8]))
+    with pytest.raises(ValueError, match="needs rows with an `id` column"):
+        prompt_set(_cfg(tmp_path, no_ids, models, **{"distill.exclude_from": f"[{earlier}]"}))

