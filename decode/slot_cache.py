@@ -1,4 +1,4 @@
-"""A static KV cache written at explicit slots (docs/design.md §3.0): the fast path's cache.
+"""A static KV cache written at explicit slots (docs/design.md §3, "The fast path"): the fast path's cache.
 
 ``SlotCache`` is a ``transformers`` ``Cache`` whose layers preallocate their K/V (zeroed) for ``capacity``
 slots and write each pass's new entries at the slots the engine names (``set_slots``), never growing or

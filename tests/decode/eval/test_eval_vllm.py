@@ -25,7 +25,10 @@ from prove.decode.eval.model import (  # noqa: E402
 pytestmark = pytest.mark.filterwarnings("ignore:checkpoint .* records no trained block size")
 
 
-def test_lm_evals_vllm_model_gets_the_methods_speculative_config(checkpoints, tmp_path):
+def test_lm_evals_vllm_model_gets_the_methods_speculative_config(checkpoints, tmp_path, monkeypatch):
+    # two tensor-parallel ranks on a one-node CPU: vLLM's automatic binding refuses them (one rank per NUMA node), a
+    # binding set by hand does not — as on a user's two-socket host
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
     cfg = EvalConfig(
         model=checkpoints["mars"],
         backend="vllm",
