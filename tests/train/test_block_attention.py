@@ -267,3 +267,27 @@ def test_mask_row_head_equals_peft_and_the_adapter_saves_merges_and_decodes(tmp_
     kw = {"max_new_tokens": 8, "do_sample": False, "pad_token_id": 0}
     with torch.no_grad():
         assert torch.equal(reloaded.generate(prompt, **kw), merged.generate(prompt, **kw))
+
+
+@pytest.mark.parametrize(("choice", "impl"), [("auto", BLOCK_ATTENTION), ("mask", "sdpa")])
+def test_stage_attention_reaches_the_trainer(choice, impl, tmp_path, arithmetic_jsonl):
+    """``stage.attention`` composes from the config (a typo fails at start) and stage mars's trainer runs what it
+    says. Catches: the stage not passing the key on (the trainer's own default, auto, would run either way)."""
+    from prove.train.config import Stage
+    from prove.train.stages import stage_unit
+    from transformers import TrainingArguments
+
+    from tests.train.helpers import tiny_overrides, train_config
+
+    over = tiny_overrides(
+        tmp_path / "run", arithmetic_jsonl, stage="mars", **{"model.attn_implementation": "sdpa"}
+    )
+    cfg = train_config([*over, f"stage.attention={choice}"])
+    assert str(cfg.stage.attention) == choice
+    model = _model(lora=False)
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[])
+    trainer = stage_unit(Stage.mars).trainer(cfg, MASK_ID, model=model, args=args)
+    assert trainer.attention_impl == impl
+    assert model.config._attn_implementation == (BLOCK_ATTENTION if choice == "auto" else "sdpa")
+    with pytest.raises(Exception, match="attention"):
+        train_config([*over, "stage.attention=block"])
