@@ -54,8 +54,9 @@ def prompt_ids(n: int, vocab: int, lo: int, hi: int, seed: int) -> list[list[int
     return [torch.randint(1, vocab - 1, (n_,), generator=gen).tolist() for n_ in lengths]
 
 
-def hf_greedy(model: Any, prompt: list[int], n: int) -> list[int]:
-    """transformers' greedy ``generate``: the reference every lossless row must equal."""
+def hf_greedy(model: Any, prompt: list[int], n: int, **generate_kwargs: Any) -> list[int]:
+    """transformers' greedy ``generate``: the reference every lossless row must equal (``generate_kwargs``: e.g.
+    ``cache_implementation="static"``, the compiled baseline of gpu-check's engine part)."""
     import torch
 
     ids = torch.tensor([prompt], device=model.device)
@@ -66,6 +67,7 @@ def hf_greedy(model: Any, prompt: list[int], n: int) -> list[int]:
             max_new_tokens=n,
             do_sample=False,
             pad_token_id=0,
+            **generate_kwargs,
         )
     return out[0, len(prompt) :].tolist()
 

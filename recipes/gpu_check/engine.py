@@ -37,19 +37,7 @@ def injected_counts(tokens_per_cycle: float) -> list[int]:
 
 def hf_static(model: Any, prompt: list[int], n: int) -> list[int]:
     """transformers' greedy ``generate`` on its static cache, which compiles the decode step."""
-    import torch
-
-    ids = torch.tensor([prompt], device=model.device)
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=n,
-            do_sample=False,
-            pad_token_id=0,
-            cache_implementation="static",
-        )
-    return out[0, len(prompt) :].tolist()
+    return hf_greedy(model, prompt, n, cache_implementation="static")
 
 
 def cache_len(cfg: CheckConfig) -> int:

@@ -12,6 +12,7 @@ GPU with the ``BlockMask``).
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from typing import Any
@@ -70,13 +71,9 @@ def train_one(cfg: CheckConfig, impl: str, batches: list[tuple[Any, Any]], mask_
             out = hidden
         losses.append(loss.item())
         if backward:
-            loss.backward()
-            grads = [p.grad for p in model.parameters() if p.grad is not None]
-            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
-            finite = finite and bool(torch.isfinite(norm)) and len(grads) > 0
-            grad_norms.append(norm.item())
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            norm = optimizer_step(model, opt, loss)
+            finite = finite and math.isfinite(norm)
+            grad_norms.append(norm)
         sync(cfg.device)
         step_ms.append((time.perf_counter() - t0) * 1e3)
         del out, loss
@@ -99,6 +96,20 @@ def train_one(cfg: CheckConfig, impl: str, batches: list[tuple[Any, Any]], mask_
     return result
 
 
+def optimizer_step(model: Any, opt: Any, loss: Any) -> float:
+    """Backward, then one optimizer step: the global gradient norm (NaN when no parameter got a gradient)."""
+    import torch
+
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return float("nan")
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])).item()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return norm
+
+
 def train_plain(cfg: CheckConfig, impl: str, batches: list[tuple[Any, Any]]) -> dict[str, Any]:
     """``train_steps`` AdamW steps of a plain causal-LM step on the same rows and starting weights as
     :func:`train_one`: ``model(input_ids, labels)`` (the CE at the labelled tokens, the head at every position), attention
@@ -119,13 +130,9 @@ def train_plain(cfg: CheckConfig, impl: str, batches: list[tuple[Any, Any]]) -> 
         t0 = time.perf_counter()
         loss = model(input_ids=ids, labels=labels, use_cache=False).loss
         losses.append(loss.item())
-        loss.backward()
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
-        finite = finite and bool(torch.isfinite(norm)) and len(grads) > 0
-        grad_norms.append(norm.item())
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        norm = optimizer_step(model, opt, loss)
+        finite = finite and math.isfinite(norm)
+        grad_norms.append(norm)
         sync(cfg.device)
         step_ms.append((time.perf_counter() - t0) * 1e3)
         del loss
