@@ -3,15 +3,20 @@ CPU").
 
 The trimmed MARS input is ``[noisy | clean]``, N + L columns (:func:`prove.train.masks.trimmed_inputs`). Under the
 block rule (:mod:`prove.train.masks`) a clean query never reads a noisy key, so the clean stream is an ordinary causal
-sequence of its own; only the N noisy queries need a mask. :data:`BLOCK_ATTENTION` names an attention function,
-registered with transformers' ``AttentionInterface`` (and sdpa's mask function under the same name with
-``AttentionMaskInterface``), that computes the two parts with two ``scaled_dot_product_attention`` calls:
+sequence of its own; a noisy query reads only its own block (causally) and the clean prefix before that block.
+:data:`BLOCK_ATTENTION` names an attention function, registered with transformers' ``AttentionInterface`` (and sdpa's
+mask function under the same name with ``AttentionMaskInterface``), that computes the two parts with
+``scaled_dot_product_attention`` and never visits a block the rule masks whole:
 
 1. the clean queries against the clean keys, ``is_causal`` (no mask at all): L²/2;
-2. the noisy queries against every key, with the noisy rows of the block mask
-   (:func:`prove.train.masks.trimmed_noisy_bias`, ``(B, 1, N, N + L)``): N · (N + L);
+2. the noisy queries in chunks of whole rows (:func:`noisy_chunks`): each chunk against the keys its rows may read —
+   the noisy columns of its own blocks and the clean prefix up to its last block's start — under the matching slice
+   of the noisy rows' mask (:func:`prove.train.masks.trimmed_noisy_bias`, ``(B, 1, N, N + L)``). A noisy block's
+   neighbours, and the clean stream past the chunk, are never read: N · (chunk + prefix) instead of N · (N + L).
 
-instead of one kernel over a dense ``(N + L)²`` float mask, which the CPU kernel visits whole.
+The chunks are read off the mask itself (the key columns any of a chunk's rows may attend), so they are exact for any
+block size or batch layout, computed once per mask (every layer, and every step the trainer's mask cache repeats,
+reads the same plan).
 
 The function reads the split from the mask it is given: a 4D mask with fewer query rows (N) than the layer has
 queries (N + L) is a MARS noisy-rows mask. Every mask transformers itself builds has one row per query (or one row
@@ -22,6 +27,7 @@ the attention implementation).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,6 +48,65 @@ def is_noisy_rows_mask(attention_mask: Any, query_len: int) -> bool:
     )
 
 
+CHUNK_ROWS = 32
+"""Noisy query rows per chunk (:func:`noisy_chunks`); rounded up to whole blocks by the plan. Fewer rows a chunk read
+fewer keys (the prefix grows with the chunk's last block) at one more kernel call each; 32 (4 blocks at K = 8) was the
+fastest forward-and-backward at SmolLM2's shape on this CPU (docs/benchmarks.md)."""
+
+
+@dataclass(frozen=True)
+class NoisyChunk:
+    """Noisy query rows ``[q0, q1)`` and the key columns any of them may attend: noisy ``[a, b)`` (their own blocks)
+    and the first ``clean`` clean columns (the prefix), with the mask restricted to those keys."""
+
+    q0: int
+    q1: int
+    a: int
+    b: int
+    clean: int
+    mask: torch.Tensor  # (B, 1, q1 - q0, (b - a) + clean)
+
+
+def noisy_chunks(attention_mask: torch.Tensor, chunk_rows: int | None = None) -> list[NoisyChunk]:
+    """The chunks of a noisy-rows mask ``(B, 1, N, N + L)`` (0 where a query may attend, a large negative number
+    elsewhere): rows in runs of about ``chunk_rows``, each cut where no row of the run reads a noisy key of the next
+    one (a block boundary), each with the smallest noisy range and clean prefix that hold every key its rows may
+    attend. Memoised on the mask tensor: one plan for every layer that reads it. ``chunk_rows``: :data:`CHUNK_ROWS`
+    where None."""
+    chunk_rows = CHUNK_ROWS if chunk_rows is None else int(chunk_rows)
+    plan = getattr(attention_mask, "_prove_noisy_chunks", None)
+    if plan is not None and plan[0] == chunk_rows:
+        return plan[1]
+    n, t = attention_mask.shape[-2], attention_mask.shape[-1]
+    masked = torch.finfo(attention_mask.dtype).min / 2
+    allowed = (attention_mask[:, 0] > masked).any(dim=0)  # (N, T): a key any example's row may read
+    noisy = allowed[:, :n]  # (N, N)
+    cols = torch.arange(n, device=allowed.device)
+    first = torch.where(noisy, cols, n).min(dim=1).values.tolist()  # the first noisy key each row reads
+    last_noisy = torch.where(noisy, cols, -1).max(dim=1).values  # (N,)
+    clean_cols = torch.arange(t - n, device=allowed.device)
+    last_clean = torch.where(allowed[:, n:], clean_cols, -1).max(dim=1).values  # (N,) -1: no clean key
+    # a row may end a chunk when no later row reads a noisy key at or before it
+    later_first = [n] * (n + 1)
+    for r in range(n - 1, -1, -1):
+        later_first[r] = min(first[r], later_first[r + 1])
+    chunks, q0 = [], 0
+    while q0 < n:
+        q1 = min(q0 + max(1, chunk_rows), n)
+        while q1 < n and later_first[q1] < q1:  # a later row reads a key of this chunk: grow to its edge
+            q1 += 1
+        a = min(first[q0:q1])
+        b = int(last_noisy[q0:q1].max()) + 1
+        clean = int(last_clean[q0:q1].max()) + 1
+        cut = torch.cat(
+            [attention_mask[:, :, q0:q1, a:b], attention_mask[:, :, q0:q1, n : n + clean]], dim=-1
+        ).contiguous()
+        chunks.append(NoisyChunk(q0, q1, a, b, clean, cut))
+        q0 = q1
+    attention_mask._prove_noisy_chunks = (chunk_rows, chunks)
+    return chunks
+
+
 def mars_block_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -54,7 +119,8 @@ def mars_block_attention(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature: ``query`` ``(B, H, T, d)``, ``key``/``value`` ``(B, H_kv, T, d)``;
     returns ``((B, T, H, d), None)``. With a noisy-rows mask ``(B, 1, N, T)`` (:func:`is_noisy_rows_mask`): the
-    first N queries attend every key under it, the last T − N attend the last T − N keys causally; else sdpa."""
+    first N queries chunk by chunk (:func:`noisy_chunks`) against only the keys their rows may read, the last T − N
+    the last T − N keys causally; else sdpa."""
     t = query.shape[2]
     if not is_noisy_rows_mask(attention_mask, t):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
@@ -71,10 +137,15 @@ def mars_block_attention(
         is_causal=True,
         **kwargs,
     )  # (B, L, H, d): the clean stream reads only itself, causally
-    noisy, _ = sdpa_attention_forward(
-        module, query[:, :, :n], key, value, attention_mask, dropout, scaling, is_causal=False, **kwargs
-    )  # (B, N, H, d): own block + the clean prefix before it, under the mask
-    return torch.cat([noisy, clean], dim=1), None  # (B, T, H, d)
+    parts = []
+    for c in noisy_chunks(attention_mask):
+        k_c = torch.cat([key[:, :, c.a : c.b], key[:, :, n : n + c.clean]], dim=2)
+        v_c = torch.cat([value[:, :, c.a : c.b], value[:, :, n : n + c.clean]], dim=2)
+        out, _ = sdpa_attention_forward(
+            module, query[:, :, c.q0 : c.q1], k_c, v_c, c.mask, dropout, scaling, is_causal=False, **kwargs
+        )  # (B, q1 - q0, H, d): own blocks + the clean prefix before them
+        parts.append(out)
+    return torch.cat([*parts, clean], dim=1), None  # (B, T, H, d)
 
 
 AttentionInterface.register(BLOCK_ATTENTION, mars_block_attention)

@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from prove.data.chat import IGNORE_INDEX
-from prove.train.attention import mars_attention_impl, mars_block_attention
+from prove.train import attention
+from prove.train.attention import mars_attention_impl, mars_block_attention, noisy_chunks
 from prove.train.masks import (
     BLOCK_ATTENTION,
     trimmed_attention_bias,
@@ -97,13 +98,16 @@ def _grads(model) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 @pytest.mark.parametrize("block_size", [4, 16])
-def test_block_attention_step_equals_the_dense_mask_reference(block_size, lora, tmp_path):
+def test_block_attention_step_equals_the_dense_mask_reference(block_size, lora, tmp_path, monkeypatch):
     """Loss and every trainable gradient of ``MarsTrainer.compute_loss`` under ``stage.attention=blocks`` (with LoRA:
-    its ``<|mask|>`` row through :func:`target_head` too) equal the dense-mask step's with PEFT's own head.
+    its ``<|mask|>`` row through :func:`target_head` too) equal the dense-mask step's with PEFT's own head. The noisy
+    rows run one block a chunk (three chunks here), so a chunk's keys are its own block and its clean prefix only.
 
     Catches: the clean queries reading the noisy keys (a causal pass over all N + L keys), the split between the two
-    parts off by a block, the noisy rows' mask misaligned with the keys, the ``<|mask|>`` column of the head left at
-    the frozen weight, the row's head gradient dropped or landing on another row."""
+    parts off by a block, a chunk's keys or mask misaligned (a neighbour block, a prefix one block short), the
+    ``<|mask|>`` column of the head left at the frozen weight, the row's head gradient dropped or landing on another
+    row."""
+    monkeypatch.setattr(attention, "CHUNK_ROWS", block_size)
     batch = _batch(block_size)
     ref_model = _model(lora)
     ref = _reference_loss(ref_model, batch, block_size)
@@ -172,6 +176,34 @@ def test_block_attention_function_equals_sdpa_under_the_whole_mask(block_size):
     for what, allowed in mistakes.items():
         wrong, _ = mars_block_attention(layer, q, k, v, bias(allowed), scaling=None)
         assert not torch.allclose(wrong, full, rtol=1e-5, atol=1e-6), what
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_noisy_chunks_read_only_their_own_blocks_and_clean_prefix(block_size, monkeypatch):
+    """One block a chunk: each chunk's keys are exactly its own block's noisy columns and the clean prefix before that
+    block (the longest over the batch: ``max(start) + q0``), never a neighbour block or the clean stream past it; a
+    chunk size off the block edge grows to the next edge; the output equals sdpa under the whole mask for every chunk
+    size. Catches: a chunk reading the whole noisy part or the whole clean stream (correct but the cost this removes),
+    a prefix one block short or long (wrong output), a chunk cut inside a block (a query missing its block's keys)."""
+    x, q, k, v = _layer_inputs(block_size)
+    kk, n = block_size, x.noisy_len
+    layer = _Layer()
+    full = F.scaled_dot_product_attention(q, k, v, attn_mask=trimmed_attention_bias(x, kk)).transpose(1, 2)
+    cut = noisy_chunks(trimmed_noisy_bias(x, kk), kk)
+    assert len(cut) == n // kk > 1
+    far = int(x.starts.max())
+    for c in cut:
+        assert (c.q0, c.q1, c.a, c.b) == (c.q0, c.q0 + kk, c.q0, c.q0 + kk)
+        assert c.clean == far + c.q0
+        assert c.mask.shape == (x.ids.shape[0], 1, kk, kk + c.clean)
+    visited = sum((c.q1 - c.q0) * (c.b - c.a + c.clean) for c in cut)
+    assert visited < n * x.ids.shape[1]
+    grown = noisy_chunks(trimmed_noisy_bias(x, kk), kk + 1)
+    assert [c.q1 - c.q0 for c in grown][:-1] == [2 * kk] * (len(grown) - 1)
+    for rows in (1, kk - 1, kk, 2 * kk + 1, 10 * n):
+        monkeypatch.setattr(attention, "CHUNK_ROWS", rows)
+        got, _ = mars_block_attention(layer, q, k, v, trimmed_noisy_bias(x, kk), scaling=None)
+        torch.testing.assert_close(got, full, rtol=1e-5, atol=1e-6, msg=f"chunk rows {rows}")
 
 
 def test_every_other_mask_is_plain_sdpa_and_the_choice_resolves():
