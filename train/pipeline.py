@@ -35,7 +35,7 @@ from prove.train.saving import barrier, prove_meta, save_checkpoint
 from prove.train.stages import stage_unit
 from prove.train.threads import set_cpu_threads
 from prove.train.tracking import open_logger
-from prove.train.trainer import WallClockCallback
+from prove.train.trainer import CadenceCallback, WallClockCallback
 from prove.train.universal import UniversalResumeCallback, prepare_resume
 from transformers import TrainingArguments
 
@@ -112,7 +112,7 @@ def _run(cfg: TrainConfig, tracker: Any, plan: StagePlan) -> StageResult:
         eval_dataset=eval_set,
         data_collator=unit.collator(cfg, tokenizer),
         processing_class=tokenizer,
-        callbacks=[wall] if wall else [],
+        callbacks=[CadenceCallback(), *([wall] if wall else [])],
     )
     if universal_resume:  # load_universal for the resume's own load only
         trainer.add_callback(UniversalResumeCallback(trainer))

@@ -364,6 +364,18 @@ class DistillTrainer(TermLogTrainer):
         return (out.loss, outputs) if return_outputs else out.loss
 
 
+class CadenceCallback(TrainerCallback):
+    """Logs, evaluates and saves on this launch's ``logging_steps`` / ``eval_steps`` / ``save_steps``, also after a
+    resume. transformers reads the three from the checkpoint's ``trainer_state.json`` when it resumes (and only warns
+    that the arguments differ), so a resumed stage would keep the first launch's cadence: with ``eval.best`` and a new
+    ``eval.steps``/``trainer.save_steps`` whose multiples transformers checked at start, the best-scoring step could
+    then have no checkpoint to load at the end. The rerun rule (:mod:`prove.train.rerun`) lets the cadence change
+    on a resume (it does not change the trained model); this makes the change take effect."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        state.compute_steps(args, state.max_steps)
+
+
 class WallClockCallback(TrainerCallback):
     """Stops training (and saves) once it has run ``max_minutes``; the step cap still applies.
 

@@ -108,7 +108,7 @@ def _eval_steps(history):
 
 
 @pytest.mark.slow
-def test_a_resumed_run_keeps_its_eval_history(tmp_path, arithmetic_jsonl):
+def test_a_resumed_run_keeps_its_eval_history_and_takes_a_new_cadence(tmp_path, arithmetic_jsonl):
     over = tiny_overrides(
         tmp_path, arithmetic_jsonl, stage="mars",
         **{"stage.init_from": "null", "eval.rows": 16, "eval.steps": 2, "trainer.save_steps": 2,
@@ -118,10 +118,14 @@ def test_a_resumed_run_keeps_its_eval_history(tmp_path, arithmetic_jsonl):
     assert _eval_steps(first.log_history) == [2, 4]
     state = json.loads((tmp_path / "mars" / "checkpoint-4" / "trainer_state.json").read_text())
     assert _eval_steps(state["log_history"]) == [2, 4]  # each checkpoint-N keeps the scores so far
-    second = train(train_config([*over, "max_steps=6", "resume=true"]))
-    assert _eval_steps(second.log_history) == [2, 4, 6]
+    # the resume evaluates and saves on its own cadence, not the one trainer_state.json recorded (transformers'
+    # default): with the old one step 5 would have neither a score nor a checkpoint for eval.best to load
+    cadence = ["eval.steps=1", "trainer.save_steps=1"]
+    second = train(train_config([*over, *cadence, "max_steps=6", "resume=true"]))
+    assert _eval_steps(second.log_history) == [2, 4, 5, 6]
+    assert (tmp_path / "mars" / "checkpoint-5").is_dir()
     meta = json.loads((tmp_path / "mars" / "prove.json").read_text())["eval"]
-    assert [h["step"] for h in meta["history"]] == [2, 4, 6] and meta["output"]["step"] == 6
+    assert [h["step"] for h in meta["history"]] == [2, 4, 5, 6] and meta["output"]["step"] == 6
     assert meta["best"] is None and meta["output"]["eval_blocks"] > 0
 
 
