@@ -176,13 +176,15 @@ bench: install ## speedup, tokens/cycle, agreement with AR, accuracy, plots of e
 # make bench-real: the bench of recipes/smollm2-135m.yaml once its steps have run: ar, mars, prove over a θ sweep,
 # prove-lossless unfused and fused, on the first REAL_N held-out prompts of each kind -> $(REAL_OUT)/<kind>.
 # REAL_MODEL: the proposer benched (the last on-policy round's: python -m prove.train.steps --proposer; another
-# round's, e.g. REAL_MODEL=runs/smollm2-135m/mars for round 1).
+# round's, e.g. REAL_MODEL=runs/smollm2-135m/mars for round 1). REAL_BASE scores every row's output (its quality
+# section: log-likelihood under the base SmolLM2 relative to AR's output, token agreement, length, distinct-n).
 # The prove rows need step 3's verifier (REAL_VERIFIER): without its prove.json they are left out and the verifier
 # is not loaded, so steps 1-2 alone bench the rows that need no verifier. REAL_METHODS picks rows (REAL_PARAMS
 # follows it: prove's θ sweep only where prove is named). 256 new tokens reach the answers (responses average ~130).
 # ARGS adds any key, e.g. ARGS="backend=vllm vllm_methods=[ar,prove-lossless] vllm_concurrency=[1,6]".
 REAL_RUN ?= runs/smollm2-135m
 REAL_MODEL ?= $(shell $(PY) -m prove.train.steps recipe=smollm2-135m run_dir=$(REAL_RUN) --proposer)
+REAL_BASE ?= $(shell $(PY) -m prove.train.steps recipe=smollm2-135m --base)
 REAL_OUT ?= outputs/smollm2-135m
 REAL_KINDS ?= arithmetic lists
 REAL_N ?= 30
@@ -198,7 +200,7 @@ REAL_THREADS ?= $(shell env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/
 bench-real: install-real ## SmolLM2-135M's bench per prompt kind -> outputs/smollm2-135m/<kind> (REAL_RUN, REAL_MODEL, REAL_OUT, REAL_KINDS, REAL_N, REAL_METHODS, REAL_THETAS, ARGS)
 	$(foreach k,$(REAL_KINDS),OMP_NUM_THREADS=$(REAL_THREADS) $(VENV)/bin/prove-bench model=$(REAL_MODEL) $(if $(real_prove),verifier=$(REAL_VERIFIER) )\
 	  prompts=$(REAL_PROMPTS)/test-$(k).jsonl 'methods=$(REAL_METHODS)' 'method_params=$(REAL_PARAMS)' \
-	  n_prompts=$(REAL_N) max_new_tokens=256 hf=false output_dir=$(REAL_OUT)/$(k) $(ARGS)$(newline))
+	  n_prompts=$(REAL_N) max_new_tokens=256 hf=false $(if $(REAL_BASE),quality_model=$(REAL_BASE) )output_dir=$(REAL_OUT)/$(k) $(ARGS)$(newline))
 
 # make bench-tokenize: rows/s of the training set's tokenization (chat template + encode, datasets.map) on a synthetic
 # 200,000-row set in Dolci's schema -> outputs/bench-tokenize/result.json, with the time for Dolci's ~2.15M rows

@@ -2,6 +2,7 @@
 
     python -m prove.train.steps recipe=smollm2-135m            # one line of overrides a run, in order
     python -m prove.train.steps recipe=smollm2-135m --proposer # the last round's MARS model (make bench-real)
+    python -m prove.train.steps recipe=smollm2-135m --base     # the base it was trained from (bench-real's quality)
 
 A run of consecutive ``steps`` entries holding ``{round}`` repeats, as a group, for each round 2..``rounds.count``
 (round r's relabelling needs round r − 1's MARS model). ``--joiner`` replaces the spaces inside a line, so that
@@ -40,6 +41,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("overrides", nargs="*", help="prove-train overrides, e.g. recipe=smollm2-135m")
     parser.add_argument("--proposer", action="store_true", help="print the last round's MARS model instead")
+    parser.add_argument(
+        "--base", action="store_true", help="print the base model (model.name_or_path) instead"
+    )
     parser.add_argument("--joiner", default=" ", help="what joins a line's overrides (make: a non-space)")
     args = parser.parse_intermixed_args(argv)
     from hydra import compose, initialize_config_module
@@ -52,6 +56,12 @@ def main(argv: list[str] | None = None) -> None:
     count = int(cfg.rounds.count)
     if args.proposer:
         print(f"{round_dir(str(cfg.run_dir), count)}/mars")
+        return
+    if args.base:
+        try:
+            print(cfg.model.name_or_path)
+        except Exception as e:  # the recipe's GGUF not installed: one line, not a traceback inside make
+            sys.exit(f"prove.train.steps --base: {str(e).splitlines()[0]}")
         return
     steps = [str(s) for s in OmegaConf.to_container(cfg.steps)]  # type: ignore[union-attr]
     for line in expand(steps, count):

