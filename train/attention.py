@@ -48,10 +48,12 @@ def is_noisy_rows_mask(attention_mask: Any, query_len: int) -> bool:
     )
 
 
-CHUNK_ROWS = 32
-"""Noisy query rows per chunk (:func:`noisy_chunks`); rounded up to whole blocks by the plan. Fewer rows a chunk read
-fewer keys (the prefix grows with the chunk's last block) at one more kernel call each; 32 (4 blocks at K = 8) was the
-fastest forward-and-backward at SmolLM2's shape on this CPU (docs/benchmarks.md)."""
+CHUNK_ROWS = 128
+"""Noisy query rows per chunk (:func:`noisy_chunks`), grown to a block edge by the plan. Fewer rows a chunk read fewer
+keys (the prefix grows with the chunk's last block) at one more kernel call each, and on the CPU a call's fixed cost
+is large: one layer's attention, forward and backward, at SmolLM2's shape took 297 ms with one call for all noisy
+rows, 288 / 271 / 251 ms in chunks of 32 / 64 / 128 rows and 460 ms in chunks of 16 (N = 656 noisy rows, 1,680
+columns); at the recipe's rows (N ≈ 100) every choice from 32 up is within the noise (docs/benchmarks.md)."""
 
 
 @dataclass(frozen=True)
