@@ -1,4 +1,4 @@
-"""Sync-free twins of the pure rules (``prove.decode.rules.block``) for the fast path's device cycle
+"""Sync-free twins of the pure rules (``prove.decode.rules.block``, ``.speculative``) for the fast path's device cycle
 (``prove.decode.fast``; docs/design.md §3, "The fast path").
 
 Each twin computes what its rule decides with tensors only: counts are 0-d long tensors, never Python ints, so
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 from prove.decode.rules.block import leading_true
+from prove.decode.rules.speculative import speculative_accept_batch
 
 
 def greedy_match_twin(tokens: torch.Tensor, greedy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -20,6 +21,17 @@ def greedy_match_twin(tokens: torch.Tensor, greedy: torch.Tensor) -> tuple[torch
     k = tokens.shape[0]
     n = leading_true(tokens == greedy[:k])  # () long
     return n, greedy.gather(0, n.view(1)).view(())
+
+
+def sd_sample_twin(
+    tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor, uniforms: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rules.speculative.sd_sample`` given its k + 1 uniforms (u_1..u_k for the accept tests, u_{k+1} for the
+    correction / bonus draw): (n, extra) as 0-d long tensors. Its batched core, ``speculative_accept_batch``, is
+    already tensors only (no host read, shapes set by k); the twin is that core with the uniforms always given,
+    so the device cycle draws them into a buffer and the rule never touches a generator. k = 0 is a sampled AR
+    step: the bonus drawn from ``target_probs[0]``. ``draft_probs`` (k, V), ``target_probs`` (k + 1, V)."""
+    return speculative_accept_batch(tokens, draft_probs, target_probs, uniforms)
 
 
 def prove_rule_twin(proposer_conf: torch.Tensor, verifier_probs: torch.Tensor, theta: float) -> torch.Tensor:
