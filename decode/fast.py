@@ -1,7 +1,8 @@
 """The fast path (docs/design.md §3, "The fast path"): a static slot cache, a fixed-width cycle on the device, one
 small record to the host per cycle.
 
-What runs here: ``ar``, greedy ``prove-lossless`` (unfused and fused) and greedy ``sd``. Their cycle is one function of persistent
+What runs here: ``ar`` and ``sd`` (greedy or sampled), ``prove-lossless`` (unfused and fused) and greedy ``prove``.
+Their cycle is one function of persistent
 device buffers (``FastEngine.step``): the pending token ``last`` and its position ``pos`` (= the valid length of
 the slot cache: slot = position, always). An unfused ``prove-lossless`` cycle feeds the block pass
 ``[last, M×(K−1)]`` at positions pos..pos+K−1, takes its argmaxes y_1..y_K, feeds the verification pass
@@ -12,18 +13,24 @@ twin (``rules.twins.greedy_match_twin``), moves ``last`` / ``pos`` on by the com
 group of K − 1 placeholders (``prove.decode.fused`` with ``fuse_groups=all``, without the second candidate) — whose
 accepted group becomes the next proposal. A greedy ``sd`` cycle (``draft_step``) is the draft model's k passes on
 its own slot cache (the first over the last two committed tokens, so its cache never needs a crop either) and the
-target's verification pass. The host reads the record (the one sync of a cycle) and applies EOS,
+target's verification pass. A sampled ``ar`` / ``sd`` cycle draws from a buffer of uniforms filled on the device
+from the Decoder's generator just before the cycle (``uniforms``: the draft's k draws by inverse CDF, then the rule's
+k + 1), warps draft and target alike (``rules.speculative.warp_probs``) and runs speculative sampling's twin
+(``rules.twins.sd_sample_twin``; ar is its k = 0 bonus draw), so the step holds no generator and no host read. A
+``prove`` cycle (``prove_step``) is the target's block pass over its pending tokens (the committed y's, whose K/V
+came from placeholders) and K − 1 placeholders, the small verifier's pass over [last, y_1..y_K] on its own slot
+cache, and the θ rule's twin (``rules.twins.prove_rule_twin``; no correction token). The host reads the record (the one sync of a cycle) and applies EOS,
 stop strings and ``max_new_tokens`` with the engine's ``Stopper``, exactly as the reference loop
 (``prove.decode.engine.run``) does; a block that ran past EOS is cut there.
 
-Widths. The regular cycle has fixed widths (K and K + 1; 1 for ar; K² fused). On CUDA it is captured once as a CUDA
+Widths. The regular cycle has fixed widths (K and K + 1; 1 for ar; K² fused; prove 2K − 1 and the verifier's K + 1). On CUDA it is captured once as a CUDA
 graph and replayed; elsewhere the same function runs as is (so every CPU test exercises it). An unfused cycle of
 another width (the last cycles, when the token budget is below K) runs the same function eagerly on the same slot
 cache, and the stats count it (``Stats.fast['eager_cycles']``); a fused cycle keeps its tree to the end and the host
 cuts what runs past the budget. Prefill is eager. With graphs (``pipeline``), cycle c + 1 is launched before cycle
 c's record is read wherever the budget allows, so the device never waits for the host's stopping work.
 
-Everything else (sampling, mars, prove, pard, nsd, asd, ``draft_threshold``, a trace or an ``on_cycle`` hook)
+Everything else (mars, pard, nsd, asd, sampled prove, ``draft_threshold``, a trace or an ``on_cycle`` hook)
 takes the reference path; ``fast=auto`` chooses this path on CUDA for a model the slot cache serves
 (``slot_cache.unsupported_reason``) after a self-check against ``DynamicCache`` (``self_check``).
 """
@@ -37,40 +44,49 @@ from typing import Any
 
 import torch
 from prove.decode.engine import Stats, Stopper, _Tally
-from prove.decode.rules.twins import commit_record, greedy_match_twin
+from prove.decode.rules.speculative import sample_from_probs, warp_probs
+from prove.decode.rules.twins import commit_record, greedy_match_twin, prove_rule_twin, sd_sample_twin
 from prove.decode.slot_cache import SlotCache, linear_mask, slot_mask, unsupported_reason
 from transformers import DynamicCache
 
-FAST_METHODS = ("ar", "prove-lossless", "sd")
-"""The methods the fast path runs (greedy, without draft_threshold; prove-lossless fused or not; sd with its draft);
-the rest take the reference path."""
+FAST_METHODS = ("ar", "prove-lossless", "sd", "prove")
+"""The methods the fast path runs (without draft_threshold; prove-lossless fused or not; sd with its draft, prove
+with its verifier; greedy, and ar and sd sampled too); the rest take the reference path."""
+
+SAMPLED_METHODS = ("ar", "sd")
+"""The methods the fast path also runs with temperature > 0."""
 
 DEFAULT_CACHE_LEN = 4096
 """Slots the fast path allocates unless ``cache_len`` says otherwise (capped by ``max_position_embeddings``)."""
 
 
-def why_not(method: Any, params: Any, model: Any) -> str | None:
-    """Why the fast path cannot run ``method`` with ``params`` on ``model``, or None if it can."""
+def why_not(method: Any, params: Any, model: Any, second: Any = None) -> str | None:
+    """Why the fast path cannot run ``method`` with ``params`` on ``model`` (and ``second``, the draft or verifier it
+    runs beside it), or None if it can."""
     if method.name not in FAST_METHODS:
         return f"method {method.name} is not on it (it runs {', '.join(FAST_METHODS)})"
-    if params.temperature > 0:
-        return "it is greedy only (temperature=0)"
+    if params.temperature > 0 and method.name not in SAMPLED_METHODS:
+        return f"it samples {' and '.join(SAMPLED_METHODS)} only ({method.name} with temperature=0)"
     if params.fuse and (params.block_size or 0) < 2:
         return "a fused cycle needs block_size ≥ 2"
     if method.name == "sd" and method.proposer != "draft":
         return f"{method.name} runs its own draft model only"
     if params.draft_threshold:
         return "draft_threshold cuts proposals to varying widths (draft_threshold=0)"
-    reason = unsupported_reason(model.config)
-    return None if reason is None else f"the model cannot use the slot cache: {reason}"
+    for role, m in (("model", model), ("draft" if method.name == "sd" else "verifier", second)):
+        reason = None if m is None else unsupported_reason(m.config)
+        if reason is not None:
+            return f"the {role} cannot use the slot cache: {reason}"
+    return None
 
 
 class FastEngine:
     """The fast path for one method on the target model: ``ar`` (``block_size`` 0), ``prove-lossless`` (K;
-    ``fused``) or greedy ``sd`` (``draft``; ``block_size`` = its k).
+    ``fused``), ``sd`` (``draft``; ``block_size`` = its k) or ``prove`` (``verifier``, ``theta``); ar and sd sample
+    when ``temperature`` > 0 (with ``top_k`` / ``top_p``, drawing from ``generator``).
 
-    ``capacity`` slots are allocated once per model; a request needs prompt + max_new_tokens of them (+ K² − 1 fused:
-    ``slots_needed``). ``graphs`` (default: on CUDA) captures the regular cycle as a CUDA graph the first time it
+    ``capacity`` slots are allocated once per model; a request needs prompt + max_new_tokens of them (+ K² − 1 fused,
+    + K − 1 prove: ``slots_needed``). ``graphs`` (default: on CUDA) captures the regular cycle as a CUDA graph the first time it
     runs."""
 
     def __init__(
@@ -84,10 +100,23 @@ class FastEngine:
         graphs: bool | None = None,
         fused: bool = False,
         draft: Any = None,
+        verifier: Any = None,
+        theta: float = 0.0,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        generator: torch.Generator | None = None,
     ) -> None:
         self.model = model
         self.draft = draft
-        """``sd``'s draft model (greedy; ``block_size`` is then its lookahead k), or None."""
+        """``sd``'s draft model (``block_size`` is then its lookahead k), or None."""
+        self.verifier = verifier
+        """``prove``'s small verifier (its q_i gate the block by p̃_i·q_i ≥ ``theta``), or None."""
+        self.theta = theta
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        """Sampling (``ar`` and ``sd`` only; temperature 0 = greedy): the warping of ``rules.speculative.warp_probs``."""
+        self.generator = generator
+        """Where a sampled cycle's uniforms come from (the Decoder's, reseeded by ``generate(seed=...)``)."""
         self.K = block_size
         self.fused = fused
         p = next(model.parameters())
@@ -108,8 +137,17 @@ class FastEngine:
             self.draft_cache = SlotCache.for_model(draft, capacity)
             Vd = draft.get_output_embeddings().weight.shape[0]
             self.draft_pad = torch.full((1, max(V - Vd, 0)), float("-inf"), device=self.device)
+        if verifier is not None:  # prove: the target's pending tokens (their K/V came from placeholders)
+            self.verifier_cache = SlotCache.for_model(verifier, capacity)
+            self.pend = torch.zeros(block_size, dtype=torch.long, device=self.device)
+            self.npend = torch.zeros((), dtype=torch.long, device=self.device)
         self.pos = torch.zeros((), dtype=torch.long, device=self.device)
         self.record = torch.zeros(block_size + 2, dtype=torch.long, device=self.device)
+        self.adds_token = int(verifier is None)
+        """1 if a cycle commits a correction / bonus token after the accepted ones (every method here but prove)."""
+        self.uniforms = (
+            torch.zeros(2 * block_size + 1, device=self.device) if temperature > 0 else None
+        )  # a sampled cycle's draws: u[:K] the draft's, u[K:] the rule's k + 1
         if fused:
             self._tree_constants(block_size)
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
@@ -126,6 +164,7 @@ class FastEngine:
             "captures": 0,
             "dropped_cycles": 0,
             "draft_passes": 0,
+            "verifier_passes": 0,
         }
         self.pipeline = self.graphs
         """Launch cycle c + 1 before reading cycle c's record where the budget allows (default: with graphs)."""
@@ -202,26 +241,108 @@ class FastEngine:
         self.pos.add_(n + 1)
         return record
 
-    def _forward(
-        self, ids: torch.Tensor, start: torch.Tensor, rows: int, *, draft: bool = False
+    def prove_step(self, k: int) -> torch.Tensor:
+        """One ``prove`` cycle (greedy): the target's block pass proposes y_1..y_k with p̃_i, the verifier's pass over
+        [last, y_1..y_k] gives q_i, the rule's twin commits the leading run of p̃_i·q_i ≥ θ (y_1 always), with no
+        correction token. The target's K/V of the committed y's came from placeholders, so they are its pending
+        tokens (``pend``, ``npend`` of them, the last at ``pos``): the block pass is [pend (K, padded), M×(k−1)],
+        pend at slot = position from ``start`` = pos − npend + 1, the placeholders at positions pos + 1.. in scratch
+        slots start + K.. past every pending slot (never kept), so the width is K + k − 1 whatever npend is. A
+        padding row of pend sees what a pending row there would (finite, unread); a placeholder row sees the valid
+        prefix, the real pending tokens and the placeholders up to itself. The verifier's cache is valid below
+        ``pos`` after every cycle (it re-reads the last committed token), as the reference's runner is."""
+        K = self.K
+        W = K + k - 1
+        start = self.pos - self.npend + 1
+        idx = torch.arange(W, device=self.device)
+        ids = torch.cat([self.pend, self.mask_fill[: k - 1]])  # (W,)
+        positions = torch.where(idx < K, start + idx, self.pos + 1 + idx - K)  # (W,)
+        slots = start + idx
+        r, c = idx[:, None], idx[None, :]
+        local = torch.where(r < K, c <= r, (c < self.npend) | ((c >= K) & (c <= r)))  # (W, W)
+        local = torch.cat([local, local.new_zeros(W, 1)], 1)  # a last column of False: "not in the pass"
+        rel = torch.arange(self.capacity, device=self.device) - start  # (S,) a slot's index within the pass
+        see = local.index_select(1, torch.where((rel >= 0) & (rel < W), rel, W)) | (rel < 0)[None, :]
+        # the rows that propose: the last pending token's and the placeholders' (the LM head runs on these only)
+        rows = torch.cat([(self.npend - 1).view(1), K + torch.arange(k - 1, device=self.device)])  # (k,)
+        logits = self._logits(self.model, self.cache, ids, positions, slots, slot_mask(see, self.dtype), rows)
+        # 1) propose: y_i and p̃_i from the restricted softmax (ties: the first index, as ``BlockProposer``)
+        conf, y = torch.softmax(logits + self.penalty, -1).max(-1)  # (k,), (k,)
+        # 2) score: the verifier's own, unrestricted q_i, teacher-forced over [last, y_1..y_k]
+        chain = torch.cat([self.last, y])  # (k+1,)
+        q_logits = self._forward(chain, self.pos, k + 1, role="verifier")  # (k+1, the verifier's V)
+        q = torch.softmax(q_logits[:k], -1).gather(-1, y[:, None])[:, 0]  # (k,)
+        # 3) accept: the rule's sync-free twin; 4) commit: y_1..y_n become the target's pending tokens
+        n = prove_rule_twin(conf, q, self.theta)
+        self.pend.copy_(torch.cat([y, self.pend[k:]]))
+        self.npend.copy_(n)
+        self.last.copy_(y.gather(0, (n - 1).view(1)))
+        self.pos.add_(n)
+        return torch.cat([n.view(1), y, y.new_zeros(K + 1 - k)])  # (K + 2,): [n, y_1..y_k, stale]
+
+    def _logits(
+        self,
+        model: Any,
+        cache: SlotCache,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        mask: torch.Tensor,
+        rows: int | torch.Tensor,
     ) -> torch.Tensor:
-        """The model (``draft``: the draft model) over ``ids`` (W,) at positions = slots start..start+W−1 on its slot
-        cache; logits of the last ``rows`` (rows, V) on the target's vocabulary, restricted to the allowed ids, in
-        float32 (a draft's rows cut or padded with −inf to the target's, as ``DraftProposer`` does)."""
-        model, cache = (self.draft, self.draft_cache) if draft else (self.model, self.cache)
-        w = ids.shape[0]
-        positions = start + torch.arange(w, device=self.device)  # (W,)
-        cache.set_slots(positions)
+        """``model`` over ``ids`` (W,) at ``positions``, written at ``slots`` of ``cache``, under the float ``mask``:
+        the logits of its last ``rows`` rows, or of the rows a (R,) long tensor names (transformers' ``logits_to_keep``
+        takes either), in float32, as the model gives them: (rows or R, its V)."""
+        cache.set_slots(slots)
         out = model(
             input_ids=ids[None],
             position_ids=positions[None],
             past_key_values=cache,
-            attention_mask=linear_mask(start, w, cache.capacity, self.dtype),
+            attention_mask=mask,
             use_cache=True,
             logits_to_keep=rows,
         )
-        logits = out.logits[0, -rows:].float()  # (rows, V or the draft's Vd)
-        if draft:
+        return (out.logits[0] if isinstance(rows, torch.Tensor) else out.logits[0, -rows:]).float()
+
+    def _draw(self, logits: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A sampled draft position: its warped distribution (1, V) and the token (1,) drawn from it with the
+        cycle's uniform u[i] (inverse CDF, ``rules.speculative.sample_from_probs``)."""
+        probs = warp_probs(logits, self.temperature, top_p=self.top_p, top_k=self.top_k)  # (1, V)
+        assert self.uniforms is not None
+        return probs, sample_from_probs(probs, self.uniforms[i : i + 1])
+
+    def _sampled_rule(
+        self, y: torch.Tensor, draft_probs: torch.Tensor, target_logits: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Speculative sampling's twin on the warped target (k + 1, V) with the cycle's uniforms u[K:K+k+1]."""
+        k = y.shape[0]
+        target = warp_probs(target_logits, self.temperature, top_p=self.top_p, top_k=self.top_k)
+        assert self.uniforms is not None
+        return sd_sample_twin(y, draft_probs, target, self.uniforms[self.K : self.K + k + 1])
+
+    def _forward(
+        self, ids: torch.Tensor, start: torch.Tensor, rows: int, *, role: str = "model"
+    ) -> torch.Tensor:
+        """The model of ``role`` (the target ``model``, the ``draft`` or the ``verifier``) over ``ids`` (W,) at
+        positions = slots start..start+W−1 on its slot cache; logits of the last ``rows`` in float32. The target's
+        and the draft's (rows, V) are on the target's vocabulary, restricted to the allowed ids (a draft's rows cut
+        or padded with −inf to the target's, as ``DraftProposer`` does); the verifier's are its own, unrestricted
+        (ProVe's q, as ``ModelVerifier`` gives it)."""
+        model, cache = {
+            "model": (self.model, self.cache),
+            "draft": (self.draft, getattr(self, "draft_cache", None)),
+            "verifier": (self.verifier, getattr(self, "verifier_cache", None)),
+        }[role]
+        assert cache is not None, f"no {role} model on this engine"
+        w = ids.shape[0]
+        positions = start + torch.arange(w, device=self.device)  # (W,)
+        mask = linear_mask(start, w, cache.capacity, self.dtype)
+        logits = self._logits(
+            model, cache, ids, positions, positions, mask, rows
+        )  # (rows, V or the draft's Vd)
+        if role == "verifier":
+            return logits
+        if role == "draft":
             V = self.penalty.shape[0]
             logits = (
                 logits[:, :V]
@@ -236,18 +357,23 @@ class FastEngine:
         token each — the target's verification pass over [last, y_1..y_k], the rule's twin, and the next prev /
         last / pos. The draft's cache is valid below the new prev's position after every cycle, as the target's is
         below last's. (k = 0, the request's last token, leaves the draft's cache one short: no cycle follows.)"""
-        ys = []
-        if k > 0:
-            two = torch.cat([self.prev, self.last])
-            tok = torch.softmax(self._forward(two, self.pos - 1, 1, draft=True), -1).argmax(-1)  # (1,)
+        ys, qs = [], []
+        tok = torch.cat([self.prev, self.last])  # the first pass re-feeds prev
+        for i in range(k):
+            logits = self._forward(tok, self.pos + (i if i > 0 else -1), 1, role="draft")  # (1, V)
+            if self.uniforms is None:
+                tok = torch.softmax(logits, -1).argmax(-1)  # (1,)
+            else:  # sampled: y_i from the draft's warped distribution q_i, with the cycle's uniform u_i
+                q, tok = self._draw(logits, i)
+                qs.append(q)
             ys.append(tok)
-            for i in range(1, k):
-                tok = torch.softmax(self._forward(tok, self.pos + i, 1, draft=True), -1).argmax(-1)
-                ys.append(tok)
         y = torch.cat(ys) if ys else self.last[:0]  # (k,)
         chain = torch.cat([self.last, y])  # (k+1,): the tokens at pos..pos+k
-        greedy = self._forward(chain, self.pos, k + 1).argmax(-1)  # (k+1,)
-        n, extra = greedy_match_twin(y, greedy)
+        target = self._forward(chain, self.pos, k + 1)  # (k+1, V)
+        if self.uniforms is None:
+            n, extra = greedy_match_twin(y, target.argmax(-1))
+        else:
+            n, extra = self._sampled_rule(y, torch.cat(qs) if qs else target[:0], target)
         self.prev.copy_(chain.gather(0, n.view(1)))
         self.last.copy_(extra.view(1))
         self.pos.add_(n + 1)
@@ -261,6 +387,14 @@ class FastEngine:
             return self.fused_step()
         if self.draft is not None:
             return self.draft_step(k)
+        if self.verifier is not None:
+            return self.prove_step(k)
+        if self.uniforms is not None:  # sampled ar (k = 0): the bonus draw of speculative sampling's twin
+            logits = self._forward(self.last, self.pos, 1)  # (1, V)
+            n, extra = self._sampled_rule(self.last[:0], logits[:0], logits)
+            self.last.copy_(extra.view(1))
+            self.pos.add_(1)
+            return commit_record(self.last[:0], n, extra)
         if k > 0:
             # 1) propose: the block pass [last, M×(k−1)]; y_i = argmax of the softmax (ties: first index, as the
             # reference BlockProposer)
@@ -299,6 +433,10 @@ class FastEngine:
     def _launch(self, k: int) -> tuple[torch.Tensor, Any, int]:
         """Start one cycle (replaying the captured graph for the regular width) and queue its record's copy to the
         host; returns (host record, CUDA event or None, k). Nothing waits for the device here."""
+        if (
+            self.uniforms is not None
+        ):  # a sampled cycle's draws, made on the device before the cycle reads them
+            self.uniforms.uniform_(generator=self.generator)
         if k == self.K and self.graphs:
             if self._graph is None:
                 self._graph = self._capture()
@@ -323,8 +461,11 @@ class FastEngine:
         host, event, k = launched
         if event is not None:
             event.synchronize()
-        self.counters["passes"] += 1 + (k > 0 and not self.fused and self.draft is None)
+        self.counters["passes"] += 1 + (
+            k > 0 and not self.fused and self.draft is None and self.verifier is None
+        )
         self.counters["draft_passes"] += k if self.draft is not None else 0
+        self.counters["verifier_passes"] += self.verifier is not None
         self.counters["syncs"] += 1
         self.counters["cycles"] += 1
         out = host.tolist()
@@ -357,6 +498,7 @@ class FastEngine:
 
     def _buffers(self) -> list[torch.Tensor]:
         extra = [self.carried, self.have] if self.fused else [self.prev] if self.draft is not None else []
+        extra += [self.pend, self.npend] if self.verifier is not None else []
         return [self.last, self.pos, self._inject_at, *extra]
 
     def _restore(self, saved: list[torch.Tensor]) -> None:
@@ -365,7 +507,7 @@ class FastEngine:
 
     def _widest(self) -> int:
         """Slots a pass may write past the pending token's: the fused tree's width, else a verify pass's K + 1."""
-        return self.width if self.fused else self.K + 1
+        return self.width if self.fused else 2 * self.K - 1 if self.verifier is not None else self.K + 1
 
     def replay_ms(self, repeats: int = 20) -> float | None:
         """GPU milliseconds of one regular cycle: back-to-back replays of the captured graph timed with CUDA events
@@ -395,8 +537,10 @@ class FastEngine:
         return self.draft is None or prompt_len >= 2
 
     def slots_needed(self, prompt_len: int, max_new_tokens: int) -> int:
-        """KV slots a request uses: its positions, plus the fused tree's scratch past the last pending token."""
-        return prompt_len + max_new_tokens + (self.width - 1 if self.fused else 0)
+        """KV slots a request uses: its positions, plus the scratch past the last pending token (the fused tree's;
+        prove's block pass, whose placeholders sit past K pending slots)."""
+        scratch = self.width - 1 if self.fused else self.K - 1 if self.verifier is not None else 0
+        return prompt_len + max_new_tokens + scratch
 
     def check_room(self, prompt_len: int, max_new_tokens: int) -> None:
         need = self.slots_needed(prompt_len, max_new_tokens)
@@ -417,8 +561,14 @@ class FastEngine:
         if self.draft is not None:  # the draft's cache: all but the last two (its first pass re-feeds them)
             if P > 2:
                 ids = torch.tensor(prompt[:-2], dtype=torch.long, device=self.device)
-                self._forward(ids, torch.zeros((), dtype=torch.long, device=self.device), 1, draft=True)
+                self._forward(ids, torch.zeros((), dtype=torch.long, device=self.device), 1, role="draft")
             self.prev.fill_(int(prompt[-2]))
+        if self.verifier is not None:  # the verifier's cache too; the last prompt token is the one pending
+            if P > 1:
+                ids = torch.tensor(prompt[:-1], dtype=torch.long, device=self.device)
+                self._forward(ids, torch.zeros((), dtype=torch.long, device=self.device), 1, role="verifier")
+            self.pend[0] = int(prompt[-1])
+            self.npend.fill_(1)
         self.last.fill_(int(prompt[-1]))
         self.pos.fill_(P - 1)
         if self.fused:
@@ -442,7 +592,7 @@ class FastEngine:
         )
         while not done:
             # the block a reference cycle would propose: what the budget allows, less the correction / bonus
-            k = min(self.K, stopper.max_new_tokens - len(new) - 1)
+            k = min(self.K, stopper.max_new_tokens - len(new) - self.adds_token)
             if self.fused:  # one tree whatever the budget: what runs past it is cut on the host
                 k = self.K
             c0 = time.perf_counter()
@@ -466,7 +616,7 @@ class FastEngine:
             self.cache.length = len(prompt_ids) - 1 + len(new)
             tally.committed_per_cycle.append(committed)
             proposed = (self.K - 1) * (len(tally.committed_per_cycle) > 1) if self.fused else k
-            tally.count(proposed, min(len(tokens) - 1, committed))
+            tally.count(proposed, min(len(tokens) - self.adds_token, committed))
         if ahead is not None:  # launched for a request that ended: wait for it, count it apart
             if ahead[1] is not None:
                 ahead[1].synchronize()
@@ -480,7 +630,7 @@ class FastEngine:
             cycles=cycles,
             tokens_per_cycle=len(new) / max(cycles, 1),
             model_passes=fast["passes"] - (len(prompt_ids) > 1),
-            verifier_passes=0,
+            verifier_passes=fast["verifier_passes"],
             draft_passes=fast["draft_passes"],
             accepted_by_depth=tally.accepted_by_depth,
             proposed_by_depth=tally.proposed_by_depth,
