@@ -89,9 +89,11 @@ class Decoder:
     verification pass also drafts the next block (``prove.decode.fused``; ``fuse_groups="auto"``, "all" or m).
 
     ``fast`` (``True``, ``False``, ``"auto"``; default auto) runs ``ar``, ``prove-lossless`` (fused or not),
-    ``sd`` (greedy or sampled) and greedy ``prove`` on the fast path (``prove.decode.fast``: a static slot cache of ``cache_len`` slots, default
-    min(max_position_embeddings, 4096), CUDA graphs on CUDA); auto takes it on CUDA only, and only after the slot
-    cache agreed with ``DynamicCache`` on this model. The tokens are the same either way.
+    ``sd`` (greedy or sampled), greedy ``prove`` and ``pard`` on the fast path (``prove.decode.fast``: a static
+    slot cache of ``cache_len`` slots, default min(max_position_embeddings, 4096), CUDA graphs on CUDA); auto takes
+    it on CUDA only, and only after the slot cache agreed with ``DynamicCache`` on this model. Greedy tokens are
+    the same either way; sampled ones follow the same distribution from other draws.
+
     """
 
     def __init__(
@@ -244,7 +246,7 @@ class Decoder:
         want = self.params.fast if self.params.fast is not None else "auto"
         if want is False or (want == "auto" and self.device.type != "cuda"):
             return False
-        second = aux.get("draft" if self.method.name == "sd" else "verifier")
+        second = aux.get("verifier" if self.method.name == "prove" else "draft")
         second_model = None if second is None else second.model
         reason = fast.why_not(self.method, self.params, target, second_model)
         if reason is None and self.trace:
@@ -270,13 +272,14 @@ class Decoder:
         capacity = cache_len if cache_len is not None else min(limit, fast.DEFAULT_CACHE_LEN)
         if capacity < 2:
             raise ValueError(f"cache_len={capacity} must be ≥ 2 (a prompt token and a new one)")
-        sd, prove = self.method.name == "sd", self.method.name == "prove"
-        blocks = self.method.name in ("prove-lossless", "prove")
+        sd, prove, pard = (self.method.name == m for m in ("sd", "prove", "pard"))
+        blocks = self.method.name in ("prove-lossless", "prove", "pard")
         block = self.params.block_size if blocks else self.params.k if sd else 0
         p = self.params
         return fast.FastEngine(
             target,
-            draft=self.models.draft.model if sd and self.models.draft is not None else None,
+            draft=self.models.draft.model if (sd or pard) and self.models.draft is not None else None,
+            block_draft=pard,
             verifier=self.models.verifier.model if prove and self.models.verifier is not None else None,
             theta=p.theta if prove else 0.0,
             temperature=p.temperature,

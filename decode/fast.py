@@ -1,7 +1,8 @@
 """The fast path (docs/design.md §3, "The fast path"): a static slot cache, a fixed-width cycle on the device, one
 small record to the host per cycle.
 
-What runs here: ``ar`` and ``sd`` (greedy or sampled), ``prove-lossless`` (unfused and fused) and greedy ``prove``.
+What runs here: ``ar`` and ``sd`` (greedy or sampled), ``prove-lossless`` (unfused and fused), greedy ``prove`` and
+``pard``.
 Their cycle is one function of persistent
 device buffers (``FastEngine.step``): the pending token ``last`` and its position ``pos`` (= the valid length of
 the slot cache: slot = position, always). An unfused ``prove-lossless`` cycle feeds the block pass
@@ -19,18 +20,21 @@ k + 1), warps draft and target alike (``rules.speculative.warp_probs``) and runs
 (``rules.twins.sd_sample_twin``; ar is its k = 0 bonus draw), so the step holds no generator and no host read. A
 ``prove`` cycle (``prove_step``) is the target's block pass over its pending tokens (the committed y's, whose K/V
 came from placeholders) and K − 1 placeholders, the small verifier's pass over [last, y_1..y_K] on its own slot
-cache, and the θ rule's twin (``rules.twins.prove_rule_twin``; no correction token). The host reads the record (the one sync of a cycle) and applies EOS,
+cache, and the θ rule's twin (``rules.twins.prove_rule_twin``; no correction token). A ``pard`` cycle
+(``pard_step``) is the same block pass on the draft model (its pending tokens: everything committed since its last
+pass, up to K + 1) and the target's greedy verification, as unfused prove-lossless. The host reads the record (the one sync of a cycle) and applies EOS,
 stop strings and ``max_new_tokens`` with the engine's ``Stopper``, exactly as the reference loop
 (``prove.decode.engine.run``) does; a block that ran past EOS is cut there.
 
-Widths. The regular cycle has fixed widths (K and K + 1; 1 for ar; K² fused; prove 2K − 1 and the verifier's K + 1). On CUDA it is captured once as a CUDA
+Widths. The regular cycle has fixed widths (K and K + 1; 1 for ar; K² fused; prove 2K − 1 and the verifier's K + 1;
+pard the draft's 2K and K + 1). On CUDA it is captured once as a CUDA
 graph and replayed; elsewhere the same function runs as is (so every CPU test exercises it). An unfused cycle of
 another width (the last cycles, when the token budget is below K) runs the same function eagerly on the same slot
 cache, and the stats count it (``Stats.fast['eager_cycles']``); a fused cycle keeps its tree to the end and the host
 cuts what runs past the budget. Prefill is eager. With graphs (``pipeline``), cycle c + 1 is launched before cycle
 c's record is read wherever the budget allows, so the device never waits for the host's stopping work.
 
-Everything else (mars, pard, nsd, asd, sampled prove, ``draft_threshold``, a trace or an ``on_cycle`` hook)
+Everything else (mars, nsd, asd, sampled prove, ``draft_threshold``, a trace or an ``on_cycle`` hook)
 takes the reference path; ``fast=auto`` chooses this path on CUDA for a model the slot cache serves
 (``slot_cache.unsupported_reason``) after a self-check against ``DynamicCache`` (``self_check``).
 """
@@ -49,9 +53,11 @@ from prove.decode.rules.twins import commit_record, greedy_match_twin, prove_rul
 from prove.decode.slot_cache import SlotCache, linear_mask, slot_mask, unsupported_reason
 from transformers import DynamicCache
 
-FAST_METHODS = ("ar", "prove-lossless", "sd", "prove")
+FAST_METHODS = ("ar", "prove-lossless", "sd", "prove", "pard")
 """The methods the fast path runs (without draft_threshold; prove-lossless fused or not; sd with its draft, prove
-with its verifier; greedy, and ar and sd sampled too); the rest take the reference path."""
+with its verifier, pard with its block draft; greedy, and ar and sd sampled too); the rest take the reference
+path."""
+
 
 SAMPLED_METHODS = ("ar", "sd")
 """The methods the fast path also runs with temperature > 0."""
@@ -73,7 +79,7 @@ def why_not(method: Any, params: Any, model: Any, second: Any = None) -> str | N
         return f"{method.name} runs its own draft model only"
     if params.draft_threshold:
         return "draft_threshold cuts proposals to varying widths (draft_threshold=0)"
-    for role, m in (("model", model), ("draft" if method.name == "sd" else "verifier", second)):
+    for role, m in (("model", model), ("verifier" if method.name == "prove" else "draft", second)):
         reason = None if m is None else unsupported_reason(m.config)
         if reason is not None:
             return f"the {role} cannot use the slot cache: {reason}"
@@ -82,11 +88,12 @@ def why_not(method: Any, params: Any, model: Any, second: Any = None) -> str | N
 
 class FastEngine:
     """The fast path for one method on the target model: ``ar`` (``block_size`` 0), ``prove-lossless`` (K;
-    ``fused``), ``sd`` (``draft``; ``block_size`` = its k) or ``prove`` (``verifier``, ``theta``); ar and sd sample
+    ``fused``), ``sd`` (``draft``; ``block_size`` = its k), ``prove`` (``verifier``, ``theta``) or ``pard``
+    (``draft``, ``block_draft``); ar and sd sample
     when ``temperature`` > 0 (with ``top_k`` / ``top_p``, drawing from ``generator``).
 
     ``capacity`` slots are allocated once per model; a request needs prompt + max_new_tokens of them (+ K² − 1 fused,
-    + K − 1 prove: ``slots_needed``). ``graphs`` (default: on CUDA) captures the regular cycle as a CUDA graph the first time it
+    + K − 1 prove and pard: ``slots_needed``). ``graphs`` (default: on CUDA) captures the regular cycle as a CUDA graph the first time it
     runs."""
 
     def __init__(
@@ -100,6 +107,7 @@ class FastEngine:
         graphs: bool | None = None,
         fused: bool = False,
         draft: Any = None,
+        block_draft: bool = False,
         verifier: Any = None,
         theta: float = 0.0,
         temperature: float = 0.0,
@@ -109,7 +117,9 @@ class FastEngine:
     ) -> None:
         self.model = model
         self.draft = draft
-        """``sd``'s draft model (``block_size`` is then its lookahead k), or None."""
+        """``sd``'s draft model (``block_size`` is then its lookahead k), ``pard``'s block draft, or None."""
+        self.block_draft = block_draft
+        """The draft proposes K tokens in one block pass (``pard``) rather than k sequential ones (``sd``)."""
         self.verifier = verifier
         """``prove``'s small verifier (its q_i gate the block by p̃_i·q_i ≥ ``theta``), or None."""
         self.theta = theta
@@ -137,9 +147,12 @@ class FastEngine:
             self.draft_cache = SlotCache.for_model(draft, capacity)
             Vd = draft.get_output_embeddings().weight.shape[0]
             self.draft_pad = torch.full((1, max(V - Vd, 0)), float("-inf"), device=self.device)
-        if verifier is not None:  # prove: the target's pending tokens (their K/V came from placeholders)
+        if verifier is not None:
             self.verifier_cache = SlotCache.for_model(verifier, capacity)
-            self.pend = torch.zeros(block_size, dtype=torch.long, device=self.device)
+        self.pends = verifier is not None or block_draft
+        """A block pass over pending tokens (``_block_pass``): prove's target (up to K pending), pard's draft (K + 1)."""
+        if self.pends:
+            self.pend = torch.zeros(block_size + block_draft, dtype=torch.long, device=self.device)
             self.npend = torch.zeros((), dtype=torch.long, device=self.device)
         self.pos = torch.zeros((), dtype=torch.long, device=self.device)
         self.record = torch.zeros(block_size + 2, dtype=torch.long, device=self.device)
@@ -241,33 +254,43 @@ class FastEngine:
         self.pos.add_(n + 1)
         return record
 
-    def prove_step(self, k: int) -> torch.Tensor:
-        """One ``prove`` cycle (greedy): the target's block pass proposes y_1..y_k with p̃_i, the verifier's pass over
-        [last, y_1..y_k] gives q_i, the rule's twin commits the leading run of p̃_i·q_i ≥ θ (y_1 always), with no
-        correction token. The target's K/V of the committed y's came from placeholders, so they are its pending
-        tokens (``pend``, ``npend`` of them, the last at ``pos``): the block pass is [pend (K, padded), M×(k−1)],
-        pend at slot = position from ``start`` = pos − npend + 1, the placeholders at positions pos + 1.. in scratch
-        slots start + K.. past every pending slot (never kept), so the width is K + k − 1 whatever npend is. A
-        padding row of pend sees what a pending row there would (finite, unread); a placeholder row sees the valid
-        prefix, the real pending tokens and the placeholders up to itself. The verifier's cache is valid below
-        ``pos`` after every cycle (it re-reads the last committed token), as the reference's runner is."""
-        K = self.K
-        W = K + k - 1
+    def _block_pass(self, k: int, role: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block pass of ``role``'s model (the target for ``prove``, the draft for ``pard``) over its pending
+        tokens and k − 1 placeholders: (p̃ (k,), y (k,)), argmaxes of the restricted softmax on the target's
+        vocabulary (ties: the first index, as ``BlockProposer``).
+
+        Its pending tokens are the committed ones its cache lacks (their K/V came from placeholders): ``pend``,
+        ``npend`` of them, the last at ``pos``. The pass is [pend (P, padded), M×(k−1)], pend at slot = position from
+        ``start`` = pos − npend + 1, the placeholders at positions pos + 1.. in scratch slots start + P.. past every
+        pending slot (never kept), so its width is P + k − 1 whatever npend is. A padding row of pend sees what a
+        pending row there would (finite, unread); a placeholder row sees the valid prefix, the real pending tokens
+        and the placeholders up to itself. Afterwards the cache is valid up to ``pos``."""
+        P = self.pend.shape[0]
+        W = P + k - 1
         start = self.pos - self.npend + 1
         idx = torch.arange(W, device=self.device)
         ids = torch.cat([self.pend, self.mask_fill[: k - 1]])  # (W,)
-        positions = torch.where(idx < K, start + idx, self.pos + 1 + idx - K)  # (W,)
+        positions = torch.where(idx < P, start + idx, self.pos + 1 + idx - P)  # (W,)
         slots = start + idx
         r, c = idx[:, None], idx[None, :]
-        local = torch.where(r < K, c <= r, (c < self.npend) | ((c >= K) & (c <= r)))  # (W, W)
+        local = torch.where(r < P, c <= r, (c < self.npend) | ((c >= P) & (c <= r)))  # (W, W)
         local = torch.cat([local, local.new_zeros(W, 1)], 1)  # a last column of False: "not in the pass"
         rel = torch.arange(self.capacity, device=self.device) - start  # (S,) a slot's index within the pass
         see = local.index_select(1, torch.where((rel >= 0) & (rel < W), rel, W)) | (rel < 0)[None, :]
         # the rows that propose: the last pending token's and the placeholders' (the LM head runs on these only)
-        rows = torch.cat([(self.npend - 1).view(1), K + torch.arange(k - 1, device=self.device)])  # (k,)
-        logits = self._logits(self.model, self.cache, ids, positions, slots, slot_mask(see, self.dtype), rows)
-        # 1) propose: y_i and p̃_i from the restricted softmax (ties: the first index, as ``BlockProposer``)
-        conf, y = torch.softmax(logits + self.penalty, -1).max(-1)  # (k,), (k,)
+        rows = torch.cat([(self.npend - 1).view(1), P + torch.arange(k - 1, device=self.device)])  # (k,)
+        model, cache = self._role(role)
+        logits = self._logits(model, cache, ids, positions, slots, slot_mask(see, self.dtype), rows)
+        return torch.softmax(self._on_target_vocab(logits, role), -1).max(-1)  # (k,), (k,)
+
+    def prove_step(self, k: int) -> torch.Tensor:
+        """One ``prove`` cycle (greedy): the target's block pass (``_block_pass``: its pending tokens are the
+        committed y's) proposes y_1..y_k with p̃_i, the verifier's pass over [last, y_1..y_k] gives q_i, the rule's
+        twin commits the leading run of p̃_i·q_i ≥ θ (y_1 always), with no correction token. The verifier's cache is
+        valid below ``pos`` after every cycle (it re-reads the last committed token), as the reference's runner is."""
+        K = self.K
+        # 1) propose
+        conf, y = self._block_pass(k, "model")  # (k,), (k,)
         # 2) score: the verifier's own, unrestricted q_i, teacher-forced over [last, y_1..y_k]
         chain = torch.cat([self.last, y])  # (k+1,)
         q_logits = self._forward(chain, self.pos, k + 1, role="verifier")  # (k+1, the verifier's V)
@@ -320,6 +343,49 @@ class FastEngine:
         assert self.uniforms is not None
         return sd_sample_twin(y, draft_probs, target, self.uniforms[self.K : self.K + k + 1])
 
+    def pard_step(self, k: int) -> torch.Tensor:
+        """One ``pard`` cycle: the draft's block pass (``_block_pass``: its pending tokens are everything committed
+        since its last pass, the correction / bonus included, so up to K + 1 of them) proposes y_1..y_k, the target's
+        verification pass over [last, y_1..y_k] and the greedy rule's twin commit y_1..y_n and the greedy token. k = 0
+        (the request's last token) runs no draft pass, as the reference proposes nothing: no cycle follows it."""
+        if k > 0:
+            _, y = self._block_pass(k, "draft")  # (k,)
+        else:
+            y = self.last[:0]
+        greedy = self._forward(torch.cat([self.last, y]), self.pos, k + 1).argmax(-1)  # (k+1,)
+        n, extra = greedy_match_twin(y, greedy)
+        committed = torch.cat([y, y.new_zeros(1)]).scatter(
+            0, n.view(1), extra.view(1)
+        )  # [y_1..y_n, extra, ...]
+        self.pend.copy_(torch.cat([committed, self.pend[k + 1 :]]))
+        self.npend.copy_(n + 1)
+        self.last.copy_(extra.view(1))
+        self.pos.add_(n + 1)
+        return commit_record(y, n, extra)
+
+    def _role(self, role: str) -> tuple[Any, SlotCache]:
+        """The model of ``role`` (``model``: the target; ``draft``; ``verifier``) and its slot cache."""
+        model, cache = {
+            "model": (self.model, self.cache),
+            "draft": (self.draft, getattr(self, "draft_cache", None)),
+            "verifier": (self.verifier, getattr(self, "verifier_cache", None)),
+        }[role]
+        assert cache is not None, f"no {role} model on this engine"
+        return model, cache
+
+    def _on_target_vocab(self, logits: torch.Tensor, role: str) -> torch.Tensor:
+        """``role``'s float logits (rows, its V) on the target's vocabulary, restricted to the allowed ids (a draft's
+        rows cut or padded with −inf to the target's, as ``DraftProposer`` and ``fit_vocab`` do)."""
+        if role == "draft":
+            V = self.penalty.shape[0]
+            rows = logits.shape[0]
+            logits = (
+                logits[:, :V]
+                if logits.shape[-1] >= V
+                else torch.cat([logits, self.draft_pad.expand(rows, -1)], -1)
+            )
+        return logits + self.penalty  # (rows, V)
+
     def _forward(
         self, ids: torch.Tensor, start: torch.Tensor, rows: int, *, role: str = "model"
     ) -> torch.Tensor:
@@ -328,28 +394,14 @@ class FastEngine:
         and the draft's (rows, V) are on the target's vocabulary, restricted to the allowed ids (a draft's rows cut
         or padded with −inf to the target's, as ``DraftProposer`` does); the verifier's are its own, unrestricted
         (ProVe's q, as ``ModelVerifier`` gives it)."""
-        model, cache = {
-            "model": (self.model, self.cache),
-            "draft": (self.draft, getattr(self, "draft_cache", None)),
-            "verifier": (self.verifier, getattr(self, "verifier_cache", None)),
-        }[role]
-        assert cache is not None, f"no {role} model on this engine"
+        model, cache = self._role(role)
         w = ids.shape[0]
         positions = start + torch.arange(w, device=self.device)  # (W,)
         mask = linear_mask(start, w, cache.capacity, self.dtype)
         logits = self._logits(
             model, cache, ids, positions, positions, mask, rows
         )  # (rows, V or the draft's Vd)
-        if role == "verifier":
-            return logits
-        if role == "draft":
-            V = self.penalty.shape[0]
-            logits = (
-                logits[:, :V]
-                if logits.shape[-1] >= V
-                else torch.cat([logits, self.draft_pad.expand(rows, -1)], -1)
-            )
-        return logits + self.penalty  # (rows, V)
+        return logits if role == "verifier" else self._on_target_vocab(logits, role)
 
     def draft_step(self, k: int) -> torch.Tensor:
         """One greedy speculative-decoding cycle (``sd``): the draft's k passes — the first over [prev, last] at
@@ -386,7 +438,7 @@ class FastEngine:
         if self.fused:
             return self.fused_step()
         if self.draft is not None:
-            return self.draft_step(k)
+            return self.pard_step(k) if self.block_draft else self.draft_step(k)
         if self.verifier is not None:
             return self.prove_step(k)
         if self.uniforms is not None:  # sampled ar (k = 0): the bonus draw of speculative sampling's twin
@@ -464,7 +516,7 @@ class FastEngine:
         self.counters["passes"] += 1 + (
             k > 0 and not self.fused and self.draft is None and self.verifier is None
         )
-        self.counters["draft_passes"] += k if self.draft is not None else 0
+        self.counters["draft_passes"] += (k > 0 if self.block_draft else k) if self.draft is not None else 0
         self.counters["verifier_passes"] += self.verifier is not None
         self.counters["syncs"] += 1
         self.counters["cycles"] += 1
@@ -498,7 +550,7 @@ class FastEngine:
 
     def _buffers(self) -> list[torch.Tensor]:
         extra = [self.carried, self.have] if self.fused else [self.prev] if self.draft is not None else []
-        extra += [self.pend, self.npend] if self.verifier is not None else []
+        extra += [self.pend, self.npend] if self.pends else []
         return [self.last, self.pos, self._inject_at, *extra]
 
     def _restore(self, saved: list[torch.Tensor]) -> None:
@@ -507,7 +559,7 @@ class FastEngine:
 
     def _widest(self) -> int:
         """Slots a pass may write past the pending token's: the fused tree's width, else a verify pass's K + 1."""
-        return self.width if self.fused else 2 * self.K - 1 if self.verifier is not None else self.K + 1
+        return self.width if self.fused else self.pend.shape[0] + self.K - 1 if self.pends else self.K + 1
 
     def replay_ms(self, repeats: int = 20) -> float | None:
         """GPU milliseconds of one regular cycle: back-to-back replays of the captured graph timed with CUDA events
@@ -534,12 +586,12 @@ class FastEngine:
 
     def serves(self, prompt_len: int) -> bool:
         """Whether this request runs here: ``sd`` needs two prompt tokens (its draft re-feeds the last two)."""
-        return self.draft is None or prompt_len >= 2
+        return self.draft is None or self.block_draft or prompt_len >= 2
 
     def slots_needed(self, prompt_len: int, max_new_tokens: int) -> int:
         """KV slots a request uses: its positions, plus the scratch past the last pending token (the fused tree's;
         prove's block pass, whose placeholders sit past K pending slots)."""
-        scratch = self.width - 1 if self.fused else self.K - 1 if self.verifier is not None else 0
+        scratch = self.width - 1 if self.fused else self.K - 1 if self.pends else 0
         return prompt_len + max_new_tokens + scratch
 
     def check_room(self, prompt_len: int, max_new_tokens: int) -> None:
@@ -558,16 +610,19 @@ class FastEngine:
             ids = torch.tensor(prompt[:-1], dtype=torch.long, device=self.device)
             self._forward(ids, torch.zeros((), dtype=torch.long, device=self.device), 1)
             self.counters["passes"] += 1
-        if self.draft is not None:  # the draft's cache: all but the last two (its first pass re-feeds them)
+        if self.draft is not None and not self.block_draft:  # sd's draft: all but the last two (re-fed first)
             if P > 2:
                 ids = torch.tensor(prompt[:-2], dtype=torch.long, device=self.device)
                 self._forward(ids, torch.zeros((), dtype=torch.long, device=self.device), 1, role="draft")
             self.prev.fill_(int(prompt[-2]))
-        if self.verifier is not None:  # the verifier's cache too; the last prompt token is the one pending
+        second = "verifier" if self.verifier is not None else "draft" if self.block_draft else None
+        if second is not None:  # prove's verifier, pard's draft: the same prompt; the last token is pending
             if P > 1:
                 ids = torch.tensor(prompt[:-1], dtype=torch.long, device=self.device)
-                self._forward(ids, torch.zeros((), dtype=torch.long, device=self.device), 1, role="verifier")
+                self._forward(ids, torch.zeros((), dtype=torch.long, device=self.device), 1, role=second)
+        if self.pends:
             self.pend[0] = int(prompt[-1])
+
             self.npend.fill_(1)
         self.last.fill_(int(prompt[-1]))
         self.pos.fill_(P - 1)

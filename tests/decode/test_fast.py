@@ -100,7 +100,7 @@ def test_no_sync_backend_catches_a_host_read():
         torch.compile(f, fullgraph=True, backend=no_sync_backend)(torch.zeros(3, dtype=torch.long))
 
 
-@pytest.mark.parametrize("mode", ["unfused", "fused", "sd", "sd-sampled", "prove"])
+@pytest.mark.parametrize("mode", ["unfused", "fused", "sd", "sd-sampled", "prove", "pard"])
 def test_regular_cycle_compiles_whole_without_syncs_or_recompiles(
     echo_lm, lm, small, tokenizer, prompts, mode
 ):
@@ -116,6 +116,8 @@ def test_regular_cycle_compiles_whole_without_syncs_or_recompiles(
             kw.update(temperature=0.8, top_k=20, top_p=0.9)
     elif mode == "prove":
         kw = {"method": "prove", "verifier": small, "block_size": 4, "theta": PROVE_THETA}
+    elif mode == "pard":
+        kw = {"method": "pard", "draft": lm, "block_size": 4}
     else:
         kw = {"method": "prove-lossless", "block_size": 4, "fuse": mode == "fused"}
     dec = Decoder(echo_lm, tokenizer, fast=True, **kw)
@@ -333,3 +335,41 @@ def test_sampled_fast_path_is_reproducible_under_a_seed(echo_lm, lm, tokenizer, 
         runs = [dec.generate(prompts[0], max_new_tokens=N, eos_token_id=[], seed=s) for s in (1, 1, 2)]
         assert all(r.stats.fast is not None for r in runs)
         assert runs[0].token_ids == runs[1].token_ids != runs[2].token_ids
+
+
+@pytest.mark.parametrize("k", [4, 16])
+def test_pard_fast_path_equals_generate_and_the_reference_loop(k, echo_lm, lm, prompts, tokenizer, fast_refs):
+    """pard on the fast path (the draft's block pass over everything committed since its last pass, up to K + 1
+    pending tokens, then the target's K + 1 verification): ``generate``'s tokens and the reference loop's per-cycle
+    stats, with a draft equal to the target (blocks of several tokens accepted, at K = 4 whole ones: EOS, stop
+    strings and max_new_tokens fall inside them, and K + 1 tokens are pending) and a different one. Fails if the correction / bonus token is not among the
+    draft's pending tokens, or a pending token's slot or position is off (the draft's blocks, hence the stats,
+    drift from the reference's)."""
+    for draft in (echo_lm, lm):
+        kw = {"method": "pard", "draft": draft, "block_size": k}
+        with pytest.warns(UserWarning, match="records no trained block size"):
+            fast, ref = (
+                Decoder(echo_lm, tokenizer, fast=True, **kw),
+                Decoder(echo_lm, tokenizer, fast=False, **kw),
+            )
+        fast.fast_engine.pipeline = True
+        inside, longest = 0, 0
+        for p, want in zip(prompts[:2], fast_refs["echo"][:2], strict=True):
+            for case in (
+                {"max_new_tokens": N, "eos_token_id": []},
+                {"max_new_tokens": 7, "eos_token_id": []},
+                {"max_new_tokens": N, "eos_token_id": [want[9]]},
+                {"max_new_tokens": N, "eos_token_id": [], "stop": [tokenizer.decode(want[:7])[-2:]]},
+            ):
+                a, b = fast.generate(p, **case), ref.generate(p, **case)
+                assert a.token_ids == b.token_ids, case
+                assert _stats_key(a.stats) == _stats_key(b.stats), case
+                assert a.stats.draft_passes == b.stats.draft_passes, case
+                if not case["eos_token_id"] and "stop" not in case:
+                    assert a.token_ids == want[: case["max_new_tokens"]]
+                inside += a.stats.committed_per_cycle[-1] > 1 and len(a.token_ids) < case["max_new_tokens"]
+                longest = max(longest, *a.stats.committed_per_cycle)
+        if (
+            draft is echo_lm
+        ):  # at K = 4 some cycle accepts the whole block: K + 1 tokens pending for the draft
+            assert inside > 0 and longest >= 5, (inside, longest)
