@@ -34,6 +34,45 @@ def sd_sample_twin(
     return speculative_accept_batch(tokens, draft_probs, target_probs, uniforms)
 
 
+def asd_greedy_twin(
+    tokens: torch.Tensor,
+    target_logits: torch.Tensor,
+    spent: torch.Tensor,
+    *,
+    budget: float,
+    gate: float,
+    max_mismatches: int,
+    block_size: int | torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``rules.speculative.asd_greedy`` without its scan: (n, extra, spent) as 0-d tensors, ``spent`` (float64, the
+    regret spent so far in the request) in and out. ``block_size`` (K of the gate, default k) may be a 0-d tensor.
+
+    Only the leading run matters, so each position's test can assume every earlier one accepted: y_i passes if it is
+    the greedy token, or (with B, g, m all > 0) if r_i ≤ g·(K − i + 1), fewer than m mismatches precede it and the
+    regret spent through it is ≤ B. Regrets are the rule's float32 values, summed in float64 in the rule's order
+    (the spent regret first), so the comparisons see the rule's numbers."""
+    k = tokens.shape[0]
+    K = k if block_size is None else block_size
+    z = target_logits[:k].float()  # (k, V)
+    greedy = target_logits.argmax(-1)  # (k+1,)
+    regret = (z.max(-1).values - z.gather(-1, tokens[:, None]).squeeze(-1)).double()  # (k,)
+    match = tokens == greedy[:k]  # (k,)
+    mis = ~match
+    spent_through = torch.cat([spent.view(1), torch.where(mis, regret, 0.0)]).cumsum(
+        0
+    )  # (k+1,): [s, s+r_1, ..]
+    ok = match
+    if budget > 0 and gate > 0 and max_mismatches > 0:
+        i = torch.arange(1, k + 1, device=tokens.device)
+        used_before = mis.long().cumsum(0) - mis.long()  # (k,)
+        relaxed = (
+            (regret <= gate * (K - i + 1)) & (used_before < max_mismatches) & (spent_through[1:] <= budget)
+        )
+        ok = match | relaxed
+    n = leading_true(ok)
+    return n, greedy.gather(0, n.view(1)).view(()), spent_through.gather(0, n.view(1)).view(())
+
+
 def prove_rule_twin(proposer_conf: torch.Tensor, verifier_probs: torch.Tensor, theta: float) -> torch.Tensor:
     """``rules.block.prove_rule``'s n (k ≥ 1): the leading run of p̃_i·q_i ≥ θ, at least 1 (y_1 always)."""
     return leading_true(proposer_conf * verifier_probs >= theta).clamp(min=1)

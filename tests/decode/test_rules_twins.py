@@ -11,6 +11,7 @@ from prove.decode.engine import Stopper
 from prove.decode.rules.block import greedy_match, mars_rule, prove_rule
 from prove.decode.rules.speculative import sd_sample
 from prove.decode.rules.twins import (
+    asd_greedy_twin,
     commit_record,
     greedy_match_twin,
     mars_rule_twin,
@@ -99,3 +100,32 @@ def test_sampled_sd_twin_equals_sd_sample_under_the_same_uniforms(k):
         assert (int(n), int(extra)) == (ref.n, ref.extra)
         seen.add(ref.n)
     assert len(seen) == k + 1, f"some accepted counts never occurred: {sorted(seen)}"
+
+
+def test_asd_twin_equals_asd_greedy_on_a_grid():
+    """Fails if the twin forgets the spent regret it is handed, caps mismatches per block off by one, gates with
+    another K or i (K − i + 1, 1-based; K may exceed k), lets a greedy token's zero regret count as a mismatch, sums
+    the budget in another order, or scans past the first refusal. Logits on a coarse grid give ties (a tied
+    non-first argmax is a mismatch of regret 0) and regrets exactly at the gate and the budget."""
+    from prove.decode.rules.speculative import AsdState, asd_greedy
+
+    g = torch.Generator().manual_seed(0)
+    seen = set()
+    for trial in range(400):
+        k = 1 + trial % 4
+        logits = torch.randint(0, 5, (k + 1, 5), generator=g).float() * 0.25
+        tokens = torch.randint(0, 5, (k,), generator=g)
+        spent = float(torch.randint(0, 9, (), generator=g)) * 0.25
+        kw = {
+            "budget": [0.0, 0.5, 2.0][trial % 3],
+            "gate": [0.25, 0.5][trial % 2],
+            "max_mismatches": trial % 3,
+        }
+        K = k + trial % 2
+        ref, state = asd_greedy(tokens, logits, AsdState(spent), block_size=K, **kw)
+        n, extra, spent_after = asd_greedy_twin(
+            tokens, logits, torch.tensor(spent, dtype=torch.float64), block_size=torch.tensor(K), **kw
+        )
+        assert (int(n), int(extra), float(spent_after)) == (ref.n, ref.extra, state.spent), (trial, kw)
+        seen.add((ref.n > 0, state.spent > spent))
+    assert seen == {(False, False), (True, False), (True, True)}, "some kind of verdict never occurred"
