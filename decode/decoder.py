@@ -74,25 +74,26 @@ def _meta(path: str) -> ProveMeta | None:
 
 class Decoder:
     """Decode with one method: ``ar``, ``mars``, ``prove``, ``prove-lossless``, ``sd``, ``nsd``, ``asd``
-    (``prove.decode.methods``).
+       (``prove.decode.methods``).
 
-    ``model`` (the model being accelerated), ``verifier`` (ProVe's small scorer) and ``draft`` (the SD
-    family's small proposer) are loaded Hugging Face causal LMs or checkpoint paths. ``tokenizer``
-    defaults to the one saved with ``model`` when it is a path. ``params`` are ``DecodeParams`` fields
-    (theta, tau, block_size, k, temperature, top_p, top_k, seed); ``None`` takes the method's default,
-    and ``block_size`` the trained one. Greedy by default.
+       ``model`` (the model being accelerated), ``verifier`` (ProVe's small scorer) and ``draft`` (the SD
+       family's small proposer) are loaded Hugging Face causal LMs or checkpoint paths. ``tokenizer``
+       defaults to the one saved with ``model`` when it is a path. ``params`` are ``DecodeParams`` fields
+       (theta, tau, block_size, k, temperature, top_p, top_k, seed); ``None`` takes the method's default,
+       and ``block_size`` the trained one. Greedy by default.
 
-    ``proposer`` (``block`` or ``draft``) runs the method's rule on another proposer: ``method="nsd",
-    proposer="block"`` is NSD's nucleus gate on the MARS block proposer, verified by the model itself.
+       ``proposer`` (``block`` or ``draft``) runs the method's rule on another proposer: ``method="nsd",
+       proposer="block"`` is NSD's nucleus gate on the MARS block proposer, verified by the model itself.
 
-    ``fuse=True`` (block proposals the model verifies itself) makes each cycle one model pass: the
-    verification pass also drafts the next block (``prove.decode.fused``; ``fuse_groups="auto"``, "all" or m).
+       ``fuse=True`` (block proposals the model verifies itself) makes each cycle one model pass: the
+       verification pass also drafts the next block (``prove.decode.fused``; ``fuse_groups="auto"``, "all" or m).
 
-    ``fast`` (``True``, ``False``, ``"auto"``; default auto) runs ``ar``, ``prove-lossless`` (fused or not),
-    ``sd`` (greedy or sampled), greedy ``prove`` and ``pard`` on the fast path (``prove.decode.fast``: a static
-    slot cache of ``cache_len`` slots, default min(max_position_embeddings, 4096), CUDA graphs on CUDA); auto takes
-    it on CUDA only, and only after the slot cache agreed with ``DynamicCache`` on this model. Greedy tokens are
-    the same either way; sampled ones follow the same distribution from other draws.
+       ``fast`` (``True``, ``False``, ``"auto"``; default auto) runs ``ar``, ``prove-lossless`` (fused or not),
+       ``sd`` (greedy or sampled), greedy ``prove``, ``pard`` and ``asd`` on the fast path
+    (``prove.decode.fast``: a static
+       slot cache of ``cache_len`` slots, default min(max_position_embeddings, 4096), CUDA graphs on CUDA); auto takes
+       it on CUDA only, and only after the slot cache agreed with ``DynamicCache`` on this model. Greedy tokens are
+       the same either way; sampled ones follow the same distribution from other draws.
 
     """
 
@@ -272,13 +273,13 @@ class Decoder:
         capacity = cache_len if cache_len is not None else min(limit, fast.DEFAULT_CACHE_LEN)
         if capacity < 2:
             raise ValueError(f"cache_len={capacity} must be ≥ 2 (a prompt token and a new one)")
-        sd, prove, pard = (self.method.name == m for m in ("sd", "prove", "pard"))
+        sd, prove, pard, asd = (self.method.name == m for m in ("sd", "prove", "pard", "asd"))
         blocks = self.method.name in ("prove-lossless", "prove", "pard")
-        block = self.params.block_size if blocks else self.params.k if sd else 0
+        block = self.params.block_size if blocks else self.params.k if sd or asd else 0
         p = self.params
         return fast.FastEngine(
             target,
-            draft=self.models.draft.model if (sd or pard) and self.models.draft is not None else None,
+            draft=self.models.draft.model if (sd or pard or asd) and self.models.draft is not None else None,
             block_draft=pard,
             verifier=self.models.verifier.model if prove and self.models.verifier is not None else None,
             theta=p.theta if prove else 0.0,
@@ -286,6 +287,7 @@ class Decoder:
             top_k=p.top_k,
             top_p=p.top_p,
             generator=self.generator,
+            asd={"budget": p.budget, "gate": p.gate, "max_mismatches": p.max_mismatches} if asd else None,
             block_size=int(block or 0),
             mask_token_id=mask_id,
             allowed=self.models.allowed,

@@ -1,8 +1,8 @@
 """The fast path (docs/design.md §3, "The fast path"): a static slot cache, a fixed-width cycle on the device, one
 small record to the host per cycle.
 
-What runs here: ``ar`` and ``sd`` (greedy or sampled), ``prove-lossless`` (unfused and fused), greedy ``prove`` and
-``pard``.
+What runs here: ``ar`` and ``sd`` (greedy or sampled), ``prove-lossless`` (unfused and fused), greedy ``prove``,
+``pard`` and greedy ``asd``.
 Their cycle is one function of persistent
 device buffers (``FastEngine.step``): the pending token ``last`` and its position ``pos`` (= the valid length of
 the slot cache: slot = position, always). An unfused ``prove-lossless`` cycle feeds the block pass
@@ -14,7 +14,9 @@ twin (``rules.twins.greedy_match_twin``), moves ``last`` / ``pos`` on by the com
 group of K − 1 placeholders (``prove.decode.fused`` with ``fuse_groups=all``, without the second candidate) — whose
 accepted group becomes the next proposal. A greedy ``sd`` cycle (``draft_step``) is the draft model's k passes on
 its own slot cache (the first over the last two committed tokens, so its cache never needs a crop either) and the
-target's verification pass. A sampled ``ar`` / ``sd`` cycle draws from a buffer of uniforms filled on the device
+target's verification pass; greedy ``asd`` is the same cycle with ASD's twin (``rules.twins.asd_greedy_twin``),
+its spent regret a device buffer carried across the request's cycles and the gate's K the proposal the reference
+drafts (up to the draft's first EOS of the request). A sampled ``ar`` / ``sd`` cycle draws from a buffer of uniforms filled on the device
 from the Decoder's generator just before the cycle (``uniforms``: the draft's k draws by inverse CDF, then the rule's
 k + 1), warps draft and target alike (``rules.speculative.warp_probs``) and runs speculative sampling's twin
 (``rules.twins.sd_sample_twin``; ar is its k = 0 bonus draw), so the step holds no generator and no host read. A
@@ -34,7 +36,7 @@ cache, and the stats count it (``Stats.fast['eager_cycles']``); a fused cycle ke
 cuts what runs past the budget. Prefill is eager. With graphs (``pipeline``), cycle c + 1 is launched before cycle
 c's record is read wherever the budget allows, so the device never waits for the host's stopping work.
 
-Everything else (mars, nsd, asd, sampled prove, ``draft_threshold``, a trace or an ``on_cycle`` hook)
+Everything else (mars, nsd, sampled prove, ``draft_threshold``, a trace or an ``on_cycle`` hook)
 takes the reference path; ``fast=auto`` chooses this path on CUDA for a model the slot cache serves
 (``slot_cache.unsupported_reason``) after a self-check against ``DynamicCache`` (``self_check``).
 """
@@ -48,15 +50,22 @@ from typing import Any
 
 import torch
 from prove.decode.engine import Stats, Stopper, _Tally
+from prove.decode.rules.block import leading_true
 from prove.decode.rules.speculative import sample_from_probs, warp_probs
-from prove.decode.rules.twins import commit_record, greedy_match_twin, prove_rule_twin, sd_sample_twin
+from prove.decode.rules.twins import (
+    asd_greedy_twin,
+    commit_record,
+    greedy_match_twin,
+    prove_rule_twin,
+    sd_sample_twin,
+)
 from prove.decode.slot_cache import SlotCache, linear_mask, slot_mask, unsupported_reason
 from transformers import DynamicCache
 
-FAST_METHODS = ("ar", "prove-lossless", "sd", "prove", "pard")
+FAST_METHODS = ("ar", "prove-lossless", "sd", "prove", "pard", "asd")
 """The methods the fast path runs (without draft_threshold; prove-lossless fused or not; sd with its draft, prove
-with its verifier, pard with its block draft; greedy, and ar and sd sampled too); the rest take the reference
-path."""
+with its verifier, pard with its block draft, asd with its draft; greedy, and ar and sd sampled too); the rest take
+the reference path."""
 
 
 SAMPLED_METHODS = ("ar", "sd")
@@ -75,7 +84,7 @@ def why_not(method: Any, params: Any, model: Any, second: Any = None) -> str | N
         return f"it samples {' and '.join(SAMPLED_METHODS)} only ({method.name} with temperature=0)"
     if params.fuse and (params.block_size or 0) < 2:
         return "a fused cycle needs block_size ≥ 2"
-    if method.name == "sd" and method.proposer != "draft":
+    if method.name in ("sd", "asd") and method.proposer != "draft":
         return f"{method.name} runs its own draft model only"
     if params.draft_threshold:
         return "draft_threshold cuts proposals to varying widths (draft_threshold=0)"
@@ -89,7 +98,8 @@ def why_not(method: Any, params: Any, model: Any, second: Any = None) -> str | N
 class FastEngine:
     """The fast path for one method on the target model: ``ar`` (``block_size`` 0), ``prove-lossless`` (K;
     ``fused``), ``sd`` (``draft``; ``block_size`` = its k), ``prove`` (``verifier``, ``theta``) or ``pard``
-    (``draft``, ``block_draft``); ar and sd sample
+    (``draft``, ``block_draft``) or greedy ``asd`` (``draft``, ``asd``); ar and sd sample
+
     when ``temperature`` > 0 (with ``top_k`` / ``top_p``, drawing from ``generator``).
 
     ``capacity`` slots are allocated once per model; a request needs prompt + max_new_tokens of them (+ K² − 1 fused,
@@ -114,6 +124,7 @@ class FastEngine:
         top_k: int = 0,
         top_p: float = 1.0,
         generator: torch.Generator | None = None,
+        asd: dict[str, Any] | None = None,
     ) -> None:
         self.model = model
         self.draft = draft
@@ -125,6 +136,8 @@ class FastEngine:
         self.theta = theta
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         """Sampling (``ar`` and ``sd`` only; temperature 0 = greedy): the warping of ``rules.speculative.warp_probs``."""
+        self.asd = asd
+        """Greedy ``asd`` on the draft's proposals: its ``budget``, ``gate`` and ``max_mismatches``, or None."""
         self.generator = generator
         """Where a sampled cycle's uniforms come from (the Decoder's, reseeded by ``generate(seed=...)``)."""
         self.K = block_size
@@ -154,6 +167,10 @@ class FastEngine:
         if self.pends:
             self.pend = torch.zeros(block_size + block_draft, dtype=torch.long, device=self.device)
             self.npend = torch.zeros((), dtype=torch.long, device=self.device)
+        self.is_eos = torch.zeros(V, dtype=torch.bool, device=self.device)  # the request's EOS ids
+        self.spent = torch.zeros(
+            (), dtype=torch.float64, device=self.device
+        )  # asd: the request's regret spent
         self.pos = torch.zeros((), dtype=torch.long, device=self.device)
         self.record = torch.zeros(block_size + 2, dtype=torch.long, device=self.device)
         self.adds_token = int(verifier is None)
@@ -422,7 +439,11 @@ class FastEngine:
         y = torch.cat(ys) if ys else self.last[:0]  # (k,)
         chain = torch.cat([self.last, y])  # (k+1,): the tokens at pos..pos+k
         target = self._forward(chain, self.pos, k + 1)  # (k+1, V)
-        if self.uniforms is None:
+        if self.asd is not None:  # the proposal the reference drafts ends at its first EOS: K of the gate
+            proposed = (leading_true(~self.is_eos.index_select(0, y)) + 1).clamp(max=k)
+            n, extra, spent = asd_greedy_twin(y, target, self.spent, block_size=proposed, **self.asd)
+            self.spent.copy_(spent)
+        elif self.uniforms is None:
             n, extra = greedy_match_twin(y, target.argmax(-1))
         else:
             n, extra = self._sampled_rule(y, torch.cat(qs) if qs else target[:0], target)
@@ -551,6 +572,7 @@ class FastEngine:
     def _buffers(self) -> list[torch.Tensor]:
         extra = [self.carried, self.have] if self.fused else [self.prev] if self.draft is not None else []
         extra += [self.pend, self.npend] if self.pends else []
+        extra += [self.spent] if self.asd is not None else []
         return [self.last, self.pos, self._inject_at, *extra]
 
     def _restore(self, saved: list[torch.Tensor]) -> None:
@@ -639,6 +661,12 @@ class FastEngine:
         self._inject_at.zero_()  # an injected acceptance starts over with every request
         t0 = time.perf_counter()
         self.prefill(prompt_ids)
+        self.spent.zero_()  # asd's budget is per request
+        self.is_eos.zero_()
+        eos = [t for t in stopper.eos if 0 <= t < self.is_eos.shape[0]]
+        if eos:
+            self.is_eos[torch.tensor(eos, device=self.device)] = True
+
         new: list[int] = []
         tally = _Tally()
         done = False

@@ -100,7 +100,7 @@ def test_no_sync_backend_catches_a_host_read():
         torch.compile(f, fullgraph=True, backend=no_sync_backend)(torch.zeros(3, dtype=torch.long))
 
 
-@pytest.mark.parametrize("mode", ["unfused", "fused", "sd", "sd-sampled", "prove", "pard"])
+@pytest.mark.parametrize("mode", ["unfused", "fused", "sd", "sd-sampled", "prove", "pard", "asd"])
 def test_regular_cycle_compiles_whole_without_syncs_or_recompiles(
     echo_lm, lm, small, tokenizer, prompts, mode
 ):
@@ -118,6 +118,8 @@ def test_regular_cycle_compiles_whole_without_syncs_or_recompiles(
         kw = {"method": "prove", "verifier": small, "block_size": 4, "theta": PROVE_THETA}
     elif mode == "pard":
         kw = {"method": "pard", "draft": lm, "block_size": 4}
+    elif mode == "asd":
+        kw = {"method": "asd", "draft": lm, "k": 4}
     else:
         kw = {"method": "prove-lossless", "block_size": 4, "fuse": mode == "fused"}
     dec = Decoder(echo_lm, tokenizer, fast=True, **kw)
@@ -373,3 +375,38 @@ def test_pard_fast_path_equals_generate_and_the_reference_loop(k, echo_lm, lm, p
             draft is echo_lm
         ):  # at K = 4 some cycle accepts the whole block: K + 1 tokens pending for the draft
             assert inside > 0 and longest >= 5, (inside, longest)
+
+
+@pytest.mark.parametrize("k", [4, 16])
+def test_greedy_asd_fast_path_equals_the_reference_loop(k, echo_lm, prompts, tokenizer, fast_refs):
+    """Greedy asd on the fast path (sd's draft cycle with the ASD rule's twin, its regret budget carried across
+    cycles on the device): the reference loop's tokens, and its per-cycle stats where no EOS cuts a draft, with a
+    draft close to the target (mismatches of small regret: some accepted) under a budget that runs out within a
+    request (0.2, at K = 4) and the default (8), with an EOS its drafts reach within a block. Fails if the spent regret is not carried from cycle to cycle or not
+    reset per request, if the gate's K is not the reference's proposal length (a draft that reaches EOS stops
+    there), or if the twin accepts other mismatches than the rule."""
+    from tests.decode.test_draft import perturbed
+
+    draft = perturbed(echo_lm, 0.02, seed=8)
+    relaxed = 0
+    for budget in (0.2, 8.0) if k == 4 else (8.0,):
+        kw = {"method": "asd", "draft": draft, "k": k, "budget": budget}
+        fast, ref = (
+            Decoder(echo_lm, tokenizer, fast=True, **kw),
+            Decoder(echo_lm, tokenizer, fast=False, **kw),
+        )
+        fast.fast_engine.pipeline = True
+        for p, want in zip(prompts[:2], fast_refs["echo"][:2], strict=True):
+            own = ref.generate(p, max_new_tokens=N, eos_token_id=[]).token_ids
+            for case in (
+                {"max_new_tokens": N, "eos_token_id": []},
+                {"max_new_tokens": 7, "eos_token_id": []},
+                {"max_new_tokens": N, "eos_token_id": [own[5]]},  # drafted early: a shorter gate K
+                {"max_new_tokens": N, "eos_token_id": [], "stop": [tokenizer.decode(want[:7])[-2:]]},
+            ):
+                a, b = fast.generate(p, **case), ref.generate(p, **case)
+                assert a.token_ids == b.token_ids, (budget, case)
+                if not case["eos_token_id"]:
+                    assert _stats_key(a.stats) == _stats_key(b.stats), (budget, case)
+                relaxed += a.token_ids != want[: len(a.token_ids)]
+    assert relaxed > 0, "no mismatch was ever accepted: the test lost its point"
