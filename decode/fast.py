@@ -2,39 +2,38 @@
 small record to the host per cycle.
 
 What runs here: ``ar`` and ``sd`` (greedy or sampled), ``prove-lossless`` (unfused and fused), greedy ``prove``,
-``pard`` and greedy ``asd``.
-Their cycle is one function of persistent
-device buffers (``FastEngine.step``): the pending token ``last`` and its position ``pos`` (= the valid length of
-the slot cache: slot = position, always). An unfused ``prove-lossless`` cycle feeds the block pass
-``[last, M×(K−1)]`` at positions pos..pos+K−1, takes its argmaxes y_1..y_K, feeds the verification pass
-``[last, y_1..y_K]`` over the same slots (the placeholders' stale K/V simply overwritten), runs the rule's sync-free
-twin (``rules.twins.greedy_match_twin``), moves ``last`` / ``pos`` on by the committed count and writes the record
-[count, tokens]. An ``ar`` cycle is the same with K = 0 (the verification pass alone). A fused cycle
-(``fused_step``) is one tree pass of K² entries — the carried proposal and, after every acceptance length, its
-group of K − 1 placeholders (``prove.decode.fused`` with ``fuse_groups=all``, without the second candidate) — whose
-accepted group becomes the next proposal. A greedy ``sd`` cycle (``draft_step``) is the draft model's k passes on
-its own slot cache (the first over the last two committed tokens, so its cache never needs a crop either) and the
-target's verification pass; greedy ``asd`` is the same cycle with ASD's twin (``rules.twins.asd_greedy_twin``),
-its spent regret a device buffer carried across the request's cycles and the gate's K the proposal the reference
-drafts (up to the draft's first EOS of the request). A sampled ``ar`` / ``sd`` cycle draws from a buffer of uniforms filled on the device
-from the Decoder's generator just before the cycle (``uniforms``: the draft's k draws by inverse CDF, then the rule's
-k + 1), warps draft and target alike (``rules.speculative.warp_probs``) and runs speculative sampling's twin
-(``rules.twins.sd_sample_twin``; ar is its k = 0 bonus draw), so the step holds no generator and no host read. A
-``prove`` cycle (``prove_step``) is the target's block pass over its pending tokens (the committed y's, whose K/V
-came from placeholders) and K − 1 placeholders, the small verifier's pass over [last, y_1..y_K] on its own slot
-cache, and the θ rule's twin (``rules.twins.prove_rule_twin``; no correction token). A ``pard`` cycle
-(``pard_step``) is the same block pass on the draft model (its pending tokens: everything committed since its last
-pass, up to K + 1) and the target's greedy verification, as unfused prove-lossless. The host reads the record (the one sync of a cycle) and applies EOS,
-stop strings and ``max_new_tokens`` with the engine's ``Stopper``, exactly as the reference loop
+``pard`` and greedy ``asd``. Their cycle is one function of persistent device buffers (``FastEngine.step``): the
+pending token ``last`` and its position ``pos`` (= the valid length of the slot cache: slot = position, always). An
+unfused ``prove-lossless`` cycle feeds the block pass ``[last, M×(K−1)]`` at positions pos..pos+K−1, takes its
+argmaxes y_1..y_K, feeds the verification pass ``[last, y_1..y_K]`` over the same slots (the placeholders' stale K/V
+simply overwritten), runs the rule's sync-free twin (``rules.twins.greedy_match_twin``), moves ``last`` / ``pos`` on
+by the committed count and writes the record [count, tokens]. An ``ar`` cycle is the same with K = 0 (the
+verification pass alone). A fused cycle (``fused_step``) is one tree pass of K² entries — the carried proposal and,
+after every acceptance length, its group of K − 1 placeholders (``prove.decode.fused`` with ``fuse_groups=all``,
+without the second candidate) — whose accepted group becomes the next proposal. A greedy ``sd`` cycle
+(``draft_step``) is the draft model's k passes on its own slot cache (the first over the last two committed tokens,
+so its cache never needs a crop either) and the target's verification pass; greedy ``asd`` is the same cycle with
+ASD's twin (``rules.twins.asd_greedy_twin``), its spent regret a device buffer carried across the request's cycles
+and the gate's K the proposal the reference drafts (up to the draft's first EOS of the request). A sampled ``ar`` /
+``sd`` cycle draws from a buffer of uniforms filled on the device from the Decoder's generator just before the cycle
+(``uniforms``: the draft's k draws by inverse CDF, then the rule's k + 1), warps draft and target alike
+(``rules.speculative.warp_probs``) and runs speculative sampling's twin (``rules.twins.sd_sample_twin``; ar is
+its k = 0 bonus draw), so the step holds no generator and no host read. A ``prove`` cycle (``prove_step``) is the target's
+block pass over its pending tokens (the committed y's, whose K/V came from placeholders) and K − 1 placeholders, the
+small verifier's pass over [last, y_1..y_K] on its own slot cache, and the θ rule's twin
+(``rules.twins.prove_rule_twin``; no correction token). A ``pard`` cycle (``pard_step``) is the same block pass on
+the draft model (its pending tokens: everything committed since its last pass, up to K + 1) and the target's greedy
+verification, as unfused prove-lossless. The host reads the record (the one sync of a cycle) and applies EOS, stop
+strings and ``max_new_tokens`` with the engine's ``Stopper``, exactly as the reference loop
 (``prove.decode.engine.run``) does; a block that ran past EOS is cut there.
 
 Widths. The regular cycle has fixed widths (K and K + 1; 1 for ar; K² fused; prove 2K − 1 and the verifier's K + 1;
-pard the draft's 2K and K + 1). On CUDA it is captured once as a CUDA
-graph and replayed; elsewhere the same function runs as is (so every CPU test exercises it). An unfused cycle of
-another width (the last cycles, when the token budget is below K) runs the same function eagerly on the same slot
-cache, and the stats count it (``Stats.fast['eager_cycles']``); a fused cycle keeps its tree to the end and the host
-cuts what runs past the budget. Prefill is eager. With graphs (``pipeline``), cycle c + 1 is launched before cycle
-c's record is read wherever the budget allows, so the device never waits for the host's stopping work.
+pard the draft's 2K and K + 1). On CUDA it is captured once as a CUDA graph and replayed; elsewhere the same
+function runs as is (so every CPU test exercises it). An unfused cycle of another width (the last cycles, when the
+token budget is below K) runs the same function eagerly on the same slot cache, and the stats count it
+(``Stats.fast['eager_cycles']``); a fused cycle keeps its tree to the end and the host cuts what runs past the
+budget. Prefill is eager. With graphs (``pipeline``), cycle c + 1 is launched before cycle c's record is read
+wherever the budget allows, so the device never waits for the host's stopping work.
 
 Everything else (mars, nsd, sampled prove, ``draft_threshold``, a trace or an ``on_cycle`` hook)
 takes the reference path; ``fast=auto`` chooses this path on CUDA for a model the slot cache serves
@@ -421,7 +420,7 @@ class FastEngine:
         return logits if role == "verifier" else self._on_target_vocab(logits, role)
 
     def draft_step(self, k: int) -> torch.Tensor:
-        """One greedy speculative-decoding cycle (``sd``): the draft's k passes — the first over [prev, last] at
+        """One speculative-decoding cycle (``sd`` greedy or sampled, greedy ``asd``): the draft's k passes — the first over [prev, last] at
         pos − 1, pos (prev's K/V recomputed: it is missing after a cycle that accepted the whole draft), then one
         token each — the target's verification pass over [last, y_1..y_k], the rule's twin, and the next prev /
         last / pos. The draft's cache is valid below the new prev's position after every cycle, as the target's is
