@@ -71,7 +71,8 @@ class DecodeParams:
     fast: Any = None
     """Our engine's fast path (``prove.decode.fast``: a static slot cache, fixed-width cycles captured as CUDA
     graphs, one host sync per cycle): ``true``, ``false`` or ``auto`` (``None`` = auto: on CUDA for the methods
-    and models it serves, today's reference path elsewhere). The output is the same either way."""
+    and models it serves, today's reference path elsewhere). Greedy output is the same either way; sampled output
+    has the same distribution, from other draws."""
 
     def __post_init__(self) -> None:
         for name in DecodeParams.field_names():

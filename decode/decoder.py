@@ -74,24 +74,27 @@ def _meta(path: str) -> ProveMeta | None:
 
 class Decoder:
     """Decode with one method: ``ar``, ``mars``, ``prove``, ``prove-lossless``, ``sd``, ``nsd``, ``asd``
-    (``prove.decode.methods``).
+       (``prove.decode.methods``).
 
-    ``model`` (the model being accelerated), ``verifier`` (ProVe's small scorer) and ``draft`` (the SD
-    family's small proposer) are loaded Hugging Face causal LMs or checkpoint paths. ``tokenizer``
-    defaults to the one saved with ``model`` when it is a path. ``params`` are ``DecodeParams`` fields
-    (theta, tau, block_size, k, temperature, top_p, top_k, seed); ``None`` takes the method's default,
-    and ``block_size`` the trained one. Greedy by default.
+       ``model`` (the model being accelerated), ``verifier`` (ProVe's small scorer) and ``draft`` (the SD
+       family's small proposer) are loaded Hugging Face causal LMs or checkpoint paths. ``tokenizer``
+       defaults to the one saved with ``model`` when it is a path. ``params`` are ``DecodeParams`` fields
+       (theta, tau, block_size, k, temperature, top_p, top_k, seed); ``None`` takes the method's default,
+       and ``block_size`` the trained one. Greedy by default.
 
-    ``proposer`` (``block`` or ``draft``) runs the method's rule on another proposer: ``method="nsd",
-    proposer="block"`` is NSD's nucleus gate on the MARS block proposer, verified by the model itself.
+       ``proposer`` (``block`` or ``draft``) runs the method's rule on another proposer: ``method="nsd",
+       proposer="block"`` is NSD's nucleus gate on the MARS block proposer, verified by the model itself.
 
-    ``fuse=True`` (block proposals the model verifies itself) makes each cycle one model pass: the
-    verification pass also drafts the next block (``prove.decode.fused``; ``fuse_groups="auto"``, "all" or m).
+       ``fuse=True`` (block proposals the model verifies itself) makes each cycle one model pass: the
+       verification pass also drafts the next block (``prove.decode.fused``; ``fuse_groups="auto"``, "all" or m).
 
-    ``fast`` (``True``, ``False``, ``"auto"``; default auto) runs ``ar`` and greedy unfused ``prove-lossless`` on
-    the fast path (``prove.decode.fast``: a static slot cache of ``cache_len`` slots, default
-    min(max_position_embeddings, 4096), CUDA graphs on CUDA); auto takes it on CUDA only, and only after the slot
-    cache agreed with ``DynamicCache`` on this model. The tokens are the same either way.
+       ``fast`` (``True``, ``False``, ``"auto"``; default auto) runs ``ar``, ``prove-lossless`` (fused or not),
+       ``sd`` (greedy or sampled), greedy ``prove``, ``pard`` and ``asd`` on the fast path
+    (``prove.decode.fast``: a static
+       slot cache of ``cache_len`` slots, default min(max_position_embeddings, 4096), CUDA graphs on CUDA); auto takes
+       it on CUDA only, and only after the slot cache agreed with ``DynamicCache`` on this model. Greedy tokens are
+       the same either way; sampled ones follow the same distribution from other draws.
+
     """
 
     def __init__(
@@ -126,7 +129,7 @@ class Decoder:
         aux = self._load_aux(verifier, draft, dtype)
         if self.method.drafts_blocks:  # pard: the draft's blocks, its own <|mask|> and trained K
             mask_id = self._check_draft_blocks(draft, aux["draft"], mask_token_id)
-        fast_on = self._fast_applies(target)
+        fast_on = self._fast_applies(target, aux)
         if fast_on and self.params.fuse:  # the fast path runs every group: skip auto's start-up timing
             self.params = dataclasses.replace(self.params, fuse_groups="all")
         self._assemble(target, aux, model_meta, mask_id)
@@ -235,7 +238,7 @@ class Decoder:
         probe_wanted = self.trace and self.models.verifier is not None and not self.method.needs_verifier
         self.probe = ModelVerifier(self.models.verifier, is_target=False) if probe_wanted else None
 
-    def _fast_applies(self, target: Any) -> bool:
+    def _fast_applies(self, target: Any, aux: dict[str, ModelRunner]) -> bool:
         """Whether the fast path runs this decode: ``fast`` true, or auto on CUDA, and a method, setting and model
         it serves. ``fast=true`` on what it cannot serve is a clear error; auto falls back with one line when the
         slot cache's self-check against ``DynamicCache`` fails on this model."""
@@ -244,11 +247,14 @@ class Decoder:
         want = self.params.fast if self.params.fast is not None else "auto"
         if want is False or (want == "auto" and self.device.type != "cuda"):
             return False
-        reason = fast.why_not(self.method, self.params, target)
+        second = aux.get("verifier" if self.method.name == "prove" else "draft")
+        second_model = None if second is None else second.model
+        reason = fast.why_not(self.method, self.params, target, second_model)
         if reason is None and self.trace:
             reason = "it records no trace (trace=false)"
-        if reason is None:
-            reason = fast.self_check(target)
+        for m in (target, second_model):
+            if reason is None and m is not None:
+                reason = fast.self_check(m)
         if reason is not None:
             if want is True:
                 raise ValueError(
@@ -267,11 +273,21 @@ class Decoder:
         capacity = cache_len if cache_len is not None else min(limit, fast.DEFAULT_CACHE_LEN)
         if capacity < 2:
             raise ValueError(f"cache_len={capacity} must be ≥ 2 (a prompt token and a new one)")
-        sd = self.method.name == "sd"
-        block = self.params.block_size if self.method.name == "prove-lossless" else self.params.k if sd else 0
+        sd, prove, pard, asd = (self.method.name == m for m in ("sd", "prove", "pard", "asd"))
+        blocks = self.method.name in ("prove-lossless", "prove", "pard")
+        block = self.params.block_size if blocks else self.params.k if sd or asd else 0
+        p = self.params
         return fast.FastEngine(
             target,
-            draft=self.models.draft.model if sd and self.models.draft is not None else None,
+            draft=self.models.draft.model if (sd or pard or asd) and self.models.draft is not None else None,
+            block_draft=pard,
+            verifier=self.models.verifier.model if prove and self.models.verifier is not None else None,
+            theta=p.theta if prove else 0.0,
+            temperature=p.temperature,
+            top_k=p.top_k,
+            top_p=p.top_p,
+            generator=self.generator,
+            asd={"budget": p.budget, "gate": p.gate, "max_mismatches": p.max_mismatches} if asd else None,
             block_size=int(block or 0),
             mask_token_id=mask_id,
             allowed=self.models.allowed,

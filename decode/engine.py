@@ -330,7 +330,8 @@ class Stats:
     """Only when the fast path ran (``prove.decode.fast``): its counters for this request — ``cycles``,
     ``graph_replays`` (CUDA graphs replayed), ``eager_cycles`` (cycles of another width, run without the graph),
     ``syncs`` (host reads of the device), ``passes`` (prefill included), ``captures`` (CUDA graphs captured),
-    ``dropped_cycles`` (launched ahead for a request that had ended), ``graphs`` (1 if graphs were on)."""
+    ``dropped_cycles`` (launched ahead for a request that had ended), ``draft_passes`` / ``verifier_passes`` (of a
+    draft / a ProVe verifier, prefill excluded), ``graphs`` (1 if graphs were on)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a JSON-ready dict (``trace`` and ``fast`` only when present): what output records store."""

@@ -1,29 +1,41 @@
 """The fast path (docs/design.md §3, "The fast path"): a static slot cache, a fixed-width cycle on the device, one
 small record to the host per cycle.
 
-What runs here: ``ar``, greedy ``prove-lossless`` (unfused and fused) and greedy ``sd``. Their cycle is one function of persistent
-device buffers (``FastEngine.step``): the pending token ``last`` and its position ``pos`` (= the valid length of
-the slot cache: slot = position, always). An unfused ``prove-lossless`` cycle feeds the block pass
-``[last, M×(K−1)]`` at positions pos..pos+K−1, takes its argmaxes y_1..y_K, feeds the verification pass
-``[last, y_1..y_K]`` over the same slots (the placeholders' stale K/V simply overwritten), runs the rule's sync-free
-twin (``rules.twins.greedy_match_twin``), moves ``last`` / ``pos`` on by the committed count and writes the record
-[count, tokens]. An ``ar`` cycle is the same with K = 0 (the verification pass alone). A fused cycle
-(``fused_step``) is one tree pass of K² entries — the carried proposal and, after every acceptance length, its
-group of K − 1 placeholders (``prove.decode.fused`` with ``fuse_groups=all``, without the second candidate) — whose
-accepted group becomes the next proposal. A greedy ``sd`` cycle (``draft_step``) is the draft model's k passes on
-its own slot cache (the first over the last two committed tokens, so its cache never needs a crop either) and the
-target's verification pass. The host reads the record (the one sync of a cycle) and applies EOS,
-stop strings and ``max_new_tokens`` with the engine's ``Stopper``, exactly as the reference loop
+What runs here: ``ar`` and ``sd`` (greedy or sampled), ``prove-lossless`` (unfused and fused), greedy ``prove``,
+``pard`` and greedy ``asd``. Their cycle is one function of persistent device buffers (``FastEngine.step``): the
+pending token ``last`` and its position ``pos`` (= the valid length of the slot cache: slot = position, always). An
+unfused ``prove-lossless`` cycle feeds the block pass ``[last, M×(K−1)]`` at positions pos..pos+K−1, takes its
+argmaxes y_1..y_K, feeds the verification pass ``[last, y_1..y_K]`` over the same slots (the placeholders' stale K/V
+simply overwritten), runs the rule's sync-free twin (``rules.twins.greedy_match_twin``), moves ``last`` / ``pos`` on
+by the committed count and writes the record [count, tokens]. An ``ar`` cycle is the same with K = 0 (the
+verification pass alone). A fused cycle (``fused_step``) is one tree pass of K² entries — the carried proposal and,
+after every acceptance length, its group of K − 1 placeholders (``prove.decode.fused`` with ``fuse_groups=all``,
+without the second candidate) — whose accepted group becomes the next proposal. A greedy ``sd`` cycle
+(``draft_step``) is the draft model's k passes on its own slot cache (the first over the last two committed tokens,
+so its cache never needs a crop either) and the target's verification pass; greedy ``asd`` is the same cycle with
+ASD's twin (``rules.twins.asd_greedy_twin``), its spent regret a device buffer carried across the request's cycles
+and the gate's K the proposal the reference drafts (up to the draft's first EOS of the request). A sampled ``ar`` /
+``sd`` cycle draws from a buffer of uniforms filled on the device from the Decoder's generator just before the cycle
+(``uniforms``: the draft's k draws by inverse CDF, then the rule's k + 1), warps draft and target alike
+(``rules.speculative.warp_probs``) and runs speculative sampling's twin (``rules.twins.sd_sample_twin``; ar is
+its k = 0 bonus draw), so the step holds no generator and no host read. A ``prove`` cycle (``prove_step``) is the target's
+block pass over its pending tokens (the committed y's, whose K/V came from placeholders) and K − 1 placeholders, the
+small verifier's pass over [last, y_1..y_K] on its own slot cache, and the θ rule's twin
+(``rules.twins.prove_rule_twin``; no correction token). A ``pard`` cycle (``pard_step``) is the same block pass on
+the draft model (its pending tokens: everything committed since its last pass, up to K + 1) and the target's greedy
+verification, as unfused prove-lossless. The host reads the record (the one sync of a cycle) and applies EOS, stop
+strings and ``max_new_tokens`` with the engine's ``Stopper``, exactly as the reference loop
 (``prove.decode.engine.run``) does; a block that ran past EOS is cut there.
 
-Widths. The regular cycle has fixed widths (K and K + 1; 1 for ar; K² fused). On CUDA it is captured once as a CUDA
-graph and replayed; elsewhere the same function runs as is (so every CPU test exercises it). An unfused cycle of
-another width (the last cycles, when the token budget is below K) runs the same function eagerly on the same slot
-cache, and the stats count it (``Stats.fast['eager_cycles']``); a fused cycle keeps its tree to the end and the host
-cuts what runs past the budget. Prefill is eager. With graphs (``pipeline``), cycle c + 1 is launched before cycle
-c's record is read wherever the budget allows, so the device never waits for the host's stopping work.
+Widths. The regular cycle has fixed widths (K and K + 1; 1 for ar; K² fused; prove 2K − 1 and the verifier's K + 1;
+pard the draft's 2K and K + 1). On CUDA it is captured once as a CUDA graph and replayed; elsewhere the same
+function runs as is (so every CPU test exercises it). An unfused cycle of another width (the last cycles, when the
+token budget is below K) runs the same function eagerly on the same slot cache, and the stats count it
+(``Stats.fast['eager_cycles']``); a fused cycle keeps its tree to the end and the host cuts what runs past the
+budget. Prefill is eager. With graphs (``pipeline``), cycle c + 1 is launched before cycle c's record is read
+wherever the budget allows, so the device never waits for the host's stopping work.
 
-Everything else (sampling, mars, prove, pard, nsd, asd, ``draft_threshold``, a trace or an ``on_cycle`` hook)
+Everything else (mars, nsd, sampled prove, ``draft_threshold``, a trace or an ``on_cycle`` hook)
 takes the reference path; ``fast=auto`` chooses this path on CUDA for a model the slot cache serves
 (``slot_cache.unsupported_reason``) after a self-check against ``DynamicCache`` (``self_check``).
 """
@@ -37,40 +49,60 @@ from typing import Any
 
 import torch
 from prove.decode.engine import Stats, Stopper, _Tally
-from prove.decode.rules.twins import commit_record, greedy_match_twin
+from prove.decode.rules.block import leading_true
+from prove.decode.rules.speculative import sample_from_probs, warp_probs
+from prove.decode.rules.twins import (
+    asd_greedy_twin,
+    commit_record,
+    greedy_match_twin,
+    prove_rule_twin,
+    sd_sample_twin,
+)
 from prove.decode.slot_cache import SlotCache, linear_mask, slot_mask, unsupported_reason
 from transformers import DynamicCache
 
-FAST_METHODS = ("ar", "prove-lossless", "sd")
-"""The methods the fast path runs (greedy, without draft_threshold; prove-lossless fused or not; sd with its draft);
-the rest take the reference path."""
+FAST_METHODS = ("ar", "prove-lossless", "sd", "prove", "pard", "asd")
+"""The methods the fast path runs (without draft_threshold; prove-lossless fused or not; sd with its draft, prove
+with its verifier, pard with its block draft, asd with its draft; greedy, and ar and sd sampled too); the rest take
+the reference path."""
+
+
+SAMPLED_METHODS = ("ar", "sd")
+"""The methods the fast path also runs with temperature > 0."""
 
 DEFAULT_CACHE_LEN = 4096
 """Slots the fast path allocates unless ``cache_len`` says otherwise (capped by ``max_position_embeddings``)."""
 
 
-def why_not(method: Any, params: Any, model: Any) -> str | None:
-    """Why the fast path cannot run ``method`` with ``params`` on ``model``, or None if it can."""
+def why_not(method: Any, params: Any, model: Any, second: Any = None) -> str | None:
+    """Why the fast path cannot run ``method`` with ``params`` on ``model`` (and ``second``, the draft or verifier it
+    runs beside it), or None if it can."""
     if method.name not in FAST_METHODS:
         return f"method {method.name} is not on it (it runs {', '.join(FAST_METHODS)})"
-    if params.temperature > 0:
-        return "it is greedy only (temperature=0)"
+    if params.temperature > 0 and method.name not in SAMPLED_METHODS:
+        return f"it samples {' and '.join(SAMPLED_METHODS)} only ({method.name} with temperature=0)"
     if params.fuse and (params.block_size or 0) < 2:
         return "a fused cycle needs block_size ≥ 2"
-    if method.name == "sd" and method.proposer != "draft":
+    if method.name in ("sd", "asd") and method.proposer != "draft":
         return f"{method.name} runs its own draft model only"
     if params.draft_threshold:
         return "draft_threshold cuts proposals to varying widths (draft_threshold=0)"
-    reason = unsupported_reason(model.config)
-    return None if reason is None else f"the model cannot use the slot cache: {reason}"
+    for role, m in (("model", model), ("verifier" if method.name == "prove" else "draft", second)):
+        reason = None if m is None else unsupported_reason(m.config)
+        if reason is not None:
+            return f"the {role} cannot use the slot cache: {reason}"
+    return None
 
 
 class FastEngine:
     """The fast path for one method on the target model: ``ar`` (``block_size`` 0), ``prove-lossless`` (K;
-    ``fused``) or greedy ``sd`` (``draft``; ``block_size`` = its k).
+    ``fused``), ``sd`` (``draft``; ``block_size`` = its k), ``prove`` (``verifier``, ``theta``) or ``pard``
+    (``draft``, ``block_draft``) or greedy ``asd`` (``draft``, ``asd``); ar and sd sample
 
-    ``capacity`` slots are allocated once per model; a request needs prompt + max_new_tokens of them (+ K² − 1 fused:
-    ``slots_needed``). ``graphs`` (default: on CUDA) captures the regular cycle as a CUDA graph the first time it
+    when ``temperature`` > 0 (with ``top_k`` / ``top_p``, drawing from ``generator``).
+
+    ``capacity`` slots are allocated once per model; a request needs prompt + max_new_tokens of them (+ K² − 1 fused,
+    + K − 1 prove and pard: ``slots_needed``). ``graphs`` (default: on CUDA) captures the regular cycle as a CUDA graph the first time it
     runs."""
 
     def __init__(
@@ -84,10 +116,29 @@ class FastEngine:
         graphs: bool | None = None,
         fused: bool = False,
         draft: Any = None,
+        block_draft: bool = False,
+        verifier: Any = None,
+        theta: float = 0.0,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        generator: torch.Generator | None = None,
+        asd: dict[str, Any] | None = None,
     ) -> None:
         self.model = model
         self.draft = draft
-        """``sd``'s draft model (greedy; ``block_size`` is then its lookahead k), or None."""
+        """``sd``'s draft model (``block_size`` is then its lookahead k), ``pard``'s block draft, or None."""
+        self.block_draft = block_draft
+        """The draft proposes K tokens in one block pass (``pard``) rather than k sequential ones (``sd``)."""
+        self.verifier = verifier
+        """``prove``'s small verifier (its q_i gate the block by p̃_i·q_i ≥ ``theta``), or None."""
+        self.theta = theta
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        """Sampling (``ar`` and ``sd`` only; temperature 0 = greedy): the warping of ``rules.speculative.warp_probs``."""
+        self.asd = asd
+        """Greedy ``asd`` on the draft's proposals: its ``budget``, ``gate`` and ``max_mismatches``, or None."""
+        self.generator = generator
+        """Where a sampled cycle's uniforms come from (the Decoder's, reseeded by ``generate(seed=...)``)."""
         self.K = block_size
         self.fused = fused
         p = next(model.parameters())
@@ -108,8 +159,24 @@ class FastEngine:
             self.draft_cache = SlotCache.for_model(draft, capacity)
             Vd = draft.get_output_embeddings().weight.shape[0]
             self.draft_pad = torch.full((1, max(V - Vd, 0)), float("-inf"), device=self.device)
+        if verifier is not None:
+            self.verifier_cache = SlotCache.for_model(verifier, capacity)
+        self.pends = verifier is not None or block_draft
+        """A block pass over pending tokens (``_block_pass``): prove's target (up to K pending), pard's draft (K + 1)."""
+        if self.pends:
+            self.pend = torch.zeros(block_size + block_draft, dtype=torch.long, device=self.device)
+            self.npend = torch.zeros((), dtype=torch.long, device=self.device)
+        self.is_eos = torch.zeros(V, dtype=torch.bool, device=self.device)  # the request's EOS ids
+        self.spent = torch.zeros(
+            (), dtype=torch.float64, device=self.device
+        )  # asd: the request's regret spent
         self.pos = torch.zeros((), dtype=torch.long, device=self.device)
         self.record = torch.zeros(block_size + 2, dtype=torch.long, device=self.device)
+        self.adds_token = int(verifier is None)
+        """1 if a cycle commits a correction / bonus token after the accepted ones (every method here but prove)."""
+        self.uniforms = (
+            torch.zeros(2 * block_size + 1, device=self.device) if temperature > 0 else None
+        )  # a sampled cycle's draws: u[:K] the draft's, u[K:] the rule's k + 1
         if fused:
             self._tree_constants(block_size)
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
@@ -126,6 +193,7 @@ class FastEngine:
             "captures": 0,
             "dropped_cycles": 0,
             "draft_passes": 0,
+            "verifier_passes": 0,
         }
         self.pipeline = self.graphs
         """Launch cycle c + 1 before reading cycle c's record where the budget allows (default: with graphs)."""
@@ -202,27 +270,131 @@ class FastEngine:
         self.pos.add_(n + 1)
         return record
 
-    def _forward(
-        self, ids: torch.Tensor, start: torch.Tensor, rows: int, *, draft: bool = False
+    def _block_pass(self, k: int, role: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block pass of ``role``'s model (the target for ``prove``, the draft for ``pard``) over its pending
+        tokens and k − 1 placeholders: (p̃ (k,), y (k,)), argmaxes of the restricted softmax on the target's
+        vocabulary (ties: the first index, as ``BlockProposer``).
+
+        Its pending tokens are the committed ones its cache lacks (their K/V came from placeholders): ``pend``,
+        ``npend`` of them, the last at ``pos``. The pass is [pend (P, padded), M×(k−1)], pend at slot = position from
+        ``start`` = pos − npend + 1, the placeholders at positions pos + 1.. in scratch slots start + P.. past every
+        pending slot (never kept), so its width is P + k − 1 whatever npend is. A padding row of pend sees what a
+        pending row there would (finite, unread); a placeholder row sees the valid prefix, the real pending tokens
+        and the placeholders up to itself. Afterwards the cache is valid up to ``pos``."""
+        P = self.pend.shape[0]
+        W = P + k - 1
+        start = self.pos - self.npend + 1
+        idx = torch.arange(W, device=self.device)
+        ids = torch.cat([self.pend, self.mask_fill[: k - 1]])  # (W,)
+        positions = torch.where(idx < P, start + idx, self.pos + 1 + idx - P)  # (W,)
+        slots = start + idx
+        r, c = idx[:, None], idx[None, :]
+        local = torch.where(r < P, c <= r, (c < self.npend) | ((c >= P) & (c <= r)))  # (W, W)
+        local = torch.cat([local, local.new_zeros(W, 1)], 1)  # a last column of False: "not in the pass"
+        rel = torch.arange(self.capacity, device=self.device) - start  # (S,) a slot's index within the pass
+        see = local.index_select(1, torch.where((rel >= 0) & (rel < W), rel, W)) | (rel < 0)[None, :]
+        # the rows that propose: the last pending token's and the placeholders' (the LM head runs on these only)
+        rows = torch.cat([(self.npend - 1).view(1), P + torch.arange(k - 1, device=self.device)])  # (k,)
+        model, cache = self._role(role)
+        logits = self._logits(model, cache, ids, positions, slots, slot_mask(see, self.dtype), rows)
+        return torch.softmax(self._on_target_vocab(logits, role), -1).max(-1)  # (k,), (k,)
+
+    def prove_step(self, k: int) -> torch.Tensor:
+        """One ``prove`` cycle (greedy): the target's block pass (``_block_pass``: its pending tokens are the
+        committed y's) proposes y_1..y_k with p̃_i, the verifier's pass over [last, y_1..y_k] gives q_i, the rule's
+        twin commits the leading run of p̃_i·q_i ≥ θ (y_1 always), with no correction token. The verifier's cache is
+        valid below ``pos`` after every cycle (it re-reads the last committed token), as the reference's runner is."""
+        K = self.K
+        # 1) propose
+        conf, y = self._block_pass(k, "model")  # (k,), (k,)
+        # 2) score: the verifier's own, unrestricted q_i, teacher-forced over [last, y_1..y_k]
+        chain = torch.cat([self.last, y])  # (k+1,)
+        q_logits = self._forward(chain, self.pos, k + 1, role="verifier")  # (k+1, the verifier's V)
+        q = torch.softmax(q_logits[:k], -1).gather(-1, y[:, None])[:, 0]  # (k,)
+        # 3) accept: the rule's sync-free twin; 4) commit: y_1..y_n become the target's pending tokens
+        n = prove_rule_twin(conf, q, self.theta)
+        self.pend.copy_(torch.cat([y, self.pend[k:]]))
+        self.npend.copy_(n)
+        self.last.copy_(y.gather(0, (n - 1).view(1)))
+        self.pos.add_(n)
+        return torch.cat([n.view(1), y, y.new_zeros(K + 1 - k)])  # (K + 2,): [n, y_1..y_k, stale]
+
+    def _logits(
+        self,
+        model: Any,
+        cache: SlotCache,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        mask: torch.Tensor,
+        rows: int | torch.Tensor,
     ) -> torch.Tensor:
-        """The model (``draft``: the draft model) over ``ids`` (W,) at positions = slots start..start+W−1 on its slot
-        cache; logits of the last ``rows`` (rows, V) on the target's vocabulary, restricted to the allowed ids, in
-        float32 (a draft's rows cut or padded with −inf to the target's, as ``DraftProposer`` does)."""
-        model, cache = (self.draft, self.draft_cache) if draft else (self.model, self.cache)
-        w = ids.shape[0]
-        positions = start + torch.arange(w, device=self.device)  # (W,)
-        cache.set_slots(positions)
+        """``model`` over ``ids`` (W,) at ``positions``, written at ``slots`` of ``cache``, under the float ``mask``:
+        the logits of its last ``rows`` rows, or of the rows a (R,) long tensor names (transformers' ``logits_to_keep``
+        takes either), in float32, as the model gives them: (rows or R, its V)."""
+        cache.set_slots(slots)
         out = model(
             input_ids=ids[None],
             position_ids=positions[None],
             past_key_values=cache,
-            attention_mask=linear_mask(start, w, cache.capacity, self.dtype),
+            attention_mask=mask,
             use_cache=True,
             logits_to_keep=rows,
         )
-        logits = out.logits[0, -rows:].float()  # (rows, V or the draft's Vd)
-        if draft:
+        return (out.logits[0] if isinstance(rows, torch.Tensor) else out.logits[0, -rows:]).float()
+
+    def _draw(self, logits: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A sampled draft position: its warped distribution (1, V) and the token (1,) drawn from it with the
+        cycle's uniform u[i] (inverse CDF, ``rules.speculative.sample_from_probs``)."""
+        probs = warp_probs(logits, self.temperature, top_p=self.top_p, top_k=self.top_k)  # (1, V)
+        assert self.uniforms is not None
+        return probs, sample_from_probs(probs, self.uniforms[i : i + 1])
+
+    def _sampled_rule(
+        self, y: torch.Tensor, draft_probs: torch.Tensor, target_logits: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Speculative sampling's twin on the warped target (k + 1, V) with the cycle's uniforms u[K:K+k+1]."""
+        k = y.shape[0]
+        target = warp_probs(target_logits, self.temperature, top_p=self.top_p, top_k=self.top_k)
+        assert self.uniforms is not None
+        return sd_sample_twin(y, draft_probs, target, self.uniforms[self.K : self.K + k + 1])
+
+    def pard_step(self, k: int) -> torch.Tensor:
+        """One ``pard`` cycle: the draft's block pass (``_block_pass``: its pending tokens are everything committed
+        since its last pass, the correction / bonus included, so up to K + 1 of them) proposes y_1..y_k, the target's
+        verification pass over [last, y_1..y_k] and the greedy rule's twin commit y_1..y_n and the greedy token. k = 0
+        (the request's last token) runs no draft pass, as the reference proposes nothing: no cycle follows it."""
+        if k > 0:
+            _, y = self._block_pass(k, "draft")  # (k,)
+        else:
+            y = self.last[:0]
+        greedy = self._forward(torch.cat([self.last, y]), self.pos, k + 1).argmax(-1)  # (k+1,)
+        n, extra = greedy_match_twin(y, greedy)
+        committed = torch.cat([y, y.new_zeros(1)]).scatter(
+            0, n.view(1), extra.view(1)
+        )  # [y_1..y_n, extra, ...]
+        self.pend.copy_(torch.cat([committed, self.pend[k + 1 :]]))
+        self.npend.copy_(n + 1)
+        self.last.copy_(extra.view(1))
+        self.pos.add_(n + 1)
+        return commit_record(y, n, extra)
+
+    def _role(self, role: str) -> tuple[Any, SlotCache]:
+        """The model of ``role`` (``model``: the target; ``draft``; ``verifier``) and its slot cache."""
+        model, cache = {
+            "model": (self.model, self.cache),
+            "draft": (self.draft, getattr(self, "draft_cache", None)),
+            "verifier": (self.verifier, getattr(self, "verifier_cache", None)),
+        }[role]
+        assert cache is not None, f"no {role} model on this engine"
+        return model, cache
+
+    def _on_target_vocab(self, logits: torch.Tensor, role: str) -> torch.Tensor:
+        """``role``'s float logits (rows, its V) on the target's vocabulary, restricted to the allowed ids (a draft's
+        rows cut or padded with −inf to the target's, as ``DraftProposer`` and ``fit_vocab`` do)."""
+        if role == "draft":
             V = self.penalty.shape[0]
+            rows = logits.shape[0]
             logits = (
                 logits[:, :V]
                 if logits.shape[-1] >= V
@@ -230,24 +402,50 @@ class FastEngine:
             )
         return logits + self.penalty  # (rows, V)
 
+    def _forward(
+        self, ids: torch.Tensor, start: torch.Tensor, rows: int, *, role: str = "model"
+    ) -> torch.Tensor:
+        """The model of ``role`` (the target ``model``, the ``draft`` or the ``verifier``) over ``ids`` (W,) at
+        positions = slots start..start+W−1 on its slot cache; logits of the last ``rows`` in float32. The target's
+        and the draft's (rows, V) are on the target's vocabulary, restricted to the allowed ids (a draft's rows cut
+        or padded with −inf to the target's, as ``DraftProposer`` does); the verifier's are its own, unrestricted
+        (ProVe's q, as ``ModelVerifier`` gives it)."""
+        model, cache = self._role(role)
+        w = ids.shape[0]
+        positions = start + torch.arange(w, device=self.device)  # (W,)
+        mask = linear_mask(start, w, cache.capacity, self.dtype)
+        logits = self._logits(
+            model, cache, ids, positions, positions, mask, rows
+        )  # (rows, V or the draft's Vd)
+        return logits if role == "verifier" else self._on_target_vocab(logits, role)
+
     def draft_step(self, k: int) -> torch.Tensor:
-        """One greedy speculative-decoding cycle (``sd``): the draft's k passes — the first over [prev, last] at
+        """One speculative-decoding cycle (``sd`` greedy or sampled, greedy ``asd``): the draft's k passes — the first over [prev, last] at
         pos − 1, pos (prev's K/V recomputed: it is missing after a cycle that accepted the whole draft), then one
         token each — the target's verification pass over [last, y_1..y_k], the rule's twin, and the next prev /
         last / pos. The draft's cache is valid below the new prev's position after every cycle, as the target's is
         below last's. (k = 0, the request's last token, leaves the draft's cache one short: no cycle follows.)"""
-        ys = []
-        if k > 0:
-            two = torch.cat([self.prev, self.last])
-            tok = torch.softmax(self._forward(two, self.pos - 1, 1, draft=True), -1).argmax(-1)  # (1,)
+        ys, qs = [], []
+        tok = torch.cat([self.prev, self.last])  # the first pass re-feeds prev
+        for i in range(k):
+            logits = self._forward(tok, self.pos + (i if i > 0 else -1), 1, role="draft")  # (1, V)
+            if self.uniforms is None:
+                tok = torch.softmax(logits, -1).argmax(-1)  # (1,)
+            else:  # sampled: y_i from the draft's warped distribution q_i, with the cycle's uniform u_i
+                q, tok = self._draw(logits, i)
+                qs.append(q)
             ys.append(tok)
-            for i in range(1, k):
-                tok = torch.softmax(self._forward(tok, self.pos + i, 1, draft=True), -1).argmax(-1)
-                ys.append(tok)
         y = torch.cat(ys) if ys else self.last[:0]  # (k,)
         chain = torch.cat([self.last, y])  # (k+1,): the tokens at pos..pos+k
-        greedy = self._forward(chain, self.pos, k + 1).argmax(-1)  # (k+1,)
-        n, extra = greedy_match_twin(y, greedy)
+        target = self._forward(chain, self.pos, k + 1)  # (k+1, V)
+        if self.asd is not None:  # the proposal the reference drafts ends at its first EOS: K of the gate
+            proposed = (leading_true(~self.is_eos.index_select(0, y)) + 1).clamp(max=k)
+            n, extra, spent = asd_greedy_twin(y, target, self.spent, block_size=proposed, **self.asd)
+            self.spent.copy_(spent)
+        elif self.uniforms is None:
+            n, extra = greedy_match_twin(y, target.argmax(-1))
+        else:
+            n, extra = self._sampled_rule(y, torch.cat(qs) if qs else target[:0], target)
         self.prev.copy_(chain.gather(0, n.view(1)))
         self.last.copy_(extra.view(1))
         self.pos.add_(n + 1)
@@ -260,7 +458,15 @@ class FastEngine:
         if self.fused:
             return self.fused_step()
         if self.draft is not None:
-            return self.draft_step(k)
+            return self.pard_step(k) if self.block_draft else self.draft_step(k)
+        if self.verifier is not None:
+            return self.prove_step(k)
+        if self.uniforms is not None:  # sampled ar (k = 0): the bonus draw of speculative sampling's twin
+            logits = self._forward(self.last, self.pos, 1)  # (1, V)
+            n, extra = self._sampled_rule(self.last[:0], logits[:0], logits)
+            self.last.copy_(extra.view(1))
+            self.pos.add_(1)
+            return commit_record(self.last[:0], n, extra)
         if k > 0:
             # 1) propose: the block pass [last, M×(k−1)]; y_i = argmax of the softmax (ties: first index, as the
             # reference BlockProposer)
@@ -299,6 +505,10 @@ class FastEngine:
     def _launch(self, k: int) -> tuple[torch.Tensor, Any, int]:
         """Start one cycle (replaying the captured graph for the regular width) and queue its record's copy to the
         host; returns (host record, CUDA event or None, k). Nothing waits for the device here."""
+        if (
+            self.uniforms is not None
+        ):  # a sampled cycle's draws, made on the device before the cycle reads them
+            self.uniforms.uniform_(generator=self.generator)
         if k == self.K and self.graphs:
             if self._graph is None:
                 self._graph = self._capture()
@@ -323,8 +533,11 @@ class FastEngine:
         host, event, k = launched
         if event is not None:
             event.synchronize()
-        self.counters["passes"] += 1 + (k > 0 and not self.fused and self.draft is None)
-        self.counters["draft_passes"] += k if self.draft is not None else 0
+        self.counters["passes"] += 1 + (
+            k > 0 and not self.fused and self.draft is None and self.verifier is None
+        )
+        self.counters["draft_passes"] += (k > 0 if self.block_draft else k) if self.draft is not None else 0
+        self.counters["verifier_passes"] += self.verifier is not None
         self.counters["syncs"] += 1
         self.counters["cycles"] += 1
         out = host.tolist()
@@ -357,6 +570,8 @@ class FastEngine:
 
     def _buffers(self) -> list[torch.Tensor]:
         extra = [self.carried, self.have] if self.fused else [self.prev] if self.draft is not None else []
+        extra += [self.pend, self.npend] if self.pends else []
+        extra += [self.spent] if self.asd is not None else []
         return [self.last, self.pos, self._inject_at, *extra]
 
     def _restore(self, saved: list[torch.Tensor]) -> None:
@@ -365,7 +580,7 @@ class FastEngine:
 
     def _widest(self) -> int:
         """Slots a pass may write past the pending token's: the fused tree's width, else a verify pass's K + 1."""
-        return self.width if self.fused else self.K + 1
+        return self.width if self.fused else self.pend.shape[0] + self.K - 1 if self.pends else self.K + 1
 
     def replay_ms(self, repeats: int = 20) -> float | None:
         """GPU milliseconds of one regular cycle: back-to-back replays of the captured graph timed with CUDA events
@@ -392,11 +607,13 @@ class FastEngine:
 
     def serves(self, prompt_len: int) -> bool:
         """Whether this request runs here: ``sd`` needs two prompt tokens (its draft re-feeds the last two)."""
-        return self.draft is None or prompt_len >= 2
+        return self.draft is None or self.block_draft or prompt_len >= 2
 
     def slots_needed(self, prompt_len: int, max_new_tokens: int) -> int:
-        """KV slots a request uses: its positions, plus the fused tree's scratch past the last pending token."""
-        return prompt_len + max_new_tokens + (self.width - 1 if self.fused else 0)
+        """KV slots a request uses: its positions, plus the scratch past the last pending token (the fused tree's;
+        prove's block pass, whose placeholders sit past K pending slots)."""
+        scratch = self.width - 1 if self.fused else self.K - 1 if self.pends else 0
+        return prompt_len + max_new_tokens + scratch
 
     def check_room(self, prompt_len: int, max_new_tokens: int) -> None:
         need = self.slots_needed(prompt_len, max_new_tokens)
@@ -414,11 +631,20 @@ class FastEngine:
             ids = torch.tensor(prompt[:-1], dtype=torch.long, device=self.device)
             self._forward(ids, torch.zeros((), dtype=torch.long, device=self.device), 1)
             self.counters["passes"] += 1
-        if self.draft is not None:  # the draft's cache: all but the last two (its first pass re-feeds them)
+        if self.draft is not None and not self.block_draft:  # sd's draft: all but the last two (re-fed first)
             if P > 2:
                 ids = torch.tensor(prompt[:-2], dtype=torch.long, device=self.device)
-                self._forward(ids, torch.zeros((), dtype=torch.long, device=self.device), 1, draft=True)
+                self._forward(ids, torch.zeros((), dtype=torch.long, device=self.device), 1, role="draft")
             self.prev.fill_(int(prompt[-2]))
+        second = "verifier" if self.verifier is not None else "draft" if self.block_draft else None
+        if second is not None:  # prove's verifier, pard's draft: the same prompt; the last token is pending
+            if P > 1:
+                ids = torch.tensor(prompt[:-1], dtype=torch.long, device=self.device)
+                self._forward(ids, torch.zeros((), dtype=torch.long, device=self.device), 1, role=second)
+        if self.pends:
+            self.pend[0] = int(prompt[-1])
+
+            self.npend.fill_(1)
         self.last.fill_(int(prompt[-1]))
         self.pos.fill_(P - 1)
         if self.fused:
@@ -434,6 +660,12 @@ class FastEngine:
         self._inject_at.zero_()  # an injected acceptance starts over with every request
         t0 = time.perf_counter()
         self.prefill(prompt_ids)
+        self.spent.zero_()  # asd's budget is per request
+        self.is_eos.zero_()
+        eos = [t for t in stopper.eos if 0 <= t < self.is_eos.shape[0]]
+        if eos:
+            self.is_eos[torch.tensor(eos, device=self.device)] = True
+
         new: list[int] = []
         tally = _Tally()
         done = False
@@ -442,7 +674,7 @@ class FastEngine:
         )
         while not done:
             # the block a reference cycle would propose: what the budget allows, less the correction / bonus
-            k = min(self.K, stopper.max_new_tokens - len(new) - 1)
+            k = min(self.K, stopper.max_new_tokens - len(new) - self.adds_token)
             if self.fused:  # one tree whatever the budget: what runs past it is cut on the host
                 k = self.K
             c0 = time.perf_counter()
@@ -466,7 +698,7 @@ class FastEngine:
             self.cache.length = len(prompt_ids) - 1 + len(new)
             tally.committed_per_cycle.append(committed)
             proposed = (self.K - 1) * (len(tally.committed_per_cycle) > 1) if self.fused else k
-            tally.count(proposed, min(len(tokens) - 1, committed))
+            tally.count(proposed, min(len(tokens) - self.adds_token, committed))
         if ahead is not None:  # launched for a request that ended: wait for it, count it apart
             if ahead[1] is not None:
                 ahead[1].synchronize()
@@ -480,7 +712,7 @@ class FastEngine:
             cycles=cycles,
             tokens_per_cycle=len(new) / max(cycles, 1),
             model_passes=fast["passes"] - (len(prompt_ids) > 1),
-            verifier_passes=0,
+            verifier_passes=fast["verifier_passes"],
             draft_passes=fast["draft_passes"],
             accepted_by_depth=tally.accepted_by_depth,
             proposed_by_depth=tally.proposed_by_depth,

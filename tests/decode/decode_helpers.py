@@ -51,8 +51,10 @@ def hf_generate(
 class BigramLM(torch.nn.Module):
     """A toy causal LM for Monte-Carlo tests through the real Decoder: the next-token logits are a row of a
     (V, V) table picked by the last token, so exact distributions are one table lookup and a forward pass
-    costs microseconds. It speaks the interface the engine uses (``DynamicCache``, ``position_ids``,
-    ``logits_to_keep``), appending one dummy KV entry per token so cache cropping is exercised."""
+    costs microseconds. It speaks the interfaces both engines use: ``DynamicCache``, ``position_ids`` and
+    ``logits_to_keep`` (the reference loop), and the fast path's ``SlotCache`` with its float 4D mask over every
+    slot. It writes one dummy KV entry per token (so cache cropping and slot writes are exercised) and checks
+    that a given mask has one row per token and one column per key the cache returns."""
 
     def __init__(self, table: torch.Tensor) -> None:
         from transformers import Qwen2Config
@@ -72,13 +74,17 @@ class BigramLM(torch.nn.Module):
     def get_input_embeddings(self) -> torch.nn.Module:
         return self.lm_head
 
-    def forward(self, input_ids, past_key_values=None, position_ids=None, use_cache=True, logits_to_keep=0):
+    def forward(self, input_ids, past_key_values=None, position_ids=None, attention_mask=None, use_cache=True,
+                logits_to_keep=0):  # fmt: skip
         from types import SimpleNamespace
 
         L = input_ids.shape[1]
         if past_key_values is not None:
             kv = torch.zeros(1, 1, L, 1)
-            past_key_values.update(kv, kv, 0)
+            keys, _ = past_key_values.update(kv, kv, 0)
+            if attention_mask is not None and attention_mask.dim() == 4:
+                assert attention_mask.shape[-2:] == (L, keys.shape[2]), (attention_mask.shape, keys.shape)
+                assert attention_mask.is_floating_point(), "a 4D mask must be float (additive)"
         logits = self.table[input_ids]  # (1, L, V)
         return SimpleNamespace(logits=logits[:, -logits_to_keep:] if logits_to_keep else logits)
 

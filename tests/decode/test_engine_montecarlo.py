@@ -4,7 +4,10 @@ distribution, with temperature < 1, top-k and top-p on, and a draft that is part
 The models are toy bigram LMs (``decode_helpers.BigramLM``): the engine, the proposers, the caches, the
 rule adapters and the rules run as in production, while the exact distribution of the first tokens is a
 table lookup. The rule-level tests (``test_rules_speculative``) check the rules alone on 10^5 cycles; these
-check that the engine feeds them the right, warped distributions (the draft's and the target's alike)."""
+check that the engine feeds them the right, warped distributions (the draft's and the target's alike). ``fast``:
+the same through the fast path (``prove.decode.fast``: slot caches, the cycle's draws from a device buffer of
+uniforms, the rule's sync-free twin); its prompt has a token before ``PROMPT`` (its draft re-reads the last two),
+which a bigram ignores."""
 
 from __future__ import annotations
 
@@ -44,33 +47,52 @@ def warped(logits: torch.Tensor) -> torch.Tensor:
 
 
 def first_tokens(dec: Decoder, n_tokens: int, prompt: list[int] = PROMPT) -> torch.Tensor:
-    rows = [
-        dec.generate(prompt, max_new_tokens=3, eos_token_id=[], seed=s).token_ids[:n_tokens] for s in range(N)
-    ]
+    rows = []
+    for s in range(N):
+        out = dec.generate(prompt, max_new_tokens=3, eos_token_id=[], seed=s)
+        assert (out.stats.fast is not None) == (dec.fast_engine is not None), "the fast path did not run"
+        rows.append(out.token_ids[:n_tokens])
     return torch.tensor(rows)  # (N, n_tokens)
+
+
+def fast_kw(fast: bool) -> dict:
+    return {"fast": True, "cache_len": 16} if fast else {"fast": False}
 
 
 def counts(tokens: torch.Tensor) -> torch.Tensor:
     return torch.bincount(tokens, minlength=V)
 
 
-@pytest.mark.parametrize("cut", [False, True])
-def test_sampling_sd_commits_the_warped_target_distribution(tables, cut):
+@pytest.mark.parametrize(("cut", "fast"), [(False, False), (True, False), (False, True)])
+def test_sampling_sd_commits_the_warped_target_distribution(tables, cut, fast):
     """``cut``: ``draft_threshold`` just under the draft's likeliest first token, so the draft goes on to a
     second token only after drawing that one (with its probability p), and stops after one token otherwise:
-    the committed tokens keep the exact distribution, and two tokens are proposed in a share p of the cycles."""
+    the committed tokens keep the exact distribution, and two tokens are proposed in a share p of the cycles.
+    ``fast``: fails if the fast cycle warps draft or target otherwise, tests acceptance against the wrong rows,
+    reuses a uniform between the draft's draw and the rule's test (a biased acceptance), or draws the correction
+    from the wrong residual."""
     T, D = tables
     q = warped(D[PROMPT[-1]])  # the draft's first-token distribution (a bigram: it depends on PROMPT only)
     threshold = float(q.max()) - 1e-6 if cut else 0.0
-    dec = Decoder(BigramLM(T), None, method="sd", draft=BigramLM(D), k=2, draft_threshold=threshold, **WARP)
-    toks = first_tokens(dec, 2)
+    prompt = [0, *PROMPT] if fast else PROMPT
+    dec = Decoder(
+        BigramLM(T),
+        None,
+        method="sd",
+        draft=BigramLM(D),
+        k=2,
+        draft_threshold=threshold,
+        **WARP,
+        **fast_kw(fast),
+    )
+    toks = first_tokens(dec, 2, prompt)
     p1 = warped(T[PROMPT[-1]])  # (V,)
     p2 = p1 @ warped(T)  # marginal of the second token: Σ_x p(x) p(· | x)
     assert chi2_pvalue(counts(toks[:, 0]), p1) > 1e-3
     assert chi2_pvalue(counts(toks[:, 1]), p2) > 1e-3
     # the draft was partly accepted: neither always nor never
     n = 300
-    stats = [dec.generate(PROMPT, max_new_tokens=3, eos_token_id=[], seed=s).stats for s in range(n)]
+    stats = [dec.generate(prompt, max_new_tokens=3, eos_token_id=[], seed=s).stats for s in range(n)]
     acc = sum(st.accepted_by_depth[0] for st in stats)
     assert 0.2 * n < acc < 0.9 * n
     # cycles whose proposal held two tokens (only the first cycle can: later ones have a budget of one)
@@ -96,10 +118,13 @@ def test_sampling_nsd_commits_its_exact_one_step_distribution(tables):
     assert chi2_pvalue(counts(toks[:, 0]), exact) > 1e-3
 
 
-def test_ar_sampling_draws_the_warped_target(tables):
+@pytest.mark.parametrize("fast", [False, True])
+def test_ar_sampling_draws_the_warped_target(tables, fast):
+    """Fails if AR's draw (the reference's multinomial, the fast path's inverse CDF of a device uniform) is taken
+    from another warping or another row than the target's next-token distribution."""
     T, _ = tables
-    dec = Decoder(BigramLM(T), None, method="ar", **WARP)
-    toks = first_tokens(dec, 2)
+    dec = Decoder(BigramLM(T), None, method="ar", **WARP, **fast_kw(fast))
+    toks = first_tokens(dec, 2, [0, *PROMPT] if fast else PROMPT)
     p1 = warped(T[PROMPT[-1]])
     assert chi2_pvalue(counts(toks[:, 0]), p1) > 1e-3
     assert chi2_pvalue(counts(toks[:, 1]), p1 @ warped(T)) > 1e-3

@@ -100,15 +100,26 @@ def test_no_sync_backend_catches_a_host_read():
         torch.compile(f, fullgraph=True, backend=no_sync_backend)(torch.zeros(3, dtype=torch.long))
 
 
-@pytest.mark.parametrize("mode", ["unfused", "fused", "sd"])
-def test_regular_cycle_compiles_whole_without_syncs_or_recompiles(echo_lm, lm, tokenizer, prompts, mode):
+@pytest.mark.parametrize("mode", ["unfused", "fused", "sd", "sd-sampled", "prove", "pard", "asd"])
+def test_regular_cycle_compiles_whole_without_syncs_or_recompiles(
+    echo_lm, lm, small, tokenizer, prompts, mode
+):
     """The regular-width cycle of every cycle of a whole decode under ``torch.compile(fullgraph=True)`` with
     recompiles fatal after a warm-up decode. Fails on a host sync (``.item()``, ``int(t)``, ``.tolist()``,
     ``nonzero``) or any graph break inside the cycle, and on shape or value drift that recompiles (e.g. a Python
-    int position)."""
+    int position, or prove's pending count read as an int). Sampled sd draws from the cycle's buffer of uniforms
+    (filled outside the step): a generator or a host read inside the step fails here."""
     torch._dynamo.reset()
-    if mode == "sd":
+    if mode.startswith("sd"):
         kw = {"method": "sd", "draft": lm, "k": 4}
+        if mode == "sd-sampled":
+            kw.update(temperature=0.8, top_k=20, top_p=0.9)
+    elif mode == "prove":
+        kw = {"method": "prove", "verifier": small, "block_size": 4, "theta": PROVE_THETA}
+    elif mode == "pard":
+        kw = {"method": "pard", "draft": lm, "block_size": 4}
+    elif mode == "asd":
+        kw = {"method": "asd", "draft": lm, "k": 4}
     else:
         kw = {"method": "prove-lossless", "block_size": 4, "fuse": mode == "fused"}
     dec = Decoder(echo_lm, tokenizer, fast=True, **kw)
@@ -120,12 +131,14 @@ def test_regular_cycle_compiles_whole_without_syncs_or_recompiles(echo_lm, lm, t
         return fn
 
     dec.fast_engine.wrap_step(wrap)
-    want = [dec.generate(p, max_new_tokens=N, eos_token_id=[]).token_ids for p in prompts[:2]]
+    want = [dec.generate(p, max_new_tokens=N, eos_token_id=[], seed=3).token_ids for p in prompts[:2]]
     ref = Decoder(echo_lm, tokenizer, fast=False, **kw)
     with torch.compiler.set_stance("fail_on_recompile"):
         for p, w in zip(prompts[:2], want, strict=True):
-            out = dec.generate(p, max_new_tokens=N, eos_token_id=[])
-            assert out.token_ids == w == ref.generate(p, max_new_tokens=N, eos_token_id=[]).token_ids
+            out = dec.generate(p, max_new_tokens=N, eos_token_id=[], seed=3)
+            assert out.token_ids == w  # sampled: the same draws under the same seed, compiled or not
+            if mode != "sd-sampled":  # greedy: the reference loop's tokens
+                assert w == ref.generate(p, max_new_tokens=N, eos_token_id=[]).token_ids
             # unfused: the last cycles, narrowed by the budget, run eagerly; fused: one tree every cycle
             assert out.stats.fast["cycles"] > out.stats.fast["eager_cycles"] >= (0 if mode == "fused" else 1)
     assert len(compiled) == 1
@@ -138,7 +151,10 @@ def test_fast_true_refuses_what_it_cannot_serve(make_lm, lm, small, tokenizer, p
         ({"method": "mars", "block_size": 4}, "method mars is not on it"),
         ({"method": "prove-lossless", "block_size": 1, "fuse": True}, "needs block_size ≥ 2"),
         ({"method": "prove-lossless", "block_size": 4, "draft_threshold": 0.5}, "draft_threshold"),
-        ({"method": "ar", "temperature": 0.7}, "greedy only"),
+        (
+            {"method": "prove", "verifier": small, "block_size": 4, "temperature": 0.7},
+            "samples ar and sd only",
+        ),
     ]
     for kw, match in cases:
         with pytest.raises(ValueError, match=f"fast=true cannot serve this decode: .*{match}.*fast=false"):
@@ -274,3 +290,123 @@ def test_greedy_sd_fast_path_equals_generate_and_the_reference_loop(request, k, 
     one = fast.generate(prompts[0][:1], max_new_tokens=5, eos_token_id=[])
     assert one.stats.fast is None
     assert one.token_ids == ref.generate(prompts[0][:1], max_new_tokens=5, eos_token_id=[]).token_ids
+
+
+PROVE_THETA = 1e-4
+"""A θ inside the spread of p̃·q of these random models (p̃·q ≈ 1e-5..1e-3 at V ≈ 300): some blocks are cut."""
+
+
+@pytest.mark.parametrize("k", [4, 16])
+def test_prove_fast_path_equals_the_reference_loop(k, echo_lm, small, prompts, tokenizer):
+    """ProVe on the fast path (the target's block pass over its pending tokens and K − 1 placeholders, the small
+    verifier's K + 1 pass on its own slot cache, the θ rule's twin, no correction token): the reference loop's
+    tokens and per-cycle stats, token for token, at θ = 0 (whole blocks: EOS, stop strings and max_new_tokens fall
+    inside them) and at a θ that cuts blocks. Fails if a pending token's slot or position is off (the target's next
+    block drifts), a placeholder row sees a padding row or a stale slot, the verifier's cache is one token off, or
+    the rule reads p̃ or q from the wrong row."""
+    fast = {t: Decoder(echo_lm, tokenizer, method="prove", verifier=small, block_size=k, theta=t, fast=True)
+            for t in (0.0, PROVE_THETA)}  # fmt: skip
+    ref = {t: Decoder(echo_lm, tokenizer, method="prove", verifier=small, block_size=k, theta=t, fast=False)
+           for t in (0.0, PROVE_THETA)}  # fmt: skip
+    fast[0.0].fast_engine.pipeline = True  # one cycle ahead where the budget allows, as on CUDA
+    inside, cut = 0, 0
+    for p in prompts[:2]:
+        want = ref[0.0].generate(p, max_new_tokens=N, eos_token_id=[]).token_ids
+        cases = [{"max_new_tokens": n, "eos_token_id": []} for n in (1, 5, N)]
+        cases += [{"max_new_tokens": N, "eos_token_id": [want[j]]} for j in (2, 9)]
+        cases += [{"max_new_tokens": N, "eos_token_id": [], "stop": [tokenizer.decode(want[:7])[-2:]]}]
+        for theta in (0.0, PROVE_THETA):
+            for kw in cases:
+                a, b = fast[theta].generate(p, **kw), ref[theta].generate(p, **kw)
+                assert a.token_ids == b.token_ids, (theta, kw)
+                assert _stats_key(a.stats) == _stats_key(b.stats), (theta, kw)
+                assert a.stats.verifier_passes == b.stats.verifier_passes == a.stats.cycles, (theta, kw)
+                inside += a.stats.committed_per_cycle[-1] > 1 and len(a.token_ids) < kw["max_new_tokens"]
+                cut += theta > 0 and any(
+                    1 <= c < min(k, len(a.token_ids)) for c in a.stats.committed_per_cycle
+                )
+    assert inside > 0 and cut > 0, "no case ended inside a block, or θ cut none: the test lost its point"
+
+
+def test_sampled_fast_path_is_reproducible_under_a_seed(echo_lm, lm, tokenizer, prompts):
+    """Sampled sd and ar on the fast path: fails if the cycle's draws do not come from the Decoder's generator
+    (the same seed must give the same tokens, another seed other tokens), or if a sampled request silently took
+    the reference loop."""
+    for kw in ({"method": "sd", "draft": lm, "k": 4}, {"method": "ar"}):
+        dec = Decoder(echo_lm, tokenizer, fast=True, temperature=1.0, **kw)
+        runs = [dec.generate(prompts[0], max_new_tokens=N, eos_token_id=[], seed=s) for s in (1, 1, 2)]
+        assert all(r.stats.fast is not None for r in runs)
+        assert runs[0].token_ids == runs[1].token_ids != runs[2].token_ids
+
+
+@pytest.mark.parametrize("k", [4, 16])
+def test_pard_fast_path_equals_generate_and_the_reference_loop(k, echo_lm, lm, prompts, tokenizer, fast_refs):
+    """pard on the fast path (the draft's block pass over everything committed since its last pass, up to K + 1
+    pending tokens, then the target's K + 1 verification): ``generate``'s tokens and the reference loop's per-cycle
+    stats, with a draft equal to the target (blocks of several tokens accepted, at K = 4 whole ones: EOS, stop
+    strings and max_new_tokens fall inside them, and K + 1 tokens are pending) and a different one. Fails if the correction / bonus token is not among the
+    draft's pending tokens, or a pending token's slot or position is off (the draft's blocks, hence the stats,
+    drift from the reference's)."""
+    for draft in (echo_lm, lm):
+        kw = {"method": "pard", "draft": draft, "block_size": k}
+        with pytest.warns(UserWarning, match="records no trained block size"):
+            fast, ref = (
+                Decoder(echo_lm, tokenizer, fast=True, **kw),
+                Decoder(echo_lm, tokenizer, fast=False, **kw),
+            )
+        fast.fast_engine.pipeline = True
+        inside, longest = 0, 0
+        for p, want in zip(prompts[:2], fast_refs["echo"][:2], strict=True):
+            for case in (
+                {"max_new_tokens": N, "eos_token_id": []},
+                {"max_new_tokens": 7, "eos_token_id": []},
+                {"max_new_tokens": N, "eos_token_id": [want[9]]},
+                {"max_new_tokens": N, "eos_token_id": [], "stop": [tokenizer.decode(want[:7])[-2:]]},
+            ):
+                a, b = fast.generate(p, **case), ref.generate(p, **case)
+                assert a.token_ids == b.token_ids, case
+                assert _stats_key(a.stats) == _stats_key(b.stats), case
+                assert a.stats.draft_passes == b.stats.draft_passes, case
+                if not case["eos_token_id"] and "stop" not in case:
+                    assert a.token_ids == want[: case["max_new_tokens"]]
+                inside += a.stats.committed_per_cycle[-1] > 1 and len(a.token_ids) < case["max_new_tokens"]
+                longest = max(longest, *a.stats.committed_per_cycle)
+        if (
+            draft is echo_lm
+        ):  # at K = 4 some cycle accepts the whole block: K + 1 tokens pending for the draft
+            assert inside > 0 and longest >= 5, (inside, longest)
+
+
+@pytest.mark.parametrize("k", [4, 16])
+def test_greedy_asd_fast_path_equals_the_reference_loop(k, echo_lm, prompts, tokenizer, fast_refs):
+    """Greedy asd on the fast path (sd's draft cycle with the ASD rule's twin, its regret budget carried across
+    cycles on the device): the reference loop's tokens, and its per-cycle stats where no EOS cuts a draft, with a
+    draft close to the target (mismatches of small regret: some accepted) under a budget that runs out within a
+    request (0.2, at K = 4) and the default (8), with an EOS its drafts reach within a block. Fails if the spent regret is not carried from cycle to cycle or not
+    reset per request, if the gate's K is not the reference's proposal length (a draft that reaches EOS stops
+    there), or if the twin accepts other mismatches than the rule."""
+    from tests.decode.test_draft import perturbed
+
+    draft = perturbed(echo_lm, 0.02, seed=8)
+    relaxed = 0
+    for budget in (0.2, 8.0) if k == 4 else (8.0,):
+        kw = {"method": "asd", "draft": draft, "k": k, "budget": budget}
+        fast, ref = (
+            Decoder(echo_lm, tokenizer, fast=True, **kw),
+            Decoder(echo_lm, tokenizer, fast=False, **kw),
+        )
+        fast.fast_engine.pipeline = True
+        for p, want in zip(prompts[:2], fast_refs["echo"][:2], strict=True):
+            own = ref.generate(p, max_new_tokens=N, eos_token_id=[]).token_ids
+            for case in (
+                {"max_new_tokens": N, "eos_token_id": []},
+                {"max_new_tokens": 7, "eos_token_id": []},
+                {"max_new_tokens": N, "eos_token_id": [own[5]]},  # drafted early: a shorter gate K
+                {"max_new_tokens": N, "eos_token_id": [], "stop": [tokenizer.decode(want[:7])[-2:]]},
+            ):
+                a, b = fast.generate(p, **case), ref.generate(p, **case)
+                assert a.token_ids == b.token_ids, (budget, case)
+                if not case["eos_token_id"]:
+                    assert _stats_key(a.stats) == _stats_key(b.stats), (budget, case)
+                relaxed += a.token_ids != want[: len(a.token_ids)]
+    assert relaxed > 0, "no mismatch was ever accepted: the test lost its point"
