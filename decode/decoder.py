@@ -74,27 +74,25 @@ def _meta(path: str) -> ProveMeta | None:
 
 class Decoder:
     """Decode with one method: ``ar``, ``mars``, ``prove``, ``prove-lossless``, ``sd``, ``nsd``, ``asd``
-       (``prove.decode.methods``).
+    (``prove.decode.methods``).
 
-       ``model`` (the model being accelerated), ``verifier`` (ProVe's small scorer) and ``draft`` (the SD
-       family's small proposer) are loaded Hugging Face causal LMs or checkpoint paths. ``tokenizer``
-       defaults to the one saved with ``model`` when it is a path. ``params`` are ``DecodeParams`` fields
-       (theta, tau, block_size, k, temperature, top_p, top_k, seed); ``None`` takes the method's default,
-       and ``block_size`` the trained one. Greedy by default.
+    ``model`` (the model being accelerated), ``verifier`` (ProVe's small scorer) and ``draft`` (the SD
+    family's small proposer) are loaded Hugging Face causal LMs or checkpoint paths. ``tokenizer``
+    defaults to the one saved with ``model`` when it is a path. ``params`` are ``DecodeParams`` fields
+    (theta, tau, block_size, k, temperature, top_p, top_k, seed); ``None`` takes the method's default,
+    and ``block_size`` the trained one. Greedy by default.
 
-       ``proposer`` (``block`` or ``draft``) runs the method's rule on another proposer: ``method="nsd",
-       proposer="block"`` is NSD's nucleus gate on the MARS block proposer, verified by the model itself.
+    ``proposer`` (``block`` or ``draft``) runs the method's rule on another proposer: ``method="nsd",
+    proposer="block"`` is NSD's nucleus gate on the MARS block proposer, verified by the model itself.
 
-       ``fuse=True`` (block proposals the model verifies itself) makes each cycle one model pass: the
-       verification pass also drafts the next block (``prove.decode.fused``; ``fuse_groups="auto"``, "all" or m).
+    ``fuse=True`` (block proposals the model verifies itself) makes each cycle one model pass: the
+    verification pass also drafts the next block (``prove.decode.fused``; ``fuse_groups="auto"``, "all" or m).
 
-       ``fast`` (``True``, ``False``, ``"auto"``; default auto) runs ``ar``, ``prove-lossless`` (fused or not),
-       ``sd`` (greedy or sampled), greedy ``prove``, ``pard`` and ``asd`` on the fast path
-    (``prove.decode.fast``: a static
-       slot cache of ``cache_len`` slots, default min(max_position_embeddings, 4096), CUDA graphs on CUDA); auto takes
-       it on CUDA only, and only after the slot cache agreed with ``DynamicCache`` on this model. Greedy tokens are
-       the same either way; sampled ones follow the same distribution from other draws.
-
+    ``fast`` (``True``, ``False``, ``"auto"``; default auto) runs ``ar``, ``prove-lossless`` (fused or not),
+    ``sd`` (greedy or sampled), greedy ``prove``, ``pard`` and ``asd`` on the fast path (``prove.decode.fast``: a
+    static slot cache of ``cache_len`` slots, default min(max_position_embeddings, 4096), CUDA graphs on CUDA);
+    auto takes it on CUDA only, and only after the slot cache agreed with ``DynamicCache`` on this model. Greedy
+    tokens are the same either way; sampled ones follow the same distribution from other draws.
     """
 
     def __init__(

@@ -96,14 +96,13 @@ def why_not(method: Any, params: Any, model: Any, second: Any = None) -> str | N
 
 class FastEngine:
     """The fast path for one method on the target model: ``ar`` (``block_size`` 0), ``prove-lossless`` (K;
-    ``fused``), ``sd`` (``draft``; ``block_size`` = its k), ``prove`` (``verifier``, ``theta``) or ``pard``
-    (``draft``, ``block_draft``) or greedy ``asd`` (``draft``, ``asd``); ar and sd sample
-
-    when ``temperature`` > 0 (with ``top_k`` / ``top_p``, drawing from ``generator``).
+    ``fused``), ``sd`` (``draft``; ``block_size`` = its k), ``prove`` (``verifier``, ``theta``), ``pard`` (``draft``,
+    ``block_draft``) or greedy ``asd`` (``draft``, ``asd``); ar and sd sample when ``temperature`` > 0 (with
+    ``top_k`` / ``top_p``, drawing from ``generator``).
 
     ``capacity`` slots are allocated once per model; a request needs prompt + max_new_tokens of them (+ K² − 1 fused,
-    + K − 1 prove and pard: ``slots_needed``). ``graphs`` (default: on CUDA) captures the regular cycle as a CUDA graph the first time it
-    runs."""
+    + K − 1 prove and pard: ``slots_needed``). ``graphs`` (default: on CUDA) captures the regular cycle as a CUDA
+    graph the first time it runs."""
 
     def __init__(
         self,
