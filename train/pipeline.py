@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from prove.train.config import PeftKind, TrainConfig, run_label
 from prove.train.modeling import apply_lora, build_model_and_tokenizer, mask_token_id
-from prove.train.rerun import StagePlan, plan_stage, record_start, world_size
+from prove.train.rerun import StagePlan, check_inputs_finished, plan_stage, record_start, world_size
 from prove.train.rounds import for_round
 from prove.train.saving import barrier, prove_meta, save_checkpoint
 from prove.train.stages import stage_unit
@@ -73,6 +73,7 @@ def train(cfg: TrainConfig) -> StageResult:
             Path(cfg.trainer.output_dir), int(done.get("global_step") or 0), None, False, [],
             stopped_early=done.get("stopped_early"), skipped=True,
         )  # fmt: skip
+    check_inputs_finished(cfg)  # a capped stage's successor does not start on its under-trained model
     set_cpu_threads(cfg)  # before DeepSpeed builds a CPU optimizer
     tracker = open_logger(cfg, resuming=plan.resume_from is not None)  # the same wandb run when it resumes
     try:

@@ -247,6 +247,28 @@ def _refuse_resume(
     )
 
 
+def check_inputs_finished(cfg: TrainConfig) -> None:
+    """A ``ValueError`` when a checkpoint this stage builds on — ``stage.init_from``, and stage distill's
+    ``distill.proposer`` — is one its wall-time cap cut short (``stopped_early`` in its prove.json): that stage is
+    not finished (a relaunch resumes it), and a model trained or a set generated from it now would be built on an
+    under-trained one. ``make train`` runs each step after the last one returns, so without this a capped stage's
+    successor would start on it."""
+    inputs = [("stage.init_from", cfg.stage.init_from)]
+    if str(cfg.stage.name) == "distill":
+        inputs.append(("distill.proposer", cfg.distill.proposer))
+    for key, path in inputs:
+        if not path or not (Path(path) / "prove.json").is_file():
+            continue
+        early = (read_prove_json(path).extra or {}).get("stopped_early")
+        if early:
+            raise ValueError(
+                f"{key}={path} is not finished: its wall-time cap stopped it at step {early.get('step')} of "
+                f"{early.get('max_steps')}. Relaunch the stage that writes it first (it resumes from its last "
+                f"checkpoint; make train reruns every step in order), raising {early.get('setting') or 'its cap'} "
+                "if the cap stops it again"
+            )
+
+
 def plan_stage(cfg: TrainConfig) -> StagePlan:
     """The rule of the module docstring for ``cfg``'s stage and output folder."""
     out = Path(cfg.trainer.output_dir)

@@ -235,3 +235,42 @@ def test_rerunning_train_proposer_after_a_kill_during_mars_leaves_sft_untouched(
     assert meta["global_step"] == 30
     # sft's tokenized set served mars too (the cache key leaves <|mask|> out): one set, built once
     assert sorted(p.name for p in (run_dir / "tokenized").iterdir()) == tokenized and len(tokenized) == 1
+
+
+def test_a_stage_does_not_start_on_a_checkpoint_its_cap_cut_short(tmp_path):
+    """``make train`` runs each step after the previous one returns, also when a wall-time cap stopped it: a stage
+    whose ``stage.init_from`` (or stage distill's ``distill.proposer``) is such a capped checkpoint is refused at
+    start, naming the cap's setting; the same checkpoint once finished is accepted. Catches: the check reading the
+    stage's own output instead of its input, a capped proposer passing for distill, the refusal coming after the
+    logger opened or a set was generated."""
+    from prove.train.pipeline import train
+
+    sft = train_config(tiny_overrides(tmp_path, tmp_path / "d.jsonl", stage="sft"))
+    early = {
+        "reason": "max_minutes",
+        "step": 3,
+        "max_steps": 8,
+        "setting": "stages.proposer.mars.max_minutes",
+    }
+    _finish(sft, stopped_early=early)
+    src = sft.trainer.output_dir
+    mars = tiny_overrides(tmp_path, tmp_path / "d.jsonl", stage="mars", **{"stage.init_from": src})
+    with pytest.raises(
+        ValueError, match=r"stage.init_from=.* is not finished: .* step 3 of 8.*mars.max_minutes"
+    ):
+        train(train_config(mars))
+    verifier = tmp_path / "verifier-sft"  # a finished verifier to start from
+    verifier.mkdir()
+    write_prove_json(verifier, ProveMeta(stage="sft", base_model="scratch"))
+    distill = tiny_overrides(
+        tmp_path, tmp_path / "d.jsonl", stage="distill",
+        **{"distill.proposer": src, "stage.init_from": str(verifier)},
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"distill.proposer=.* is not finished"):
+        train(train_config(distill))
+    assert not (tmp_path / "mars").exists() and not any(tmp_path.glob("distill*"))
+    _finish(sft)  # the relaunch ran all its steps: accepted (the check passes; the stage then needs its data)
+    from prove.train.rerun import check_inputs_finished
+
+    check_inputs_finished(train_config(mars))
+    check_inputs_finished(train_config(distill))
