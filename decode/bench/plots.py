@@ -6,6 +6,8 @@
 - ``tokens_per_cycle.png``: mean tokens committed per cycle along the response.
 - ``roc.png``: ROC curves and AUC of p̃, q and p̃·q for predicting "matches greedy".
 - ``speed_accuracy.png``: speedup over AR against accuracy (or agreement with AR), sweeps joined by lines.
+- ``speed_quality.png`` (rows with a quality record): speedup against token agreement with greedy and against the
+  log-likelihood relative to AR's output (:mod:`prove.decode.bench.quality`), the θ sweep's Pareto.
 - ``vllm_concurrency.png`` (``backend=vllm``): vLLM's tokens/s against requests in flight, one line per vLLM row (a
   method at one point of its rule's sweep, ``vllm prove θ=0.1``), our engine's rows (one request in flight) as
   horizontal lines, each speculative row's crossover with vLLM ar marked.
@@ -126,31 +128,26 @@ def _sort_key(v: Any) -> tuple[int, Any]:
     return (0, v) if isinstance(v, (int, float)) else (1, str(v))
 
 
-def plot_speed_accuracy(report: Mapping[str, Any], path: Path) -> Path:
-    with_answers = report["prompts"].get("with_answers", 0) > 0
-    key, ylabel = ("accuracy", "task accuracy") if with_answers else ("agreement", "agreement with AR")
-    fig, ax = _figure(f"Speed / {ylabel} trade-off")
+def _draw_tradeoff(ax: Any, report: Mapping[str, Any], value: Any, scale: float = 100.0) -> None:
+    """Speedup (x) against ``value(row)`` × ``scale`` (y), one line per method, a sweep drawn in its parameter's
+    order and its points labelled."""
     families: dict[str, list[Mapping[str, Any]]] = {}
     for row in report["rows"]:
         families.setdefault(row["method"], []).append(row)
     for method, rows in families.items():
-        pts = [
-            (r["speedup_total"], r[key], r)
-            for r in rows
-            if r.get("speedup_total") is not None and r[key] is not None
-        ]
-        pts = [p for p in pts if not math.isnan(p[0])]
+        pts = [(r.get("speedup_total"), value(r), r) for r in rows]
+        pts = [p for p in pts if p[0] is not None and p[1] is not None and not math.isnan(p[0])]
         if not pts:
             continue
         # a sweep is drawn in the order of its parameter (θ ascending), else by speed
         pts.sort(key=lambda p: (tuple(_sort_key(v) for v in p[2].get("swept", {}).values()), p[0]))
-        (line,) = ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", ms=5, label=method)
+        (line,) = ax.plot([p[0] for p in pts], [scale * p[1] for p in pts], marker="o", ms=5, label=method)
         for i, (x, y, r) in enumerate(pts):
             note = " ".join(param_label(k, v) for k, v in r.get("swept", {}).items())
             if note and len(pts) > 1:  # label the points of a sweep, alternately above and below
                 ax.annotate(
                     note,
-                    (x, 100 * y),
+                    (x, scale * y),
                     textcoords="offset points",
                     xytext=(4, 5 if i % 2 == 0 else -11),
                     fontsize=7,
@@ -158,13 +155,48 @@ def plot_speed_accuracy(report: Mapping[str, Any], path: Path) -> Path:
                 )
     ax.axvline(1.0, color="0.6", lw=1, ls=":")
     ax.set_xlabel("speedup over AR (total tokens / total time)")
-    ax.set_ylabel(f"{ylabel} (%)")
     ax.margins(x=0.08, y=0.15)
+    ax.set_xlim(left=0)
+
+
+def plot_speed_accuracy(report: Mapping[str, Any], path: Path) -> Path:
+    with_answers = report["prompts"].get("with_answers", 0) > 0
+    key, ylabel = ("accuracy", "task accuracy") if with_answers else ("agreement", "agreement with AR")
+    fig, ax = _figure(f"Speed / {ylabel} trade-off")
+    _draw_tradeoff(ax, report, lambda r: r[key])
+    ax.set_ylabel(f"{ylabel} (%)")
     low, high = ax.get_ylim()
     ax.set_ylim(max(low, -3), min(high, 103))
-    ax.set_xlim(left=0)
     if ax.lines:
         _legend(ax)
+    return _save(fig, path)
+
+
+def plot_speed_quality(report: Mapping[str, Any], path: Path) -> Path:
+    """Speedup against the quality section's two numbers a lossy row moves: token agreement with greedy, and the
+    log-likelihood of its output under the quality model relative to AR's (0: as likely as AR's)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), dpi=110)
+    fig.suptitle("Speed / quality trade-off (teacher-forced quality, bench.md's quality table)", fontsize=11)
+    panels = (
+        (lambda r: (r.get("quality") or {}).get("token_agreement"), 100.0, "token agreement with greedy (%)"),
+        (
+            lambda r: (r.get("quality") or {}).get("loglik_vs_ar"),
+            1.0,
+            "Δ log-likelihood / token vs AR (nats)",
+        ),
+    )
+    for ax, (value, scale, label) in zip(axes, panels, strict=True):
+        ax.grid(alpha=0.3)
+        _draw_tradeoff(ax, report, value, scale)
+        ax.set_ylabel(label)
+    axes[1].axhline(0.0, color="0.6", lw=1, ls=":")
+    if axes[1].lines:
+        _legend(axes[1])
     return _save(fig, path)
 
 
@@ -229,6 +261,8 @@ def write_plots(report: Mapping[str, Any], output_dir: str | Path) -> dict[str, 
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     plots = {name: fn(report, out / f"{name}.png") for name, fn in PLOTS.items()}
+    if any(r.get("quality") for r in report["rows"]):
+        plots["speed_quality"] = plot_speed_quality(report, out / "speed_quality.png")
     if report.get("vllm"):
         plots["vllm_concurrency"] = plot_vllm_concurrency(report, out / "vllm_concurrency.png")
     return plots

@@ -100,7 +100,7 @@ def test_bench_end_to_end(bench_dir):
     )
     md = (out / "bench.md").read_text()
     assert all(f"| {n} |" in md for n in names) and "## Quality beside AR" in md
-    for name in ("acceptance_by_position", "tokens_per_cycle", "roc", "speed_accuracy"):
+    for name in ("acceptance_by_position", "tokens_per_cycle", "roc", "speed_accuracy", "speed_quality"):
         png = out / f"{name}.png"
         assert report["plots"][name] == str(png) and png.read_bytes()[:8] == PNG
 
