@@ -13,7 +13,8 @@ objects of one engine, both subclasses, and nothing else:
   token), ``nsd_greedy``, ``asd_greedy`` (its regret budget per request, freed when the request ends).
 - :class:`RuleScheduler` (a ``Scheduler``, the engine's ``scheduler_cls``): a preempted request resumes on our rule
   (its last committed token verified with the drafter's block after it, not sampled from the target), and vLLM's
-  padded placeholder steps and the drafts our rule does not score stay out of the request's metrics.
+  padded placeholder steps and the drafts our rule does not score stay out of the request's metrics; a request our
+  rule cannot serve (sampling, refused extra arguments) is finished on arrival with vLLM's ``FINISHED_ERROR``.
 
 With a K schedule (``VllmOptions.k_schedule``) vLLM's own lossless parallel-drafting methods (``prove-lossless``,
 ``pard``) get one object of ours through the same worker class: :class:`ScheduledDrafter`, whose slots follow each
@@ -421,6 +422,8 @@ def _vllm_classes() -> dict[str, type]:
     from vllm.logger import init_logger
     from vllm.sampling_params import SamplingType
     from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
+    from vllm.v1.request import RequestStatus
     from vllm.v1.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID, RejectionSampler
     from vllm.v1.spec_decode.draft_model import DraftModelProposer
     from vllm.v1.worker.cpu_worker import CPUWorker
@@ -743,7 +746,33 @@ def _vllm_classes() -> dict[str, type]:
            request's speculative metrics (vLLM records K drafted, 0 accepted), so the stats have no phantom cycle.
            Drafts our rule does not score (past ``max_tokens`` or a drafted EOS: :func:`drafts_scored`) are not
            counted as drafted, as our engine never proposes them.
+        3. A request our rule cannot serve (one that samples, or with extra arguments the method's checks refuse,
+           sent past the server's gate, e.g. through ``vllm.LLM``) is finished when it arrives with vLLM's
+           ``FINISHED_ERROR`` (finish reason ``error``; a 500 for that request on the server), before any step.
         """
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.refused: list[Any] = []  # finished on arrival, their error output not yet sent
+
+        def add_request(self, request: Any) -> None:
+            new = request.request_id not in self.requests  # not a streaming session's next chunk
+            super().add_request(request)
+            why = self._refusal(request.sampling_params) if new else None
+            if why is not None:
+                logger.error("prove plugin: request %s refused (%s)", request.request_id, why)
+                self.finish_requests(request.request_id, RequestStatus.FINISHED_ERROR)
+                self.refused.append(request)
+
+        def _refusal(self, sampling_params: Any) -> str | None:
+            settings = self.vllm_config.additional_config[CONFIG_KEY]
+            if sampling_params.sampling_type != SamplingType.GREEDY:
+                return f"method={settings['method']} on vLLM is greedy: send requests with temperature 0"
+            try:
+                resolve_request(settings, sampling_params.extra_args)
+            except ValueError as e:
+                return str(e)
+            return None
 
         def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> None:
             super()._preempt_request(request, *args, **kwargs)
@@ -799,10 +828,26 @@ def _vllm_classes() -> dict[str, type]:
             for request in padded:
                 request.spec_decode_metrics = None  # vLLM observes a step only where a request has metrics
             try:
-                return super().update_from_output(scheduler_output, model_runner_output)
+                outputs = super().update_from_output(scheduler_output, model_runner_output)
             finally:
                 for request, metrics in kept:
                     request.spec_decode_metrics = metrics
+            for (
+                request
+            ) in self.refused:  # finished on arrival: their one output, as vLLM's own error finishes
+                out = EngineCoreOutput(
+                    request_id=request.request_id,
+                    new_token_ids=[],
+                    finish_reason=request.get_finished_reason(),
+                    events=request.take_events(),
+                    trace_headers=request.trace_headers,
+                )
+                if request.client_index in outputs:
+                    outputs[request.client_index].outputs.append(out)
+                else:
+                    outputs[request.client_index] = EngineCoreOutputs(outputs=[out])
+            self.refused.clear()
+            return outputs
 
     def install(worker: Any) -> None:
         """Swap our drafter and sampler into the worker's model runner (before its weights load)."""

@@ -387,8 +387,17 @@ def test_the_vllm_internals_the_plugin_subclasses_are_where_it_expects():
         ("_update_after_schedule", ["self", "scheduler_output"]),
         ("update_draft_token_ids", ["self", "draft_token_ids"]),
         ("update_from_output", ["self", "scheduler_output", "model_runner_output"]),
-    ):  # the scheduler's hooks RuleScheduler overrides
+        ("add_request", ["self", "request"]),
+        ("finish_requests", ["self", "request_ids", "finished_status"]),
+    ):  # the scheduler's hooks RuleScheduler overrides or calls
         assert list(inspect.signature(getattr(Scheduler, name)).parameters) == params, name
+    from vllm.v1.engine import EngineCoreOutput, FinishReason
+    from vllm.v1.request import RequestStatus
+
+    assert RequestStatus.get_finished_reason(RequestStatus.FINISHED_ERROR) == FinishReason.ERROR
+    assert {"request_id", "new_token_ids", "finish_reason", "events", "trace_headers"} <= set(
+        EngineCoreOutput.__struct_fields__
+    )  # what RuleScheduler sends for a request it refuses on arrival
     assert issubclass(vllm_plugin.ScheduledDrafter, DraftModelProposer)
     assert list(inspect.signature(DraftModelProposer.propose).parameters)[:9] == [
         "self", "num_speculative_tokens", "target_token_ids", "target_positions", "target_hidden_states",

@@ -169,6 +169,27 @@ def test_padded_steps_leave_no_phantom_cycle(vllm_prove, ckpts, many, tokenizer)
         assert_stats_equal_ours(got[i], want)
 
 
+def test_a_request_the_rule_cannot_serve_finishes_alone_with_an_error(vllm_prove, many):
+    """Requests sent past our checks (``vllm.LLM`` directly) that sample, or carry a θ the method refuses, beside valid
+    ones: each bad one finishes on arrival with vLLM's error finish reason and no token; the others are answered as
+    alone, and the engine serves on. Fails if a bad request ends as ``stop`` (the sampler's stop-token fallback) or
+    takes the engine down."""
+    from vllm import SamplingParams
+
+    good = vllm_prove.sampling_params(N, None, vllm_prove.eos_ids(), None, DecodeParams(theta=3e-4))
+    extra = good.extra_args
+    bad = [
+        SamplingParams(max_tokens=N, temperature=0.7, extra_args=extra),
+        SamplingParams(max_tokens=N, temperature=0.0, extra_args={**extra, "theta": -1.0}),
+    ]
+    prompts = [{"prompt_token_ids": list(p)} for p in many[:3]]
+    outs = vllm_prove.llm.generate(prompts, [bad[0], good, bad[1]], use_tqdm=False)
+    assert [o.outputs[0].finish_reason for o in outs] == ["error", outs[1].outputs[0].finish_reason, "error"]
+    assert outs[1].outputs[0].finish_reason in ("stop", "length") and not outs[0].outputs[0].token_ids
+    ((_, alone),) = vllm_prove.generate_many([many[1]], N, sampling=DecodeParams(theta=3e-4))
+    assert list(outs[1].outputs[0].token_ids) == alone.token_ids
+
+
 def test_prove_lossless_under_preemption_and_a_k_schedule(request, ckpts, many):
     """vLLM's prove-lossless (the MARS checkpoint drafting for itself) with a K schedule of 4 up to 2 requests in
     flight, 2 from 3 and 0 from 6 (``vllm.k_schedule``), 16 requests at once through the small cache (preemptions
