@@ -159,12 +159,12 @@ class VllmOptions:
     """No CUDA graphs or compilation; ``None`` = true on the CPU (where compiling buys nothing at test sizes), vLLM's
     default on a GPU."""
     k_schedule: list[list[int]] | None = None
-    """K by batch size for the lossless methods (``prove-lossless``, ``pard``, ``sd``): ``[[first, last, K], ...]``
-    ranges of requests in a step, K = 0 allowed (vLLM's ``num_speculative_tokens_per_batch_size``), e.g.
-    ``[[1,8,8],[9,32,4],[33,256,0]]``, so one engine drafts less as the batch grows (docs/vllm.md, "Under load").
-    Parallel drafting then runs through our drafter (``prove.decode.vllm.plugin``, pinned to its tested vLLM).
-    ``prove``, ``nsd`` and ``asd`` keep their static K (a shrinking K moves prove's blocks and ASD's gate away from
-    our engine's); ``None`` = the static K everywhere."""
+    """K by batch size: ``[[first, last, K], ...]`` ranges of requests in a step (vLLM's
+    ``num_speculative_tokens_per_batch_size``), e.g. ``[[1,8,8],[9,32,4],[33,256,0]]``, so one engine drafts less as
+    the batch grows (docs/vllm.md, "Under load"). K = 0 for the lossless methods (``prove-lossless``, ``pard``,
+    ``sd``) only: ``prove``, ``nsd`` and ``asd`` take K ≥ 1 (at K = 0 vLLM's target answers the step, not our rule).
+    Parallel drafting then runs through our drafter (``prove.decode.vllm.plugin``, pinned to its tested vLLM), which
+    runs no pass at K = 0. ``None`` = the static K everywhere."""
     engine_args: dict[str, Any] = field(default_factory=dict)
     """Any other vLLM engine argument (``vllm.EngineArgs``), one override a key:
     ``vllm.engine_args.max_num_batched_tokens=8192`` (prove-serve: ``engine_args.max_num_batched_tokens=8192``); it

@@ -373,32 +373,25 @@ class VllmDecoder:
         self.generation_eos = _generation_eos(model, configs["model"])
         self.spec = speculative_config(self.method, self.params, model, draft)
         if self.options.k_schedule and self.spec is not None:
-            if self.plugin:
-                warnings.warn(
-                    f"vllm.k_schedule applies to prove-lossless, pard and sd: method={self.method.name} keeps its "
-                    "static K (a K that shrinks with the batch moves its rule away from our engine's)",
-                    stacklevel=2,
+            top, k = max(e[2] for e in self.options.k_schedule), self.spec["num_speculative_tokens"]
+            if top > k:
+                raise ValueError(
+                    f"vllm.k_schedule asks K={top}, more than the engine's {k}: lower it, or start the engine "
+                    "with a larger K (block_size= / k=)"
                 )
-            else:
-                top, k = max(e[2] for e in self.options.k_schedule), self.spec["num_speculative_tokens"]
-                if top > k:
-                    raise ValueError(
-                        f"vllm.k_schedule asks K={top}, more than the engine's {k}: lower it, or start the engine "
-                        "with a larger K (block_size= / k=)"
-                    )
-                schedule = [list(e) for e in self.options.k_schedule]
-                self.spec["num_speculative_tokens_per_batch_size"] = schedule
+            schedule = [list(e) for e in self.options.k_schedule]
+            self.spec["num_speculative_tokens_per_batch_size"] = schedule
         # prove: the small verifier is vLLM's target, the MARS proposer (``model``) its drafter (in ``spec``)
         target, target_config = (
             (verifier, configs["verifier"]) if verifier is not None else (model, configs["model"])
         )
         args = engine_args(target, self.spec, self.options, dtype=dtype, device=device, seed=self.params.seed)
         schedule = k_schedule(args)
-        if schedule is not None and self.plugin:
+        if schedule is not None and self.plugin and min(e[2] for e in schedule) < 1:
+            # a step of K = 0 has no draft: vLLM's target answers it (prove: the verifier's own token), not our rule
             raise ValueError(
-                f"method={self.method.name} on vLLM takes no K schedule (num_speculative_tokens_per_batch_size): a "
-                "K that shrinks with the batch moves prove's cycle boundaries and ASD's gate away from our engine's; "
-                "drop it from engine_args' speculative_config (lossless methods take one: method=prove-lossless)"
+                f"method={self.method.name} on vLLM takes a K schedule with K ≥ 1 only, not {schedule}: at K = 0 "
+                f"vLLM's step commits its target's own token, not our rule's; put 1 where it has 0"
             )
         # the KV cache sized and the fit checked here, before vLLM's engine process exists (prove.decode.vllm.memory)
         served = [(target, target_config)]
@@ -431,7 +424,11 @@ class VllmDecoder:
                 verifier_rows=None if verifier is None else plugin.vocab_rows(configs["verifier"]),
             )
             self.engine_args["additional_config"] = extra
-        if schedule is not None and self.engine_args["speculative_config"].get("parallel_drafting"):
+        if (
+            schedule is not None
+            and self.engine_args["speculative_config"].get("parallel_drafting")
+            and not self.plugin
+        ):
             # vLLM's parallel drafter lays out the K it was built with whatever K a step asks for (its rows then
             # land on other requests): ours lays out each step's K (prove.decode.vllm.plugin.ScheduledDrafter)
             if start:

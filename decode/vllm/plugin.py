@@ -13,11 +13,13 @@ objects of one engine, both subclasses, and nothing else:
   token), ``nsd_greedy``, ``asd_greedy`` (its regret budget per request, freed when the request ends).
 - :class:`RuleScheduler` (a ``Scheduler``, the engine's ``scheduler_cls``): a preempted request resumes on our rule
   (its last committed token verified with the drafter's block after it, not sampled from the target), and vLLM's
-  padded placeholder steps and the drafts our rule does not score stay out of the request's metrics.
+  padded placeholder steps and the drafts our rule does not score stay out of the request's metrics; a request our
+  rule cannot serve (sampling, refused extra arguments) is finished on arrival with vLLM's ``FINISHED_ERROR``.
 
 With a K schedule (``VllmOptions.k_schedule``) vLLM's own lossless parallel-drafting methods (``prove-lossless``,
 ``pard``) get one object of ours through the same worker class: :class:`ScheduledDrafter`, whose slots follow each
-step's K.
+step's K and which runs no pass at K = 0 (what it missed is fed on its next pass, :class:`MissedTokens`).
+:class:`RuleDrafter` is one too, so ``prove`` / ``nsd`` / ``asd`` follow a schedule of K ≥ 1.
 
 Mapping: ``prove``'s MARS proposer is vLLM's *drafter* (parallel drafting, K in one pass) and its small verifier vLLM's
 *target*, so an engine step is one big pass and one small one. ``nsd`` / ``asd``: the small draft drafts, the big
@@ -168,6 +170,46 @@ def drafts_scored(method: str, drafts: list[int], *, left: int, eos: set[int]) -
             if t in eos:
                 return i + 1
     return n
+
+
+class MissedTokens:
+    """What a drafter's KV cache lacks after passes it skipped (K = 0 under a schedule, :class:`ScheduledDrafter`):
+    per request, the tokens the target computed in each skipped step, at their positions, oldest first. They are fed
+    to the drafter before its next pass's own tokens, so its KV cache again holds every token before them.
+
+    A step's tokens may end in drafts the target rejected; the tokens of the next step that holds the request start
+    where they were rejected (a resumed request's recompute, further back), so each step's tokens count only below the
+    first position of every later one. Tensors stay where they are until :meth:`refeed` (no host sync at a skip)."""
+
+    def __init__(self) -> None:
+        self.steps: dict[str, list[tuple[Any, Any]]] = {}
+
+    def add(self, rid: str, tokens: Any, positions: Any) -> None:
+        """One step's tokens of ``rid`` and their positions (1-D, ascending), which the drafter did not see."""
+        self.steps.setdefault(rid, []).append((tokens, positions))
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self.steps
+
+    def refeed(self, rid: str, start: int) -> tuple[list[int], list[int]]:
+        """The tokens and positions ``rid``'s drafter lacks before position ``start`` (the first of the pass about to
+        run), ascending; kept until :meth:`clear`."""
+        limit, tokens, positions = start, [], []
+        for t, p in reversed(self.steps.get(rid, [])):
+            t, p = [int(x) for x in t.tolist()], [int(x) for x in p.tolist()]
+            n = sum(1 for x in p if x < limit)  # ascending: a leading run
+            tokens[:0], positions[:0] = t[:n], p[:n]
+            if p:
+                limit = min(limit, p[0])
+        return tokens, positions
+
+    def clear(self, rid: str) -> None:
+        self.steps.pop(rid, None)
+
+    def forget(self, live: Any) -> None:
+        """Drop requests no longer in ``live`` (finished or aborted)."""
+        for rid in [r for r in self.steps if r not in live]:
+            del self.steps[rid]
 
 
 # -- the server's request check (an ASGI "http" middleware; no vLLM needed) ----------------------------------------
@@ -380,6 +422,8 @@ def _vllm_classes() -> dict[str, type]:
     from vllm.logger import init_logger
     from vllm.sampling_params import SamplingType
     from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
+    from vllm.v1.request import RequestStatus
     from vllm.v1.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID, RejectionSampler
     from vllm.v1.spec_decode.draft_model import DraftModelProposer
     from vllm.v1.worker.cpu_worker import CPUWorker
@@ -387,9 +431,122 @@ def _vllm_classes() -> dict[str, type]:
 
     logger = init_logger(__name__)
 
-    class RuleDrafter(DraftModelProposer):
+    class ScheduledDrafter(DraftModelProposer):
+        """vLLM's parallel drafter, its slots laid out per step for the K vLLM's batch-size schedule hands it
+        (``num_speculative_tokens_per_batch_size``): vLLM's lays out the K it was built with whatever K a step asks
+        for, so below it a batch's drafts land on the wrong requests. A step of K = 0 runs no pass: the tokens the
+        target computed in it are kept (:class:`MissedTokens`) and fed to the drafter before its own on its next pass,
+        as far as that pass's token buffer has room (a request that does not fit keeps them, with the pass's own
+        tokens, for a later one), so the drafter's KV cache holds every token again before it drafts. For vLLM's own
+        lossless methods (``prove-lossless``, ``pard``): a schedule changes no output of theirs."""
+
+        def __init__(self, *, vllm_config: Any, device: Any, runner: Any) -> None:
+            super().__init__(vllm_config=vllm_config, device=device, runner=runner)
+            self.sched_runner = runner  # the base class does not keep it
+            self.missed = MissedTokens()
+            self.passes = self.skipped = self.refed = 0  # drafter passes run, skipped; tokens re-fed
+
+        def propose(
+            self,
+            num_speculative_tokens: int,
+            target_token_ids: torch.Tensor,
+            target_positions: torch.Tensor,
+            target_hidden_states: torch.Tensor,
+            next_token_ids: torch.Tensor,
+            token_indices_to_sample: torch.Tensor | None,
+            common_attn_metadata: Any,
+            sampling_metadata: Any,
+            **kwargs: Any,
+        ) -> torch.Tensor:
+            k, cad = int(num_speculative_tokens), common_attn_metadata
+            rids = self.sched_runner.input_batch.req_ids[: cad.batch_size()]
+            self.missed.forget(self.sched_runner.requests)
+            if (
+                self.parallel_drafting and k == 0
+            ):  # no drafts asked: keep what the pass would have fed, run none
+                bounds = cad.query_start_loc_cpu.tolist()
+                tokens, positions = target_token_ids.clone(), target_positions.clone()  # (tokens,) each
+                for j, rid in enumerate(rids):
+                    if bounds[j + 1] > bounds[j]:
+                        self.missed.add(
+                            rid, tokens[bounds[j] : bounds[j + 1]], positions[bounds[j] : bounds[j + 1]]
+                        )
+                self.num_speculative_tokens, self.skipped = 0, self.skipped + 1
+                return torch.empty((len(rids), 0), dtype=torch.int64, device=target_token_ids.device)
+            if self.parallel_drafting:  # [next token, <|mask|> × (K - 1)] a request
+                self.extra_slots_per_request = self.net_num_new_slots_per_request = k
+                if any(rid in self.missed for rid in rids):
+                    target_token_ids, target_positions, cad = self._refeed(
+                        k, rids, target_token_ids, target_positions, cad
+                    )
+            self.passes += 1
+            return super().propose(
+                num_speculative_tokens=k,
+                target_token_ids=target_token_ids,
+                target_positions=target_positions,
+                target_hidden_states=target_hidden_states,
+                next_token_ids=next_token_ids,
+                token_indices_to_sample=token_indices_to_sample,
+                common_attn_metadata=cad,
+                sampling_metadata=sampling_metadata,
+                **kwargs,
+            )
+
+        def _refeed(
+            self, k: int, rids: list[str], tokens: torch.Tensor, positions: torch.Tensor, cad: Any
+        ) -> tuple[torch.Tensor, torch.Tensor, Any]:
+            """This pass's inputs with each request's missed tokens put before its own: the tokens, their positions
+            and the attention metadata (each query longer by them, the sequence lengths as they were: the missed
+            positions are already counted in them; their KV slots from the request's block table)."""
+            bounds = cad.query_start_loc_cpu.tolist()
+            firsts = positions[torch.tensor(bounds[:-1]).clamp(max=len(positions) - 1)].tolist()
+            room = (
+                self.max_num_tokens - len(tokens) - k * len(rids)
+            )  # the drafter's buffers hold max_num_tokens
+            size = self.block_size
+            out_t, out_p, out_s, starts = [], [], [], [0]
+            for j, rid in enumerate(rids):
+                s, e = bounds[j], bounds[j + 1]
+                missed_t, missed_p = (
+                    self.missed.refeed(rid, firsts[j]) if rid in self.missed and e > s else ([], [])
+                )
+                if (
+                    len(missed_t) > room
+                ):  # no room this pass: kept, with this pass's tokens (fed over the gap)
+                    self.missed.add(rid, tokens[s:e].clone(), positions[s:e].clone())
+                    missed_t = missed_p = []
+                elif rid in self.missed and e > s:
+                    self.missed.clear(rid)
+                    room -= len(missed_t)
+                if missed_t:
+                    p = torch.tensor(missed_p, dtype=positions.dtype, device=positions.device)
+                    block = cad.block_table_tensor[j, p // size].to(cad.slot_mapping.dtype)
+                    out_t.append(torch.tensor(missed_t, dtype=tokens.dtype, device=tokens.device))
+                    out_p.append(p)
+                    out_s.append(block * size + p % size)
+                    self.refed += len(missed_t)
+                out_t.append(tokens[s:e])
+                out_p.append(positions[s:e])
+                out_s.append(cad.slot_mapping[s:e])
+                starts.append(starts[-1] + len(missed_t) + e - s)
+            loc = torch.tensor(starts, dtype=cad.query_start_loc_cpu.dtype)
+            new_positions = torch.cat(out_p)
+            cad = cad.replace(
+                query_start_loc=loc.to(cad.query_start_loc.device),
+                query_start_loc_cpu=loc,
+                num_actual_tokens=starts[-1],
+                max_query_len=max(b - a for a, b in zip(starts, starts[1:], strict=False)),
+                slot_mapping=torch.cat(out_s),
+                positions=None if cad.positions is None else new_positions,
+                _num_computed_tokens_cache=None,
+                _token_to_req_indices_cache=None,
+            )
+            return torch.cat(out_t), new_positions, cad
+
+    class RuleDrafter(ScheduledDrafter):
         """vLLM's draft-model drafter, restricted to the ids each request may output (the request's
-        ``allowed_token_ids``, as our proposers are) and keeping p̃ of every draft by request (:attr:`kept`)."""
+        ``allowed_token_ids``, as our proposers are) and keeping p̃ of every draft by request (:attr:`kept`); under a
+        K schedule (K ≥ 1) its parallel slots follow each step's K (:class:`ScheduledDrafter`)."""
 
         def __init__(self, *, vllm_config: Any, device: Any, runner: Any) -> None:
             super().__init__(vllm_config=vllm_config, device=device, runner=runner)
@@ -418,19 +575,6 @@ def _vllm_classes() -> dict[str, type]:
                 rows = drafts.tolist()
                 self.kept = {rid: (rows[j], conf[j].clone()) for j, rid in enumerate(ids)}
             return drafts
-
-    class ScheduledDrafter(DraftModelProposer):
-        """vLLM's parallel drafter, its slots laid out per step for the K vLLM's batch-size schedule hands it
-        (``num_speculative_tokens_per_batch_size``): vLLM's lays out the K it was built with whatever K a step asks
-        for, so below it a batch's drafts land on the wrong requests. A step of K = 0 still runs the pass (one slot:
-        the drafter's KV follows the target's), as vLLM's does. For vLLM's own lossless methods (``prove-lossless``,
-        ``pard``): a schedule changes no output of theirs."""
-
-        def propose(self, num_speculative_tokens: int, *args: Any, **kwargs: Any) -> torch.Tensor:
-            if self.parallel_drafting:  # [next token, <|mask|> × (K - 1)] a request; one slot at K = 0
-                slots = max(int(num_speculative_tokens), 1)
-                self.extra_slots_per_request = self.net_num_new_slots_per_request = slots
-            return super().propose(num_speculative_tokens, *args, **kwargs)
 
     class RuleSampler(RejectionSampler):
         """vLLM's rejection sampler with our rule in place of its acceptance (greedy requests only)."""
@@ -602,7 +746,33 @@ def _vllm_classes() -> dict[str, type]:
            request's speculative metrics (vLLM records K drafted, 0 accepted), so the stats have no phantom cycle.
            Drafts our rule does not score (past ``max_tokens`` or a drafted EOS: :func:`drafts_scored`) are not
            counted as drafted, as our engine never proposes them.
+        3. A request our rule cannot serve (one that samples, or with extra arguments the method's checks refuse,
+           sent past the server's gate, e.g. through ``vllm.LLM``) is finished when it arrives with vLLM's
+           ``FINISHED_ERROR`` (finish reason ``error``; a 500 for that request on the server), before any step.
         """
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.refused: list[Any] = []  # finished on arrival, their error output not yet sent
+
+        def add_request(self, request: Any) -> None:
+            new = request.request_id not in self.requests  # not a streaming session's next chunk
+            super().add_request(request)
+            why = self._refusal(request.sampling_params) if new else None
+            if why is not None:
+                logger.error("prove plugin: request %s refused (%s)", request.request_id, why)
+                self.finish_requests(request.request_id, RequestStatus.FINISHED_ERROR)
+                self.refused.append(request)
+
+        def _refusal(self, sampling_params: Any) -> str | None:
+            settings = self.vllm_config.additional_config[CONFIG_KEY]
+            if sampling_params.sampling_type != SamplingType.GREEDY:
+                return f"method={settings['method']} on vLLM is greedy: send requests with temperature 0"
+            try:
+                resolve_request(settings, sampling_params.extra_args)
+            except ValueError as e:
+                return str(e)
+            return None
 
         def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> None:
             super()._preempt_request(request, *args, **kwargs)
@@ -658,10 +828,26 @@ def _vllm_classes() -> dict[str, type]:
             for request in padded:
                 request.spec_decode_metrics = None  # vLLM observes a step only where a request has metrics
             try:
-                return super().update_from_output(scheduler_output, model_runner_output)
+                outputs = super().update_from_output(scheduler_output, model_runner_output)
             finally:
                 for request, metrics in kept:
                     request.spec_decode_metrics = metrics
+            for (
+                request
+            ) in self.refused:  # finished on arrival: their one output, as vLLM's own error finishes
+                out = EngineCoreOutput(
+                    request_id=request.request_id,
+                    new_token_ids=[],
+                    finish_reason=request.get_finished_reason(),
+                    events=request.take_events(),
+                    trace_headers=request.trace_headers,
+                )
+                if request.client_index in outputs:
+                    outputs[request.client_index].outputs.append(out)
+                else:
+                    outputs[request.client_index] = EngineCoreOutputs(outputs=[out])
+            self.refused.clear()
+            return outputs
 
     def install(worker: Any) -> None:
         """Swap our drafter and sampler into the worker's model runner (before its weights load)."""
@@ -713,6 +899,14 @@ def _vllm_classes() -> dict[str, type]:
             def init_device(self) -> None:
                 super().init_device()
                 install(self)
+
+            def drafter_counts(self) -> dict[str, int] | None:
+                """A :class:`ScheduledDrafter`'s passes run, passes skipped (K = 0) and tokens re-fed after them
+                (``LLM.collective_rpc("drafter_counts")``), or None for another drafter."""
+                drafter = getattr(self.model_runner, "drafter", None)
+                if not isinstance(drafter, ScheduledDrafter):
+                    return None
+                return {"passes": drafter.passes, "skipped": drafter.skipped, "refed": drafter.refed}
 
         RuleWorker.__name__ = RuleWorker.__qualname__ = f"Rule{base.__name__}"
         return RuleWorker

@@ -36,6 +36,10 @@ class VllmStats:
     wall_s: float
     """Arrival to last token of this request in vLLM (with others batched beside it)."""
     backend: str = "vllm"
+    proposed_per_cycle: list[int] = dataclasses.field(default_factory=list)
+    """The drafts of each verification step (``committed_per_cycle`` after its first entry) that our engine would
+    have proposed in that cycle: the step's K, cut as ``proposed_by_depth`` is. Under a K schedule it is the K
+    sequence our engine replays to compare (docs/vllm.md, "Under load: a K schedule")."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -97,6 +101,7 @@ def vllm_stats(
         accepted_tokens=int(spec.get("num_accepted_draft_tokens", 0)),
         mean_acceptance_length=float(spec.get("mean_acceptance_length", 1.0)),
         wall_s=wall_s,
+        proposed_per_cycle=drafted,
     )
 
 

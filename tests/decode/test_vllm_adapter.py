@@ -306,6 +306,9 @@ def test_vllm_stats_count_only_committed_tokens_as_ours():
     limited = vllm_stats(7, spec, 0.5, max_new_tokens=7)  # steps after 1, 4 and 5 tokens: 3, 2 and 1 drafts
     assert limited.proposed_by_depth == [3, 2, 1] and limited.accepted_by_depth == [2, 1, 0]
     assert limited.committed_per_cycle == [1, 3, 1, 2]
+    assert limited.proposed_per_cycle == [3, 2, 1]  # each verification step's K, as our engine proposes it
+    scheduled = vllm_stats(9, {**spec, "per_step_drafted": [3, 1, 2], "per_step_accepted": [2, 0, 2]}, 0.5)
+    assert scheduled.proposed_per_cycle == [3, 1, 2]  # a K schedule's steps: the K our engine replays
     assert vllm_stats(9, spec, 0.5, max_new_tokens=20).proposed_by_depth == [3, 3, 3]
     limited = vllm_stats(6, rows, 0.5, bonus=False, max_new_tokens=6)  # prove: no bonus, 4, 3 and 2 drafts
     assert limited.proposed_by_depth == [3, 3, 2, 1] and limited.accepted_by_depth == [3, 2, 0, 0]
@@ -384,13 +387,29 @@ def test_the_vllm_internals_the_plugin_subclasses_are_where_it_expects():
         ("_update_after_schedule", ["self", "scheduler_output"]),
         ("update_draft_token_ids", ["self", "draft_token_ids"]),
         ("update_from_output", ["self", "scheduler_output", "model_runner_output"]),
-    ):  # the scheduler's hooks RuleScheduler overrides
+        ("add_request", ["self", "request"]),
+        ("finish_requests", ["self", "request_ids", "finished_status"]),
+    ):  # the scheduler's hooks RuleScheduler overrides or calls
         assert list(inspect.signature(getattr(Scheduler, name)).parameters) == params, name
+    from vllm.v1.engine import EngineCoreOutput, FinishReason
+    from vllm.v1.request import RequestStatus
+
+    assert RequestStatus.get_finished_reason(RequestStatus.FINISHED_ERROR) == FinishReason.ERROR
+    assert {"request_id", "new_token_ids", "finish_reason", "events", "trace_headers"} <= set(
+        EngineCoreOutput.__struct_fields__
+    )  # what RuleScheduler sends for a request it refuses on arrival
     assert issubclass(vllm_plugin.ScheduledDrafter, DraftModelProposer)
-    assert list(inspect.signature(DraftModelProposer.propose).parameters)[:2] == [
-        "self",
-        "num_speculative_tokens",
-    ]
+    assert list(inspect.signature(DraftModelProposer.propose).parameters)[:9] == [
+        "self", "num_speculative_tokens", "target_token_ids", "target_positions", "target_hidden_states",
+        "next_token_ids", "token_indices_to_sample", "common_attn_metadata", "sampling_metadata",
+    ]  # fmt: skip
+    import dataclasses
+
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    fields = {f.name for f in dataclasses.fields(CommonAttentionMetadata)}
+    assert {"query_start_loc", "query_start_loc_cpu", "num_actual_tokens", "max_query_len", "slot_mapping",
+            "positions", "block_table_tensor", "_num_computed_tokens_cache", "_token_to_req_indices_cache"} <= fields  # fmt: skip
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 
     init = inspect.getsource(
