@@ -461,9 +461,7 @@ def _vllm_classes() -> dict[str, type]:
             k, cad = int(num_speculative_tokens), common_attn_metadata
             rids = self.sched_runner.input_batch.req_ids[: cad.batch_size()]
             self.missed.forget(self.sched_runner.requests)
-            if (
-                self.parallel_drafting and k == 0
-            ):  # no drafts asked: keep what the pass would have fed, run none
+            if self.parallel_drafting and k == 0:  # no drafts asked: keep what the pass would feed, run none
                 bounds = cad.query_start_loc_cpu.tolist()
                 tokens, positions = target_token_ids.clone(), target_positions.clone()  # (tokens,) each
                 for j, rid in enumerate(rids):
@@ -500,9 +498,7 @@ def _vllm_classes() -> dict[str, type]:
             positions are already counted in them; their KV slots from the request's block table)."""
             bounds = cad.query_start_loc_cpu.tolist()
             firsts = positions[torch.tensor(bounds[:-1]).clamp(max=len(positions) - 1)].tolist()
-            room = (
-                self.max_num_tokens - len(tokens) - k * len(rids)
-            )  # the drafter's buffers hold max_num_tokens
+            room = self.max_num_tokens - len(tokens) - k * len(rids)  # its buffers hold max_num_tokens
             size = self.block_size
             out_t, out_p, out_s, starts = [], [], [], [0]
             for j, rid in enumerate(rids):
@@ -510,9 +506,7 @@ def _vllm_classes() -> dict[str, type]:
                 missed_t, missed_p = (
                     self.missed.refeed(rid, firsts[j]) if rid in self.missed and e > s else ([], [])
                 )
-                if (
-                    len(missed_t) > room
-                ):  # no room this pass: kept, with this pass's tokens (fed over the gap)
+                if len(missed_t) > room:  # no room this pass: kept with this pass's tokens, fed later
                     self.missed.add(rid, tokens[s:e].clone(), positions[s:e].clone())
                     missed_t = missed_p = []
                 elif rid in self.missed and e > s:
