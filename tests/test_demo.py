@@ -52,7 +52,7 @@ def test_smoke_demo(tmp_path, capsys):
     assert report["pass_cost"]["widths"] == list(range(1, 9)) and "Pass cost t(w)/t(1)" in printed
     from prove.decode.bench.plots import PLOTS
 
-    assert set(report["plots"]) == set(PLOTS)
+    assert set(report["plots"]) == set(PLOTS) | {"speed_quality"}  # every row is scored (quality=true)
     for path in report["plots"].values():
         assert path in printed
         with open(path, "rb") as f:
