@@ -104,6 +104,16 @@ def render_quality_table(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _vllm_lossless(row: Mapping[str, Any]) -> bool:
+    """Whether a vLLM row's method promises AR's output (its ⚠ below 100%); a lossy one (prove, nsd, asd) does not."""
+    from prove.decode.bench.vllm_rows import _lossless
+
+    try:
+        return _lossless(row)
+    except (KeyError, ValueError):  # a bench.json from before rows carried their params: flag as before
+        return True
+
+
 def render_vllm_table(vllm: Mapping[str, Any]) -> str:
     """bench.md's section for vLLM's rows (``backend=vllm``): one line per row (a method at one point of its rule's
     sweep) and concurrency, its engines' start-up (and the rows an engine serves, where several), and where each
@@ -120,7 +130,7 @@ def render_vllm_table(vllm: Mapping[str, Any]) -> str:
         "|" + "|".join(["---", "---"] + ["---:"] * (len(head) - 2)) + "|",
     ]
     for r in vllm["rows"]:
-        agree = f"{100 * r['agreement']:.0f}%" + (" ⚠" if r["agreement"] < 1 else "")
+        agree = f"{100 * r['agreement']:.0f}%" + (" ⚠" if r["agreement"] < 1 and _vllm_lossless(r) else "")
         cells = [
             r["name"],
             " ".join(param_label(k, v) for k, v in (r.get("params") or {}).items()) or "–",

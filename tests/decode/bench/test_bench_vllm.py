@@ -193,6 +193,11 @@ def test_crossover_table_and_plot_per_row_of_one_method(tmp_path):
         "| vllm prove θ=0.1 | θ=0.1 | 8 | 300.0 |" in md and "| vllm prove θ=0.4 | θ=0.1 | 1 | 250.0 |" in md
     )
     assert "- vllm ar: engine start-up 3.0 s\n" in md
+    # below 100% = AR: a ⚠ for a lossless method only (prove is lossy by design)
+    diverged = [dict(r, agreement=0.97) for r in (row("vllm ar", "ar", 1, 100), rows[2])]
+    flagged = render_vllm_table({"engines": engines, "rows": diverged, "crossover": {}})
+    assert "| 97% ⚠ |" in flagged.split("| vllm ar |")[1].split("\n")[0]
+    assert "⚠" not in flagged.split("| vllm prove θ=0.1 |")[1].split("\n")[0]
     assert "- vllm prove: engine start-up 4.0 s, one engine for vllm prove θ=0.1, vllm prove θ=0.4" in md
     assert (
         "- vllm prove θ=0.1 stops paying between 1 and 8" in md and "- vllm prove θ=0.4 beats vLLM ar" in md
