@@ -47,6 +47,7 @@ def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
             _num(r["mean_first_divergence"], ".1f"),
             _num(None if r["accuracy"] is None else 100 * r["accuracy"], ".1f", "n/a")
             + ("%" if r["accuracy"] is not None else ""),
+            str(r["preemptions"]) if "preemptions" in r else "–",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
@@ -120,7 +121,7 @@ def render_vllm_table(vllm: Mapping[str, Any]) -> str:
     speculative row stops paying."""
     head = [
         "vLLM method", "params", "in flight", "tok/s", "× vLLM ar", "acceptance length⁴", "tok/step⁵", "= AR²",
-        "accuracy",
+        "accuracy", "preempted⁷",
     ]  # fmt: skip
     lines = [
         "",
@@ -142,6 +143,7 @@ def render_vllm_table(vllm: Mapping[str, Any]) -> str:
             agree,
             _num(None if r["accuracy"] is None else 100 * r["accuracy"], ".1f", "n/a")
             + ("%" if r["accuracy"] is not None else ""),
+            str(r["preemptions"]) if "preemptions" in r else "–",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
@@ -152,6 +154,8 @@ def render_vllm_table(vllm: Mapping[str, Any]) -> str:
         "vLLM's figure, not our tok/cycle.",
         "⁵ new tokens / engine steps each request took part in (its prefill step included): our tok/cycle's "
         "counterpart.",
+        "⁷ requests vLLM preempted during the timed run (its KV cache full: freed, recomputed later); the outputs "
+        "above are those decoded through the preemptions.",
         "",
     ]
     for name, rec in vllm["engines"].items():

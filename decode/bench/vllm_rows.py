@@ -201,7 +201,7 @@ def run_vllm_rows(
     stop = list(cfg.stop) or None
     engines, records = start_engines(cfg)
     specs = {e.name: e for e in plan(cfg)}
-    best: dict[tuple[str, int], tuple[float, dict[int, Any]]] = {}
+    best: dict[tuple[str, int], tuple[float, dict[int, Any], int]] = {}
     try:
         # every row with its engine and what its requests carry: one engine serves each point of its rule's sweep
         served = [
@@ -214,20 +214,21 @@ def run_vllm_rows(
         for c in cfg.vllm_concurrency:
             for _ in range(cfg.repeats):
                 for row, _, dec, sampling in served:
+                    before = dec.preemptions()
                     t0 = time.perf_counter()
                     outs = dict(
                         dec.generate_many(prompts, cfg.max_new_tokens, stop, concurrency=c, sampling=sampling)
                     )
                     wall = time.perf_counter() - t0
                     if (row.name, c) not in best or wall < best[row.name, c][0]:
-                        best[row.name, c] = (wall, outs)
+                        best[row.name, c] = (wall, outs, dec.preemptions() - before)
     finally:
         close_engines(engines)
     rows = []
     for row, record, dec, sampling in served:
         rule = {k: getattr(sampling or dec.params, k) for k in RULE_KEYS.get(row.method, ())}
         for c in cfg.vllm_concurrency:
-            wall, outs = best[row.name, c]
+            wall, outs, preempted = best[row.name, c]
             results = [outs[i] for i in range(len(prompts))]
             summary = vllm_summary(
                 [r.token_ids for r in results],
@@ -244,6 +245,7 @@ def run_vllm_rows(
                     "params": {**record["params"], **rule},
                     "concurrency": c,
                     "in_flight": min(c, len(prompts)),
+                    "preemptions": preempted,  # vLLM's count during the timed run (a full KV cache)
                     **summary,
                     "per_prompt": [
                         {

@@ -625,6 +625,11 @@ class VllmDecoder:
             top = [_top_ranked(position, logprobs) for position in completion.logprobs]
         return VllmResult(ids, self.tokenizer.decode(ids, skip_special_tokens=True), stats, top)
 
+    def preemptions(self) -> int:
+        """Requests vLLM has preempted so far in this engine (its ``vllm:num_preemptions`` counter: a full KV cache
+        freed a running request's blocks, to recompute it later)."""
+        return int(sum(m.value for m in self.llm.get_metrics() if m.name == "vllm:num_preemptions"))
+
     def close(self) -> None:
         """Stop vLLM's engine process (also done when the process exits)."""
         llm, self.llm = getattr(self, "llm", None), None

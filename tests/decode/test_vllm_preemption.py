@@ -53,10 +53,6 @@ def many(tokenizer) -> list[list[int]]:
     return out + [ids[: max(2, len(ids) // 2)] for ids in out]
 
 
-def _preemptions(dec: VllmDecoder) -> int:
-    return int(sum(m.value for m in dec.llm.get_metrics() if m.name == "vllm:num_preemptions"))
-
-
 def _engine(request, model, options=TINY_KV, **kw) -> VllmDecoder:
     dec = VllmDecoder(model, options=options, **kw)
     request.addfinalizer(dec.close)
@@ -98,9 +94,9 @@ def test_prove_under_preemption_follows_our_rule(vllm_prove, ckpts, many):
     token followed by our engine's ``prove``. Fails if a resumed request's prefill samples the verifier's token (the
     plugin without its scheduler), or if the drafts re-fed on resume are not the block after the last token."""
     ours = Decoder(ckpts["mars"], method="prove", verifier=ckpts["verifier"], theta=3e-4)
-    before = _preemptions(vllm_prove)
+    before = vllm_prove.preemptions()
     got = dict(vllm_prove.generate_many(many, N, sampling=DecodeParams(theta=3e-4)))
-    assert _preemptions(vllm_prove) > before
+    assert vllm_prove.preemptions() > before
     for i, p in enumerate(many):
         want = ours.generate(list(p) + got[i].token_ids[:1], max_new_tokens=N - 1)
         assert got[i].token_ids == got[i].token_ids[:1] + want.token_ids, i
@@ -113,9 +109,9 @@ def test_asd_under_preemption_and_a_k_schedule_follows_our_rule(vllm_asd, ckpts,
     reach our rule as its block size (ASD's gate), if the stats do not record the K of each step, or if a K = 1 step
     is mishandled."""
     ref = Decoder(ckpts["mars"], method="asd", draft=ckpts["draft"], k=K)
-    before = _preemptions(vllm_asd)
+    before = vllm_asd.preemptions()
     got = dict(vllm_asd.generate_many(many, N))
-    assert _preemptions(vllm_asd) > before
+    assert vllm_asd.preemptions() > before
     for i, p in enumerate(many):
         want = replayed(ref, p, got[i])
         assert got[i].token_ids == got[i].token_ids[:1] + want.token_ids, i
@@ -134,7 +130,7 @@ def test_prove_under_a_k_schedule_replays_to_ours(request, ckpts, many):
     dec = _engine(request, ckpts["mars"], method="prove", verifier=ckpts["verifier-padded"], options=options)
     ours = Decoder(ckpts["mars"], method="prove", verifier=ckpts["verifier"], theta=3e-4)
     got = dict(dec.generate_many(many, N, sampling=DecodeParams(theta=3e-4)))
-    assert _preemptions(dec) > 0
+    assert dec.preemptions() > 0
     for i, p in enumerate(many):
         want = replayed(ours, p, got[i])
         assert got[i].token_ids == got[i].token_ids[:1] + want.token_ids, i
@@ -205,7 +201,7 @@ def test_prove_lossless_under_preemption_and_a_k_schedule(request, ckpts, many):
     request.addfinalizer(dec.close)
     assert dec.engine_args["worker_cls"].endswith("RuleCPUWorker")  # our drafter
     got = dict(dec.generate_many(many, N))
-    assert _preemptions(dec) > 0
+    assert dec.preemptions() > 0
     ar = Decoder(mars, method="ar")
     for i, p in enumerate(many):
         assert got[i].token_ids == ar.generate(p, max_new_tokens=N).token_ids, i

@@ -307,6 +307,8 @@ def test_vllm_rows_beside_ours_in_one_report(tmp_path, qwen2_factory, tokenizer,
             yield i, result
 
     monkeypatch.setattr(VllmDecoder, "generate_many", spy)
+    counted = iter(range(0, 10**6, 3))  # vLLM's preemption counter, 3 more at every read
+    monkeypatch.setattr(VllmDecoder, "preemptions", lambda self: next(counted))
     out = tmp_path / "out"
     cfg = BenchConfig(
         model=mars,
@@ -335,6 +337,7 @@ def test_vllm_rows_beside_ours_in_one_report(tmp_path, qwen2_factory, tokenizer,
     assert list(rows) == [("vllm ar", 1), ("vllm ar", 4)] + [(n, c) for n in names for c in (1, 4)]
     for row in rows.values():
         assert row["n_prompts"] == 5 and row["tokens_per_s"] > 0
+        assert row["preemptions"] == 3  # the timed run's own count, not the engine's total
     assert rows["vllm ar", 1]["agreement"] == rows["vllm ar", 4]["agreement"] == 1.0
     assert (
         vllm["violations"] == [] and report["lossless_violations"] == []
@@ -368,6 +371,7 @@ def test_vllm_rows_beside_ours_in_one_report(tmp_path, qwen2_factory, tokenizer,
     assert set(vllm["crossover"]) == set(names)
     md = (out / "bench.md").read_text()
     assert "## vLLM (backend=vllm)" in md and f"| {names[1]} | K=4 θ=0.02 | 4 |" in md
+    assert "| preempted⁷ |" in md and "requests vLLM preempted during the timed run" in md
     assert "- vllm prove: engine start-up" in md and f"one engine for {names[0]}, {names[1]}" in md
     assert "vLLM's mean acceptance length" in md and "vllm sd: skipped (needs draft=)" in md
     assert (out / "vllm_concurrency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
