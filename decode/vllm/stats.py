@@ -66,13 +66,22 @@ def vllm_stats(
 
     A step vLLM pads with placeholder drafts (a new request with one token to compute beside running ones) is its
     prefill: for ``prove`` / ``nsd`` / ``asd`` the plugin's scheduler leaves it out of vLLM's per-step figures, so
-    it counts here as the prefill step it is. vLLM's own methods record it as a drafting step with 0 accepted."""
+    it counts here as the prefill step it is. vLLM's own methods record it as a drafting step with 0 accepted.
+
+    A step without drafts (K = 0 under a K schedule) is missing from vLLM's per-step figures: the tokens they leave
+    uncounted are steps of one token and no draft, appended after the drafting steps (their order among them is
+    unknown; ``proposed_per_cycle`` holds a 0 for each)."""
     if spec is None:
         return VllmStats(new_tokens, new_tokens, 1.0, [1] * new_tokens, [], [], 0, 0, 0, 1.0, wall_s)
     accepted = list(spec.get("per_step_accepted", []))
     drafted = list(spec.get("per_step_drafted", []))
     commits = [1] + [a + 1 for a in accepted]  # the prefill step's token, then each step's row
     taken = list(accepted) if bonus else [a + 1 for a in accepted]  # drafts accepted a step
+    # steps without drafts (K = 0 under a K schedule) are not in vLLM's per-step figures: one token each, put last
+    # (where they fell among the drafting steps is not recorded)
+    plain = new_tokens - sum(commits)
+    if plain > 0:
+        commits, taken, drafted = commits + [1] * plain, taken + [0] * plain, drafted + [0] * plain
     excess = sum(commits) - new_tokens  # committed beyond the output: cut by a stop or max_new_tokens
     while excess > 0 and len(commits) > 1:
         cut = min(excess, commits[-1])

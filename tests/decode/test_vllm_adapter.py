@@ -307,8 +307,22 @@ def test_vllm_stats_count_only_committed_tokens_as_ours():
     assert limited.proposed_by_depth == [3, 2, 1] and limited.accepted_by_depth == [2, 1, 0]
     assert limited.committed_per_cycle == [1, 3, 1, 2]
     assert limited.proposed_per_cycle == [3, 2, 1]  # each verification step's K, as our engine proposes it
-    scheduled = vllm_stats(9, {**spec, "per_step_drafted": [3, 1, 2], "per_step_accepted": [2, 0, 2]}, 0.5)
+    scheduled = vllm_stats(8, {**spec, "per_step_drafted": [3, 1, 2], "per_step_accepted": [2, 0, 2]}, 0.5)
     assert scheduled.proposed_per_cycle == [3, 1, 2]  # a K schedule's steps: the K our engine replays
+    # K = 0 steps of a schedule are not in vLLM's per-step figures: 8 committed by prefill + drafting steps, 4 more
+    # tokens came one a step (without them tokens/cycle would read 12 / 4)
+    zeros = vllm_stats(12, {**spec, "per_step_drafted": [3, 1, 2], "per_step_accepted": [2, 0, 2]}, 0.5)
+    assert zeros.cycles == 8 and zeros.tokens_per_cycle == 12 / 8
+    assert zeros.committed_per_cycle == [1, 3, 1, 3, 1, 1, 1, 1] and zeros.proposed_per_cycle == [
+        3,
+        1,
+        2,
+        0,
+        0,
+        0,
+        0,
+    ]
+    assert zeros.proposed_by_depth == [3, 2, 1] and zeros.accepted_by_depth == [2, 2, 0]
     assert vllm_stats(9, spec, 0.5, max_new_tokens=20).proposed_by_depth == [3, 3, 3]
     limited = vllm_stats(6, rows, 0.5, bonus=False, max_new_tokens=6)  # prove: no bonus, 4, 3 and 2 drafts
     assert limited.proposed_by_depth == [3, 3, 2, 1] and limited.accepted_by_depth == [3, 2, 0, 0]
