@@ -207,14 +207,8 @@ SLOT_CASES = {
     "unfused": ({"method": "prove-lossless", "block_size": 4}, True, [4], 12, 2 * 4 - 1, True),
     "unfused-serial": ({"method": "prove-lossless", "block_size": 4}, False, [4], 11, 4 - 1, True),
     "fused": ({"method": "prove-lossless", "block_size": 4, "fuse": True}, True, [3], 11, 16 + 4 - 3, True),
-    "sd": (
-        {"method": "sd", "k": 4, "draft": "echo"},
-        True,
-        None,
-        12,
-        2 * 4 - 1,
-        True,
-    ),  # a draft = the target
+    # a draft equal to the target: whole blocks, as injected above
+    "sd": ({"method": "sd", "k": 4, "draft": "echo"}, True, None, 12, 2 * 4 - 1, True),
     "prove": ({"method": "prove", "block_size": 4, "theta": 0.0}, True, None, 10, 2 * 4 - 2, True),
     "pard": ({"method": "pard", "block_size": 4, "draft": "echo"}, True, None, 12, 2 * 4 - 1, False),
     "asd": ({"method": "asd", "k": 4, "draft": "lm"}, True, None, 9, -1, True),
