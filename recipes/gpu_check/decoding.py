@@ -4,10 +4,10 @@ transformers' greedy ``generate``.
 The target is a random-weight model of ``decode_shape`` and the draft of sd / nsd / asd / pard and prove's verifier a
 layer-skip cut of it (its embeddings, first ``decode_draft_layers`` layers and head, shared:
 ``prove.decode.random_models``). In fp32 every lossless row must equal ``generate`` token for token, and the greedy
-rows that are not lossless (prove, asd) our reference path (``fast=false``) on the same weights; in bf16 their
-agreement is reported (batch-shape-dependent numerics can flip near-ties). The rows of the fast path's later cycles
-(sampled ar, prove, pard, greedy asd) force ``fast=true``, so they check the fast cycle on any device (on the CPU of
-``--tiny`` too, where ``fast=auto`` would take the reference path).
+rows that are not lossless (prove, asd) our reference path (``fast=false``) on the same weights (compared in fp32
+only); in bf16 the lossless rows' agreement is reported (batch-shape-dependent numerics can flip near-ties). The
+rows of the fast path's later cycles (sampled ar, prove, pard, greedy asd) force ``fast=true``, so they check the
+fast cycle on any device (on the CPU of ``--tiny`` too, where ``fast=auto`` would take the reference path).
 """
 
 from __future__ import annotations
@@ -155,9 +155,9 @@ def decode_dtype(
                     at = {"mask_token_id": vocab - 1, "device": cfg.device, **spec.params}
                     params["theta"] = prove_theta(target, draft, prompts[0], n, **at)
                 dec = Decoder(target, None, method=spec.method, **models, **params)
-                ref_dec = (
+                ref_dec = (  # in fp32, where it is checked (the reference loop is the slow part of a row)
                     Decoder(target, None, method=spec.method, **models, **{**params, "fast": False})
-                    if spec.against_reference
+                    if spec.against_reference and dtype_name == "float32"
                     else None
                 )
             dec.generate(prompts[0], max_new_tokens=min(n, 8))  # warm-up

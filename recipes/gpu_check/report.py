@@ -77,7 +77,8 @@ def render_md(report: Mapping[str, Any]) -> str:
                     lines.append(f"| {name} | error: {r['error']} | | | | | | |")
                     continue
                 agree = f"{r['agreement']:.0%}" if r["lossless"] else "(sampling)"
-                if "agreement_with_reference" in r:  # greedy, lossy: checked against our reference path
+                # greedy, lossy: checked against our reference path (in fp32)
+                if "agreement_with_reference" in r:
                     agree = f"{r['agreement_with_reference']:.0%} = ours, fast=false"
                 acc = " ".join(_f(v) for v in r["acceptance_by_depth"]) or "–"
                 divs = (
