@@ -329,7 +329,8 @@ class Stats:
     fast: dict[str, int] | None = None
     """Only when the fast path ran (``prove.decode.fast``): its counters for this request — ``cycles``,
     ``graph_replays`` (CUDA graphs replayed), ``eager_cycles`` (cycles of another width, run without the graph),
-    ``syncs`` (host reads of the device), ``passes`` (prefill included), ``captures`` (CUDA graphs captured),
+    ``syncs`` (host reads of the device), ``passes`` (prefill included; a full-width last cycle counted as the
+    reference runs it, narrowed to the budget), ``captures`` (CUDA graphs captured),
     ``dropped_cycles`` (launched ahead for a request that had ended), ``draft_passes`` / ``verifier_passes`` (of a
     draft / a ProVe verifier, prefill excluded), ``graphs`` (1 if graphs were on)."""
 

@@ -29,11 +29,14 @@ strings and ``max_new_tokens`` with the engine's ``Stopper``, exactly as the ref
 
 Widths. The regular cycle has fixed widths (K and K + 1; 1 for ar; K² fused; prove 2K − 1 and the verifier's K + 1;
 pard the draft's 2K and K + 1). On CUDA it is captured once as a CUDA graph and replayed; elsewhere the same
-function runs as is (so every CPU test exercises it). An unfused cycle of another width (the last cycles, when the
-token budget is below K) runs the same function eagerly on the same slot cache, and the stats count it
-(``Stats.fast['eager_cycles']``); a fused cycle keeps its tree to the end and the host cuts what runs past the
-budget. Prefill is eager. With graphs (``pipeline``), cycle c + 1 is launched before cycle c's record is read
-wherever the budget allows, so the device never waits for the host's stopping work.
+function runs as is (so every CPU test exercises it). The methods whose committed tokens are a leading run of the
+block (greedy ar, prove-lossless fused or not, sd, pard, prove: ``cuts_on_host``) run every cycle at the regular
+width, the last ones too: the host cuts what runs past the token budget, which gives the tokens and stats of the
+reference's narrowed last cycle (``run`` says why), and the slots written past the budget are scratch
+(``slots_needed``). Greedy asd (its gate reads the block's K) and sampled cycles (other draws) narrow a cycle to
+the budget as the reference does and run it eagerly on the same slot cache (``Stats.fast['eager_cycles']``).
+Prefill is eager. With graphs (``pipeline``), cycle c + 1 is launched before cycle c's record is read wherever it
+has the regular width and cycle c may leave budget, so the device never waits for the host's stopping work.
 
 Everything else (mars, nsd, sampled prove, ``draft_threshold``, a trace or an ``on_cycle`` hook)
 takes the reference path; ``fast=auto`` chooses this path on CUDA for a model the slot cache serves
@@ -100,9 +103,9 @@ class FastEngine:
     ``block_draft``) or greedy ``asd`` (``draft``, ``asd``); ar and sd sample when ``temperature`` > 0 (with
     ``top_k`` / ``top_p``, drawing from ``generator``).
 
-    ``capacity`` slots are allocated once per model; a request needs prompt + max_new_tokens of them (+ K² − 1 fused,
-    + K − 1 prove and pard: ``slots_needed``). ``graphs`` (default: on CUDA) captures the regular cycle as a CUDA
-    graph the first time it runs."""
+    ``capacity`` slots are allocated once per model; a request needs about prompt + max_new_tokens of them, plus
+    the scratch its last cycles write past the budget (``slots_needed``). ``graphs`` (default: on CUDA) captures
+    the regular cycle as a CUDA graph the first time it runs."""
 
     def __init__(
         self,
@@ -196,6 +199,11 @@ class FastEngine:
         }
         self.pipeline = self.graphs
         """Launch cycle c + 1 before reading cycle c's record where the budget allows (default: with graphs)."""
+        self.cuts_on_host = fused or (temperature == 0 and asd is None)
+        """Every cycle runs at the regular width and the host cuts what runs past the token budget (``run``): the
+        methods whose committed tokens are a leading run of the block's (fused and unfused prove-lossless, greedy
+        sd, pard, prove; ar has one width). asd (its gate reads the block's K) and sampled cycles (other draws)
+        narrow their last cycles to the budget instead, and run those eagerly."""
         self.cycle_s = 0.0
         """Host seconds from launching a cycle to holding its record (the device's work included)."""
 
@@ -527,9 +535,11 @@ class FastEngine:
         event.record()
         return host, event, k
 
-    def _read(self, launched: tuple[torch.Tensor, Any, int]) -> list[int]:
-        """Wait for a launched cycle's record (the cycle's one sync) and return its committed tokens."""
-        host, event, k = launched
+    def _read(self, launched: tuple[torch.Tensor, Any, int], k: int) -> list[int]:
+        """Wait for a launched cycle's record (the cycle's one sync) and return its committed tokens. The pass
+        counters count the cycle as the reference loop runs it, with a block of ``k`` (the budget's block, where a
+        regular-width cycle ran in its place: ``run``)."""
+        host, event, _ = launched
         if event is not None:
             event.synchronize()
         self.counters["passes"] += 1 + (
@@ -608,11 +618,41 @@ class FastEngine:
         """Whether this request runs here: ``sd`` needs two prompt tokens (its draft re-feeds the last two)."""
         return self.draft is None or self.block_draft or prompt_len >= 2
 
+    def _reach(self) -> tuple[int, int]:
+        """How many slots past a cycle's pending slot ``pos`` the cycle writes at most, for a full-width cycle
+        (``cuts_on_host``): (launched with ``pos`` known; launched ahead of the cycle at ``pos``, which commits c ≤
+        K + 1 tokens on the device — K for prove and fused — so the ahead cycle's pending slot is pos + c). A verify
+        pass writes [last, y_1..y_K] at pos..pos+K. The fused tree writes K² entries from pos. A block pass over
+        npend ≥ 1 pending tokens (padded to its P: prove K, pard K + 1) and K − 1 placeholders writes from
+        pos − npend + 1 up to pos − npend + P + K − 1, and a cycle ahead has npend = c: its block pass ends where
+        the first cycle's would with npend = 0."""
+        K = self.K
+        if self.fused:
+            return K * K - 1, K + K * K - 1
+        if self.block_draft:  # pard: the draft's block pass (P = K + 1), then the target's verify pass
+            return max(2 * K - 1, K), max(2 * K, K + 1 + K)
+        if self.verifier is not None:  # prove: the target's block pass (P = K), the verifier's K + 1 pass
+            return max(2 * K - 2, K), max(2 * K - 1, K + K)
+        # ar (K = 0), unfused prove-lossless, sd: the verify pass (sd's draft passes stay below it)
+        return K, K + 1 + K
+
     def slots_needed(self, prompt_len: int, max_new_tokens: int) -> int:
-        """KV slots a request uses: its positions, plus the scratch past the last pending token (the fused tree's;
-        prove's block pass, whose placeholders sit past K pending slots)."""
-        scratch = self.width - 1 if self.fused else self.K - 1 if self.pends else 0
-        return prompt_len + max_new_tokens + scratch
+        """KV slots a request writes at most (exactly: some request of these lengths writes the last one).
+
+        A cycle runs only while a token of the budget is left, so its pending token sits at most at position
+        prompt + max_new_tokens − 2. A cycle narrowed to the budget (asd, sampled) writes no further than the last
+        new token's position less one; a full-width one (``cuts_on_host``) writes ``_reach`` past its pending
+        slot, which is scratch where it runs past the budget. With ``pipeline`` a cycle is launched ahead only
+        while the one before it leaves a token of budget uncommitted (pending at most at prompt + max_new_tokens
+        − 3), and that one may commit its whole block on the device past the budget before the host cuts it."""
+        last = prompt_len + max_new_tokens - 2  # the furthest pending slot
+        if not self.cuts_on_host:
+            return last + 1
+        fresh, ahead = self._reach()
+        furthest = last + fresh
+        if self.pipeline and max_new_tokens >= 2:
+            furthest = max(furthest, last - 1 + ahead)
+        return furthest + 1
 
     def check_room(self, prompt_len: int, max_new_tokens: int) -> None:
         need = self.slots_needed(prompt_len, max_new_tokens)
@@ -651,7 +691,22 @@ class FastEngine:
 
     @torch.no_grad()
     def run(self, prompt_ids: Sequence[int], stopper: Stopper) -> tuple[list[int], Stats]:
-        """Decode one request; the new tokens and its stats (``Stats.fast`` holds the path's counters)."""
+        """Decode one request; the new tokens and its stats (``Stats.fast`` holds the path's counters).
+
+        The last cycles. The reference loop narrows a cycle's block to what the token budget allows, k = min(K,
+        left − 1) (prove: min(K, left), no correction token). A full-width method (``cuts_on_host``) runs the regular
+        cycle of K instead, and the host's ``Stopper`` cuts its record at the budget; the tokens are the same. The
+        block pass and the verify pass are causal: the rows y_1..y_k of a k-wide block equal the first k of the
+        K-wide one (a placeholder row sees the placeholders before it only), and so do the verifier's rows over
+        [last, y_1..y_k] (greedy g_1..g_{k+1}; prove's q_1..q_k), while every rule here commits a leading run of
+        per-position tests: greedy matching commits y_1..y_n and g_{n+1}, prove y_1..y_n (n ≥ 1). So the narrow
+        cycle's n is min(n_K, k) and its tokens are the first min(n_K, k) + 1 (prove: min(n_K, k)) of the full
+        cycle's. Where n_K < k both commit the same tokens and the request goes on from the same state; where
+        n_K ≥ k the narrow cycle commits k + 1 = left tokens (prove: k = left), the full one at least as many with
+        those first, and the cut at the budget keeps exactly those. The stats count the cycle as the reference
+        runs it: k proposed, min(n_K, k) accepted (capped by what was committed), the passes of a block of k (none
+        of the block pass at k = 0). In floating point the usual caveat holds: passes of other widths may take
+        other kernels (fp32 is the exactness reference). A fused cycle keeps its tree the same way."""
         if len(prompt_ids) == 0:
             raise ValueError("the prompt is empty: give at least one token")
         self.check_room(len(prompt_ids), stopper.max_new_tokens)
@@ -672,24 +727,26 @@ class FastEngine:
             None  # a regular cycle launched before the last was read
         )
         while not done:
+            left = stopper.max_new_tokens - len(new)
             # the block a reference cycle would propose: what the budget allows, less the correction / bonus
-            k = min(self.K, stopper.max_new_tokens - len(new) - self.adds_token)
-            if self.fused:  # one tree whatever the budget: what runs past it is cut on the host
-                k = self.K
+            k = min(self.K, left - self.adds_token)
+            # a full-width method runs the regular cycle whatever the budget, and the host cuts (see ``run``)
+            width = self.K if self.cuts_on_host else k
             c0 = time.perf_counter()
-            launched = ahead if ahead is not None else self._launch(k)
-            k = launched[2]
-            # launch the next cycle before reading this one's record where the budget surely leaves it a regular
-            # width whatever this one commits (≤ K + 1 tokens): the device never waits for the host's EOS, stop
+            launched = ahead if ahead is not None else self._launch(width)
+            assert launched[2] == width, "a cycle launched ahead has another width than its turn's"
+            # launch the next cycle before reading this one's record where its width is surely the regular one
+            # (a full-width method's always; else where the budget leaves K whatever this one commits, ≤ K + 1
+            # tokens) and this one may leave a token of budget: the device never waits for the host's EOS, stop
             # string and budget work. If this cycle ends the request, the next one's work is dropped.
             ahead = None
             if (
                 self.pipeline
-                and k == self.K
-                and (self.fused or len(new) + 2 * self.K + 2 <= stopper.max_new_tokens)
+                and width == self.K
+                and (left >= 2 if self.cuts_on_host else left >= 2 * self.K + 2)
             ):
                 ahead = self._launch(self.K)
-            tokens = self._read(launched)
+            tokens = self._read(launched, k)
             self.cycle_s += time.perf_counter() - c0
             before = len(new)
             done = stopper.commit(new, tokens)
@@ -697,7 +754,7 @@ class FastEngine:
             self.cache.length = len(prompt_ids) - 1 + len(new)
             tally.committed_per_cycle.append(committed)
             proposed = (self.K - 1) * (len(tally.committed_per_cycle) > 1) if self.fused else k
-            tally.count(proposed, min(len(tokens) - self.adds_token, committed))
+            tally.count(proposed, min(len(tokens) - self.adds_token, proposed, committed))
         if ahead is not None:  # launched for a request that ended: wait for it, count it apart
             if ahead[1] is not None:
                 ahead[1].synchronize()

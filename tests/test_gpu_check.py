@@ -68,6 +68,13 @@ def test_tiny_run_needs_only_torch_and_transformers(tmp_path):
     assert {"ar", "prove-lossless", "sd", "sd sampling", "nsd sampling"} <= set(rows)
     for name in ("ar", "prove-lossless", "sd"):
         assert rows[name]["agreement"] == 1.0
+    # the fast path's later cycles (forced on, so they run here on the CPU too): pard against generate, asd and prove
+    # against our reference path; prove's θ cuts blocks (neither whole ones nor y_1 alone), so the comparison bites
+    for name in ("ar sampling", "pard", "asd", "prove"):
+        assert rows[name]["path"] == "fast", name
+    assert rows["pard"]["agreement"] == 1.0
+    assert rows["asd"]["agreement_with_reference"] == rows["prove"]["agreement_with_reference"] == 1.0
+    assert 1.0 < rows["prove"]["tokens_per_cycle"] < report["decode"]["block_size"]
     assert report["decode"]["dtypes"]["float32"]["distinct_reference_tokens"] > 3  # not one token repeated
     assert set(report["curve"]["ms"]) == {"tiny-s", "tiny-m", "tiny-l"}
     methods = {r["method"] for r in report["prediction"]["rows"]}
@@ -79,6 +86,7 @@ def test_tiny_run_needs_only_torch_and_transformers(tmp_path):
     assert fused["K=8"]["passes"] == "t(79)" and math.isfinite(fused["K=8"]["speedup"])
     md = (out / "gpu-check.md").read_text()
     assert "Predicted speedup" in md and "matplotlib is not installed" in md
+    assert "| prove | 100% = ours, fast=false |" in md
     assert "| eager | causal (plain step) |" in md and "MARS step / plain causal-LM step" in md
     assert not (out / "cost_curve.png").exists()
     # part 4, engine: every row ran on the same weights; the fast rows took the fast path, one sync a cycle, and
@@ -253,11 +261,20 @@ def test_acceptance_from_a_bench_json_and_the_shipped_default(tmp_path):
 
 
 def test_the_decode_check_has_a_fused_row():
+    """The rows, and the fast path's later cycles forced onto it (on the CPU auto would take the reference path, and
+    the tiny run would check nothing of them): fails if a row goes missing or loses ``fast=true``."""
     specs = gc.decode_specs(4)
     names = [s.name for s in specs]
-    assert names == ["ar", "prove-lossless", "prove-lossless fused", "sd", "sd sampling", "nsd sampling"]
+    assert names == [
+        "ar", "prove-lossless", "prove-lossless fused", "sd", "sd sampling", "nsd sampling",
+        "ar sampling", "pard", "asd", "prove",
+    ]  # fmt: skip
     fused = specs[2]
     assert fused.params == {"block_size": 4, "fuse": True} and fused.lossless and fused.block
+    later = {s.name: s for s in specs[6:]}
+    assert all(s.params["fast"] is True for s in later.values())
+    assert later["pard"].lossless and later["asd"].against_reference and later["prove"].against_reference
+    assert later["prove"].verifier and not later["prove"].draft
 
 
 def test_a_shape_that_does_not_fit_is_skipped_and_reported(tmp_path, monkeypatch):

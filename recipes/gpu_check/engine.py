@@ -41,9 +41,11 @@ def hf_static(model: Any, prompt: list[int], n: int) -> list[int]:
 
 
 def cache_len(cfg: CheckConfig) -> int:
-    """The fast path's slots: the prompt + new tokens + the fused tree's K² entries, rounded up to 64, as transformers' static cache
-    sizes itself to the request (a pass attends every slot, so a 4096-slot default would cost it more here)."""
-    need = cfg.engine_prompt_len + cfg.engine_new_tokens + cfg.block_size**2
+    """The fast path's slots: the prompt + new tokens + K² + K (the most scratch a row's last cycles write past the
+    budget: the fused tree's K² + K − 3 with a cycle launched ahead, ``FastEngine.slots_needed``), rounded up to 64,
+    as transformers' static cache sizes itself to the request (a pass attends every slot, so a 4096-slot default
+    would cost it more here)."""
+    need = cfg.engine_prompt_len + cfg.engine_new_tokens + cfg.block_size**2 + cfg.block_size
     return -(-need // 64) * 64
 
 

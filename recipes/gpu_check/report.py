@@ -67,15 +67,19 @@ def render_md(report: Mapping[str, Any]) -> str:
         for dt, d in dec["dtypes"].items():
             lines += ["", f"### {dt}: {d['prompts']} prompts × {d['new_tokens']} tokens "
                           f"({d['distinct_reference_tokens']} distinct tokens in the reference)", "",
-                      "| method | = generate | first div. | tok/cycle | model passes/tok | accepted by depth | speedup vs ar |",
-                      "|---|---:|---|---:|---:|---|---:|"]  # fmt: skip
+                      "| method | = generate | first div. | tok/cycle | model passes/tok | accepted by depth | speedup vs ar "
+                      "| path |",
+                      "|---|---:|---|---:|---:|---|---:|---|"]  # fmt: skip
             for name, r in d["rows"].items():
                 if name == "hf-greedy":
                     continue
                 if "error" in r:
-                    lines.append(f"| {name} | error: {r['error']} | | | | | |")
+                    lines.append(f"| {name} | error: {r['error']} | | | | | | |")
                     continue
                 agree = f"{r['agreement']:.0%}" if r["lossless"] else "(sampling)"
+                # greedy, lossy: checked against our reference path (in fp32)
+                if "agreement_with_reference" in r:
+                    agree = f"{r['agreement_with_reference']:.0%} = ours, fast=false"
                 acc = " ".join(_f(v) for v in r["acceptance_by_depth"]) or "–"
                 divs = (
                     ",".join("–" if v is None else str(v) for v in r["first_divergence"])
@@ -84,7 +88,7 @@ def render_md(report: Mapping[str, Any]) -> str:
                 )
                 lines.append(
                     f"| {name} | {agree} | {divs} | {r['tokens_per_cycle']:.2f} | {r['model_passes_per_token']:.2f} | "
-                    f"{acc} | {_f(r.get('speedup_vs_ar'))}× |"
+                    f"{acc} | {_f(r.get('speedup_vs_ar'))}× | {r.get('path', '')} |"
                 )
     curve = report.get("curve")
     if curve:

@@ -28,6 +28,13 @@ def fast_refs(lm, echo_lm, prompts, tokenizer):
     }
 
 
+def _narrowed(stats, max_new_tokens, k, adds=1):
+    """Whether the reference loop narrowed this request's last cycle to the token budget (its block smaller than
+    k): the case where the fast path's full-width last cycle must be cut on the host."""
+    left = max_new_tokens - sum(stats.committed_per_cycle[:-1])
+    return left - adds < k
+
+
 def _stats_key(stats):
     return (
         stats.committed_per_cycle,
@@ -45,14 +52,17 @@ def test_fast_path_equals_generate_and_the_reference_loop(request, k, which, pro
     ``generate``), if the device rule commits other tokens than the reference rule, or if EOS / a stop string /
     max_new_tokens cut a block elsewhere than the reference loop does (the per-cycle stats differ). The echo model
     runs with cycle c + 1 launched before cycle c is read (``pipeline``, CUDA's default): a cycle launched ahead
-    for a request that had ended must change nothing."""
+    for a request that had ended must change nothing. Every cycle runs at the regular width (no eager cycle), the
+    budget-limited last ones too: fails if they run narrowed again, or if the full-width cycle the host cuts is
+    counted otherwise than the reference's narrowed one (its proposed / accepted depths, its passes: none of the
+    block pass at k = 0)."""
     model = request.getfixturevalue("lm" if which == "lm" else "echo_lm")
     method = {"method": "ar"} if k == 0 else {"method": "prove-lossless", "block_size": k}
     fast = Decoder(model, tokenizer, fast=True, **method)
     fast.fast_engine.pipeline = which == "echo"
     ref = Decoder(model, tokenizer, fast=False, **method)
     assert fast.fast_engine is not None and ref.fast_engine is None
-    inside = 0
+    inside, narrowed = 0, 0
     for p, want in zip(prompts[:3], fast_refs[which], strict=True):
         cases = [{"max_new_tokens": n, "eos_token_id": []} for n in (1, 5, N)]
         cases += [{"max_new_tokens": N, "eos_token_id": [want[j]]} for j in (3, 9)]
@@ -62,14 +72,17 @@ def test_fast_path_equals_generate_and_the_reference_loop(request, k, which, pro
             assert a.token_ids == b.token_ids, kw
             assert _stats_key(a.stats) == _stats_key(b.stats), kw
             assert a.stats.fast is not None and b.stats.fast is None
+            assert a.stats.fast["eager_cycles"] == 0, kw
             if not kw["eos_token_id"] and "stop" not in kw:
                 assert a.token_ids == want[: kw["max_new_tokens"]]
             last = a.stats.committed_per_cycle[-1]
             inside += last > 1 and len(a.token_ids) < N
+            narrowed += _narrowed(b.stats, kw["max_new_tokens"], k)
     if which == "echo" and k > 0:
         assert inside > 0, "no case ended inside a multi-token block: the test lost its point"
-    # K = 16 never pipelines within 24 tokens: a cycle goes ahead only where the budget surely leaves it K tokens
-    assert (fast.fast_engine.counters["dropped_cycles"] > 0) == (which == "echo" and k < 16)
+    assert k == 0 or narrowed > 0, "the reference narrowed no last cycle: the test lost its point"
+    # every cycle has the regular width: one goes ahead wherever the one before may leave budget
+    assert (fast.fast_engine.counters["dropped_cycles"] > 0) == (which == "echo")
 
 
 SYNCS = {"item", "tolist", "nonzero", "_local_scalar_dense", "masked_select", "unique"}
@@ -139,8 +152,10 @@ def test_regular_cycle_compiles_whole_without_syncs_or_recompiles(
             assert out.token_ids == w  # sampled: the same draws under the same seed, compiled or not
             if mode != "sd-sampled":  # greedy: the reference loop's tokens
                 assert w == ref.generate(p, max_new_tokens=N, eos_token_id=[]).token_ids
-            # unfused: the last cycles, narrowed by the budget, run eagerly; fused: one tree every cycle
-            assert out.stats.fast["cycles"] > out.stats.fast["eager_cycles"] >= (0 if mode == "fused" else 1)
+            # asd and sampled sd narrow their last cycles to the budget and run them eagerly; the others run every
+            # cycle at the regular width, through the compiled step
+            eager = out.stats.fast["eager_cycles"]
+            assert out.stats.fast["cycles"] > eager >= 1 if mode in ("sd-sampled", "asd") else eager == 0
     assert len(compiled) == 1
 
 
@@ -172,11 +187,78 @@ def test_fast_true_refuses_what_it_cannot_serve(make_lm, lm, small, tokenizer, p
     # auto on the CPU: the reference path (the demo's speed is unchanged)
     assert Decoder(lm, tokenizer, method="ar").fast_engine is None
     dec = Decoder(lm, tokenizer, method="ar", fast=True, cache_len=12)
-    with pytest.raises(ValueError, match=r"need 14 KV slots but the fast path allocated 12: .*cache_len=14"):
+    with pytest.raises(ValueError, match=r"need 13 KV slots but the fast path allocated 12: .*cache_len=13"):
         dec.generate(prompts[0][:4], max_new_tokens=10)
-    assert len(dec.generate(prompts[0][:4], max_new_tokens=8, eos_token_id=[]).token_ids) == 8
+    assert len(dec.generate(prompts[0][:4], max_new_tokens=9, eos_token_id=[]).token_ids) == 9
     with pytest.raises(ValueError, match="fast='yes': give true, false or auto"):
         Decoder(lm, tokenizer, method="ar", fast="yes")
+
+
+SENTINEL = 7.0
+"""What the boundary test fills every slot with before a request: a slot still holding it was never written."""
+
+# (the Decoder's kw, pipeline, injected counts, max_new_tokens, slots past prompt + max_new_tokens at K = 4, whether
+# the request reaches its last slot): each max_new_tokens is one where the worst case happens — a cycle whose whole
+# block the device commits past the budget, launched with 2 tokens left (ahead of it: one more full cycle) or 1 left
+SLOT_CASES = {
+    "ar": ({"method": "ar"}, True, None, 8, -1, True),
+    # whole blocks (injected): K + 1 a cycle, 10 new tokens before the cycle with 2 left, whose K + 1 end at slot
+    # P − 1 + 15 and the cycle ahead writes its verify pass K past that
+    "unfused": ({"method": "prove-lossless", "block_size": 4}, True, [4], 12, 2 * 4 - 1, True),
+    "unfused-serial": ({"method": "prove-lossless", "block_size": 4}, False, [4], 11, 4 - 1, True),
+    "fused": ({"method": "prove-lossless", "block_size": 4, "fuse": True}, True, [3], 11, 16 + 4 - 3, True),
+    # a draft equal to the target: whole blocks, as injected above
+    "sd": ({"method": "sd", "k": 4, "draft": "echo"}, True, None, 12, 2 * 4 - 1, True),
+    "prove": ({"method": "prove", "block_size": 4, "theta": 0.0}, True, None, 10, 2 * 4 - 2, True),
+    "pard": ({"method": "pard", "block_size": 4, "draft": "echo"}, True, None, 12, 2 * 4 - 1, False),
+    "asd": ({"method": "asd", "k": 4, "draft": "lm"}, True, None, 9, -1, True),
+}
+
+
+@pytest.mark.parametrize("case", list(SLOT_CASES))
+def test_the_cache_holds_exactly_the_slots_a_request_writes(case, echo_lm, lm, small, tokenizer, prompts):
+    """``slots_needed`` at the boundary: a request that needs exactly the allocated slots runs, and (where the
+    trajectory is forced to the worst case) writes the last one; with one slot less it is refused with the
+    message. The full-width last cycles write past the budget into scratch, and with ``pipeline`` a cycle launched
+    ahead of one that committed K + 1 past the budget writes further still. Fails if the scratch is sized short
+    (a write past the buffer raises on the CPU), or longer than what some request writes (the last slot stays
+    untouched), or if the formula forgets the pipeline (the serial and pipelined cases differ)."""
+    import warnings
+
+    kw, pipeline, injected, m, extra, tight = SLOT_CASES[case]
+    kw = dict(kw)
+    if "draft" in kw:
+        kw["draft"] = {"echo": echo_lm, "lm": lm}[kw["draft"]]
+    if kw["method"] == "prove":
+        kw["verifier"] = small
+    p = prompts[0][:5]
+    need = len(p) + m + extra
+
+    def build(cache_len):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # pard: "records no trained block size"
+            dec = Decoder(echo_lm, tokenizer, fast=True, cache_len=cache_len, **kw)
+        dec.fast_engine.pipeline = pipeline
+        if injected is not None:
+            dec.fast_engine.inject(injected)
+        return dec
+
+    dec = build(need)
+    eng = dec.fast_engine
+    assert eng.slots_needed(len(p), m) == need
+    dec.generate(p, max_new_tokens=2, eos_token_id=[])  # allocates every buffer
+    caches = [eng.cache] + [getattr(eng, n) for n in ("draft_cache", "verifier_cache") if hasattr(eng, n)]
+    for c in caches:
+        c.fill(SENTINEL)
+    out = dec.generate(p, max_new_tokens=m, eos_token_id=[])
+    assert len(out.token_ids) == m and out.stats.fast is not None
+    if tight:
+        written = [bool((layer.keys[..., -1, :] != SENTINEL).any()) for c in caches for layer in c.layers]
+        assert any(written), f"{case}: slot {need - 1} never written: {need} slots is more than it needs"
+    with pytest.raises(
+        ValueError, match=rf"need {need} KV slots but the fast path allocated {need - 1}: .*cache_len={need}"
+    ):
+        build(need - 1).generate(p, max_new_tokens=m, eos_token_id=[])
 
 
 def test_injected_acceptance_sets_each_cycles_count(lm, tokenizer, prompts):
@@ -263,26 +345,34 @@ def test_greedy_sd_fast_path_equals_generate_and_the_reference_loop(request, k, 
     """Greedy sd on the fast path: a draft equal to the target (every block accepted, so EOS, stop strings and
     max_new_tokens fall inside blocks and the draft's missing K/V of y_k must be re-fed) and a different one
     (mostly rejected). Fails if the draft's cache drifts from the committed tokens (its proposals, hence the
-    per-cycle stats, differ from the reference loop's), or if the target's tokens differ from ``generate``."""
+    per-cycle stats, differ from the reference loop's), or if the target's tokens differ from ``generate``. The
+    budget-limited last cycles run at the regular width too (no eager cycle): fails if they run narrowed, or are
+    counted otherwise than the reference's narrowed ones (proposed depths, draft passes: none at k = 0)."""
     draft = echo_lm if draft_name == "same" else lm
     fast = Decoder(echo_lm, tokenizer, method="sd", draft=draft, k=k, fast=True)
     fast.fast_engine.pipeline = True  # one cycle ahead where the budget allows, as on CUDA
     ref = Decoder(echo_lm, tokenizer, method="sd", draft=draft, k=k, fast=False)
     assert fast.fast_engine is not None and fast.fast_engine.draft is not None
+    narrowed = 0
     for p, want in zip(prompts[:3], fast_refs["echo"], strict=True):
         for kw in (
             {"max_new_tokens": N, "eos_token_id": []},
             {"max_new_tokens": 7, "eos_token_id": []},
+            {"max_new_tokens": 1, "eos_token_id": []},
             {"max_new_tokens": N, "eos_token_id": [want[9]]},
             {"max_new_tokens": N, "eos_token_id": [], "stop": [tokenizer.decode(want[:7])[-2:]]},
         ):
             a, b = fast.generate(p, **kw), ref.generate(p, **kw)
             assert a.token_ids == b.token_ids, kw
+            on_fast = a.stats.fast is not None  # not the one-token prompt (see below)
+            assert not on_fast or a.stats.fast["eager_cycles"] == 0, kw
             if not kw["eos_token_id"]:  # the reference's draft stops at EOS; otherwise the same proposals
                 assert _stats_key(a.stats) == _stats_key(b.stats), kw
                 assert a.stats.draft_passes == b.stats.draft_passes
+                narrowed += on_fast and _narrowed(b.stats, kw["max_new_tokens"], k)
             if not kw["eos_token_id"] and "stop" not in kw:
                 assert a.token_ids == want[: kw["max_new_tokens"]]
+    assert narrowed > 0, "the reference narrowed no last cycle: the test lost its point"
     if draft_name == "same":  # the whole draft accepted, plus the bonus token
         full = fast.generate(prompts[0], max_new_tokens=N, eos_token_id=[])
         assert full.stats.committed_per_cycle[0] == k + 1
@@ -303,13 +393,15 @@ def test_prove_fast_path_equals_the_reference_loop(k, echo_lm, small, prompts, t
     tokens and per-cycle stats, token for token, at θ = 0 (whole blocks: EOS, stop strings and max_new_tokens fall
     inside them) and at a θ that cuts blocks. Fails if a pending token's slot or position is off (the target's next
     block drifts), a placeholder row sees a padding row or a stale slot, the verifier's cache is one token off, or
-    the rule reads p̃ or q from the wrong row."""
+    the rule reads p̃ or q from the wrong row. The budget-limited last cycles run the regular width (no eager
+    cycle): fails if they run narrowed, or are counted otherwise than the reference's narrowed block (k = the
+    tokens left, no correction token)."""
     fast = {t: Decoder(echo_lm, tokenizer, method="prove", verifier=small, block_size=k, theta=t, fast=True)
             for t in (0.0, PROVE_THETA)}  # fmt: skip
     ref = {t: Decoder(echo_lm, tokenizer, method="prove", verifier=small, block_size=k, theta=t, fast=False)
            for t in (0.0, PROVE_THETA)}  # fmt: skip
     fast[0.0].fast_engine.pipeline = True  # one cycle ahead where the budget allows, as on CUDA
-    inside, cut = 0, 0
+    inside, cut, narrowed = 0, 0, 0
     for p in prompts[:2]:
         want = ref[0.0].generate(p, max_new_tokens=N, eos_token_id=[]).token_ids
         cases = [{"max_new_tokens": n, "eos_token_id": []} for n in (1, 5, N)]
@@ -321,11 +413,15 @@ def test_prove_fast_path_equals_the_reference_loop(k, echo_lm, small, prompts, t
                 assert a.token_ids == b.token_ids, (theta, kw)
                 assert _stats_key(a.stats) == _stats_key(b.stats), (theta, kw)
                 assert a.stats.verifier_passes == b.stats.verifier_passes == a.stats.cycles, (theta, kw)
+                assert a.stats.fast["eager_cycles"] == 0, (theta, kw)
+                narrowed += _narrowed(b.stats, kw["max_new_tokens"], k, adds=0)
                 inside += a.stats.committed_per_cycle[-1] > 1 and len(a.token_ids) < kw["max_new_tokens"]
                 cut += theta > 0 and any(
                     1 <= c < min(k, len(a.token_ids)) for c in a.stats.committed_per_cycle
                 )
-    assert inside > 0 and cut > 0, "no case ended inside a block, or θ cut none: the test lost its point"
+    assert inside > 0 and cut > 0 and narrowed > 0, (
+        "no case ended inside a block, θ cut none, or the reference narrowed no last cycle: the test lost its point"
+    )
 
 
 def test_sampled_fast_path_is_reproducible_under_a_seed(echo_lm, lm, tokenizer, prompts):
@@ -346,7 +442,8 @@ def test_pard_fast_path_equals_generate_and_the_reference_loop(k, echo_lm, lm, p
     stats, with a draft equal to the target (blocks of several tokens accepted, at K = 4 whole ones: EOS, stop
     strings and max_new_tokens fall inside them, and K + 1 tokens are pending) and a different one. Fails if the correction / bonus token is not among the
     draft's pending tokens, or a pending token's slot or position is off (the draft's blocks, hence the stats,
-    drift from the reference's)."""
+    drift from the reference's). The budget-limited last cycles run the regular width (no eager cycle): fails if
+    they run narrowed, or are counted otherwise than the reference's (no draft pass at k = 0)."""
     for draft in (echo_lm, lm):
         kw = {"method": "pard", "draft": draft, "block_size": k}
         with pytest.warns(UserWarning, match="records no trained block size"):
@@ -360,6 +457,7 @@ def test_pard_fast_path_equals_generate_and_the_reference_loop(k, echo_lm, lm, p
             for case in (
                 {"max_new_tokens": N, "eos_token_id": []},
                 {"max_new_tokens": 7, "eos_token_id": []},
+                {"max_new_tokens": 1, "eos_token_id": []},
                 {"max_new_tokens": N, "eos_token_id": [want[9]]},
                 {"max_new_tokens": N, "eos_token_id": [], "stop": [tokenizer.decode(want[:7])[-2:]]},
             ):
@@ -367,6 +465,7 @@ def test_pard_fast_path_equals_generate_and_the_reference_loop(k, echo_lm, lm, p
                 assert a.token_ids == b.token_ids, case
                 assert _stats_key(a.stats) == _stats_key(b.stats), case
                 assert a.stats.draft_passes == b.stats.draft_passes, case
+                assert a.stats.fast["eager_cycles"] == 0, case
                 if not case["eos_token_id"] and "stop" not in case:
                     assert a.token_ids == want[: case["max_new_tokens"]]
                 inside += a.stats.committed_per_cycle[-1] > 1 and len(a.token_ids) < case["max_new_tokens"]
@@ -384,11 +483,12 @@ def test_greedy_asd_fast_path_equals_the_reference_loop(k, echo_lm, prompts, tok
     draft close to the target (mismatches of small regret: some accepted) under a budget that runs out within a
     request (0.2, at K = 4) and the default (8), with an EOS its drafts reach within a block. Fails if the spent regret is not carried from cycle to cycle or not
     reset per request, if the gate's K is not the reference's proposal length (a draft that reaches EOS stops
-    there), or if the twin accepts other mismatches than the rule."""
+    there), or if the twin accepts other mismatches than the rule. Its budget-limited last cycles stay narrowed
+    (its gate reads the block's K): fails if none runs eagerly."""
     from tests.decode.test_draft import perturbed
 
     draft = perturbed(echo_lm, 0.02, seed=8)
-    relaxed = 0
+    relaxed, eager = 0, 0
     for budget in (0.2, 8.0) if k == 4 else (8.0,):
         kw = {"method": "asd", "draft": draft, "k": k, "budget": budget}
         fast, ref = (
@@ -409,4 +509,6 @@ def test_greedy_asd_fast_path_equals_the_reference_loop(k, echo_lm, prompts, tok
                 if not case["eos_token_id"]:
                     assert _stats_key(a.stats) == _stats_key(b.stats), (budget, case)
                 relaxed += a.token_ids != want[: len(a.token_ids)]
+                eager += a.stats.fast["eager_cycles"]
     assert relaxed > 0, "no mismatch was ever accepted: the test lost its point"
+    assert eager > 0
