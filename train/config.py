@@ -540,7 +540,9 @@ class TrainConfig:
     cpu_threads: int | None = None
     """OpenMP / intra-op threads of each process. ``None``: when the DeepSpeed config offloads the optimizer to the
     CPU (its Adam step runs there), the node's cores divided by its processes (:mod:`prove.train.threads`);
-    otherwise left as the environment set it (``OMP_NUM_THREADS``, which torchrun sets to 1)."""
+    otherwise left as the environment set it (``OMP_NUM_THREADS``, which torchrun and the Makefile set to 1). ``0``:
+    the node's cores divided by its processes in any case — for a model that trains on the CPU itself (the
+    SmolLM2 recipe), where one thread would leave the other cores idle."""
     stages: dict[str, Any] = field(default_factory=dict)
     """Per-stage knob table for recipes, keyed by role, then stage: ``stages.<role>.<stage>.<knob>``, read as
     ``lr: ${stages.${stage.role}.${stage.name}.lr}`` (a knob of all of a role's stages sits beside them, like the
@@ -558,9 +560,10 @@ class TrainConfig:
             raise ValueError(
                 "force=true trains the stage again from its first step, resume=true resumes it: drop one of them"
             )
-        if self.cpu_threads is not None and self.cpu_threads < 1:
+        if self.cpu_threads is not None and self.cpu_threads < 0:
             raise ValueError(
-                f"cpu_threads={self.cpu_threads}: use ≥ 1, or null to size it from the node's cores"
+                f"cpu_threads={self.cpu_threads}: use ≥ 1, 0 (the node's cores shared by its processes) or null "
+                "(sized so only when the optimizer is offloaded)"
             )
         if self.stage.name == Stage.mars and self.model.attn_implementation not in MARS_ATTENTION:
             raise ValueError(

@@ -49,11 +49,11 @@ def rank_threads(cores: int, local_processes: int) -> int:
 
 
 def cpu_threads(cfg: Any, environ: dict[str, str] | None = None, cores: int | None = None) -> int | None:
-    """This process's thread count for ``cfg`` (``cfg.cpu_threads``, else sized when the optimizer is offloaded);
-    ``None``: leave the environment's."""
-    if cfg.cpu_threads is not None:
+    """This process's thread count for ``cfg``: ``cfg.cpu_threads`` when ≥ 1; sized from the node's cores when it is
+    0, or ``None`` with the optimizer offloaded; ``None`` (leave the environment's) otherwise."""
+    if cfg.cpu_threads:
         return int(cfg.cpu_threads)
-    if not offloads_optimizer(cfg.deepspeed):
+    if cfg.cpu_threads is None and not offloads_optimizer(cfg.deepspeed):
         return None
     env = os.environ if environ is None else environ
     local = int(env.get("LOCAL_WORLD_SIZE", "1"))  # set by torchrun and DeepSpeed's launcher

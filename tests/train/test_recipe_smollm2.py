@@ -58,6 +58,7 @@ def recipe(tmp_path_factory, stock_tokenizer):
         "rounds.count=2",  # one on-policy round: 6 prompts the first 12 did not include, 3 MARS steps
         "rounds.num_prompts=6",
         "rounds.max_steps=3",
+        "cpu_threads=null",  # the recipe's 0 sizes threads to the node: keep this process's (and later tests')
     ]
 
     def run(*extra: str, run_dir=None):

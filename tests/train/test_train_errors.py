@@ -90,5 +90,11 @@ def test_cpu_threads_per_process_from_the_nodes_cores():
         cpu_threads(train_config(["deepspeed=zero3"]), {"LOCAL_WORLD_SIZE": "8"}, cores=96) is None
     )  # left alone
     assert cpu_threads(train_config(["deepspeed=zero3", "cpu_threads=4"]), {}, cores=96) == 4  # explicit wins
-    with pytest.raises(ValueError, match="cpu_threads=0"):
-        train_config(["cpu_threads=0"])
+    # 0: sized whatever the optimizer (a model trained on the CPU itself), not the environment's 1
+    assert cpu_threads(train_config(["cpu_threads=0"]), {"OMP_NUM_THREADS": "1"}, cores=2) == 2
+    assert (
+        cpu_threads(train_config(["deepspeed=zero3", "cpu_threads=0"]), {"LOCAL_WORLD_SIZE": "2"}, cores=8)
+        == 4
+    )
+    with pytest.raises(ValueError, match="cpu_threads=-1"):
+        train_config(["cpu_threads=-1"])
