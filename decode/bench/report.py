@@ -47,7 +47,6 @@ def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
             _num(r["mean_first_divergence"], ".1f"),
             _num(None if r["accuracy"] is None else 100 * r["accuracy"], ".1f", "n/a")
             + ("%" if r["accuracy"] is not None else ""),
-            str(r["preemptions"]) if "preemptions" in r else "–",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
