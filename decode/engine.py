@@ -67,6 +67,9 @@ class ModelRunner:
         self.cache = DynamicCache(config=self.model.config)
         self.fed: list[int] = []  # token fed at each cache position
         self.valid = 0  # fed[:valid] is known to equal the committed sequence
+        self._rows: tuple[int, torch.Tensor] | None = None
+        """The last linear pass's logits (rows, V) and the prefix length its row 0 follows: row j predicts the
+        token after ``fed[:start + j]`` (``_known_row``)."""
 
     @property
     def cached(self) -> int:
@@ -104,12 +107,37 @@ class ModelRunner:
         ``sync`` keeps it only where the committed sequence turns out to agree.
 
         Returns logits (len(extra) + 1, V): row i predicts the token after ``seq + extra[:i]``.
+
+        When every token of ``seq`` is already in the cache and the last linear pass computed the logits after
+        ``seq`` (a self-verification right after the block pass that fed the same pending token; a verifier
+        whose previous pass fed the drafts just committed), row 0 is that pass's and this pass feeds only
+        ``extra``: one position narrower, with the same logits up to rounding.
         """
-        keep = self._start(seq)
-        new = list(seq[keep:]) + list(extra)
-        positions = torch.arange(keep, keep + len(new), device=self.device)[None]  # (1, L)
         valid = len(seq) if committed is None else min(committed, len(seq))
-        return self._pass(new, positions, rows=len(extra) + 1, fed=new, valid=valid)
+        known = self._known_row(seq) if extra else None
+        if known is not None:
+            self._crop(len(seq))
+            new = list(extra)
+            positions = torch.arange(len(seq), len(seq) + len(new), device=self.device)[None]
+            logits = torch.cat([known[None], self._pass(new, positions, rows=len(new), fed=new, valid=valid)])
+        else:
+            keep = self._start(seq)
+            new = list(seq[keep:]) + list(extra)
+            positions = torch.arange(keep, keep + len(new), device=self.device)[None]  # (1, L)
+            logits = self._pass(new, positions, rows=len(extra) + 1, fed=new, valid=valid)
+        self._rows = (len(seq), logits)
+        return logits
+
+    def _known_row(self, seq: Sequence[int]) -> torch.Tensor | None:
+        """The last linear pass's logits after ``seq``, if every token of ``seq`` is in the cache as fed then
+        (a crop since only shortens ``fed``; any pass replaces ``_rows``)."""
+        if self._rows is None:
+            return None
+        start, logits = self._rows
+        j = len(seq) - start
+        if not 0 <= j < logits.shape[0] or self._valid_prefix(seq) < len(seq):
+            return None
+        return logits[j]
 
     @torch.no_grad()
     def forward_tree(
@@ -131,6 +159,7 @@ class ModelRunner:
         """
         assert 0 <= chain <= len(extra) == offsets.shape[0] == attend.shape[0]
         keep = self._start(seq)
+        self._rows = None  # a tree's rows past its chain follow no linear prefix
         pending = list(seq[keep:])
         rel, local = self._tree_parts(len(pending), offsets, attend)
         # positions relative to len(seq) (the pending tokens sit just before it), and the mask's cache columns

@@ -276,3 +276,55 @@ def test_model_time_is_the_requests_passes_and_no_more(lm, small, tokenizer, pro
         s = no_eos(dec, prompts[0], 6).stats
         assert s.model_passes >= 2 and s.verifier_passes >= 1
         assert 0.02 * (s.model_passes + s.verifier_passes) <= s.model_s < s.wall_s
+
+
+def _widths(model) -> tuple[list[int], object]:
+    """The number of tokens each forward of ``model`` feeds, from now on (remove the returned hook after)."""
+    widths: list[int] = []
+
+    def record(_module, args, kwargs) -> None:
+        widths.append((args[0] if args else kwargs["input_ids"]).shape[1])
+
+    return widths, model.register_forward_pre_hook(record, with_kwargs=True)
+
+
+def test_a_pass_after_seq_was_fed_reuses_the_row_after_it(lm, prompts):
+    """A self-verification right after the block pass feeds only the drafts (the block pass already gave the
+    logits after the pending token): logits equal a fresh runner's pass that re-feeds it. A sequence whose last
+    token the cache did not see, or one past the last pass's rows, is re-fed."""
+    from prove.decode.engine import ModelRunner
+
+    seq, masks, drafts = list(prompts[1]), [7] * 3, [11, 12, 13, 14]
+    corr = seq + [11, 99]  # the second draft rejected, a correction the cache never saw: re-fed
+    nxt = corr + [5]  # its next pass fed [99, 5]: the row after 5 is known
+    steps = [(seq, masks, None), (seq, drafts, 4), (corr, [5], 2), (nxt, [21, 22], 2), (nxt + [21], [8], 1)]
+    fresh = [ModelRunner(lm).forward(s, e) for s, e, _ in steps]
+    runner = ModelRunner(lm)
+    widths, handle = _widths(lm)
+    try:
+        for (s, e, width), ref in zip(steps, fresh, strict=True):
+            torch.testing.assert_close(runner.forward(s, e), ref, atol=1e-4, rtol=1e-4)
+            assert width is None or widths[-1] == width
+            assert runner.fed[: len(s)] == s and runner.fed[len(s) :] == e
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("method", ["prove-lossless", "prove"])
+def test_verify_passes_feed_only_the_proposal(lm, small, tokenizer, prompts, refs, method):
+    """prove-lossless's self-verification reads K tokens, not K + 1 (the block pass fed the pending token); prove's
+    verifier, after a cycle that committed drafts only, feeds the next block alone. Greedy output is unchanged."""
+    k = 4
+    kw = {"verifier": small, "theta": 0.0} if method == "prove" else {}
+    dec = Decoder(lm, tokenizer, method=method, block_size=k, **kw)
+    target = small if method == "prove" else lm
+    widths, handle = _widths(target)
+    try:
+        out = no_eos(dec, prompts[2], 20)
+    finally:
+        handle.remove()
+    # the prompt's pass is the first block pass; the last cycle's budget may cut its block short
+    verify = widths[1::2] if method == "prove-lossless" else widths[1:]
+    assert len(verify) >= 3 and set(verify[:-1]) == {k} and verify[-1] <= k, widths
+    if method == "prove-lossless":
+        assert out.token_ids == refs[2][:20]
