@@ -36,8 +36,10 @@ acceptances: P(n = j) = p̃_1 ⋯ p̃_j (1 − p̃_{j+1}) for j < k and p̃_1 �
 costs less where the cost of a pass grows with its width (``prove-bench pass_cost_widths=80`` measures
 t(w)/t(1)); a miss (n ∉ J) costs one cycle: see below. ``auto`` (the default): the device decides —
 ``choose_groups_by_cost`` keeps the likeliest length, then each other group whose expected gain pays for the
-wider pass on a pass-cost curve measured when the Decoder is built (``measure_pass_cost``): every group where
-width is free, one to three on the demo's CPU.
+wider pass on a pass-cost curve measured when the Decoder is built (``measure_pass_cost``), each with as many
+placeholders as pay for themselves: a group's row r is the next proposal's token r + 1, worth the running share
+of carried proposals accepted that deep (``FusedBlockProposer.reach``; ``rows_that_pay``). Every group, whole,
+where width is free; one to three on a CPU, cut where their rows stop paying (about four rows on SmolLM2-135M).
 
 Carrying a proposal without breaking the one-loop engine. ``FusedBlockProposer`` and ``FusedVerifier``
 share one state: the verifier's ``score`` runs the tree pass and hands the groups' logits to the proposer
@@ -355,31 +357,103 @@ def measure_pass_cost(
     return best
 
 
+def reach_sums(reach: Sequence[float], most: int) -> list[float]:
+    """S(m) = R_1 + … + R_m for m = 0..``most``, with R made non-increasing (a proposal accepted to depth i was
+    accepted to every depth before it; a noisy deeper estimate never counts for more) and missing depths 0."""
+    r, s, sums = 1.0, 0.0, [0.0]
+    for x in reach[:most]:
+        r = min(r, max(float(x), 0.0))
+        s += r
+        sums.append(s)
+    return sums + [s] * (most + 1 - len(sums))
+
+
+def rows_that_pay(
+    p: float,
+    reach: Sequence[float] | list[float],
+    *,
+    tokens_per_pass: float,
+    cost: CostCurve,
+    width: int,
+    most: int,
+    covered: int = 0,
+    sums: list[float] | None = None,
+) -> tuple[int, float]:
+    """How many placeholders a group should get, and what they are worth: (m, net) maximising
+    net(m) = p · (S(m) − S(min(covered, m))) / T − (cost(width + m)/cost(width) − 1) over 1 ≤ m ≤ ``most``
+    (a tie goes to more rows: where width is free a group is whole).
+
+    A group's row r becomes token r + 1 of the next cycle's proposal, which commits only if the tokens before it
+    do: it is worth ``reach``[r] = R_{r+1} tokens (the share of carried proposals whose first r + 1 tokens were
+    accepted), times ``p``, the chance the group is the one carried; S = ``reach_sums`` (pass ``sums`` to reuse
+    them), and T = ``tokens_per_pass`` turns tokens into a share of the pass's yield. ``covered`` rows would be
+    carried anyway (by a kept group for a shorter acceptance), so only the rows past them count. The cost side is
+    the share of a pass that m more entries add to a pass ``width`` wide. Deep rows are proposals that rarely
+    survive: where width costs, they are cut before whole groups are."""
+    if sums is None or len(sums) < most + 1:
+        sums = reach_sums(reach, most)
+    scale = p / max(tokens_per_pass, 1.0)
+    a, b = cost.line  # cost(w) = max(floor, a + b·w), inlined: this runs for every group of every cycle
+    floor = cost.seconds[0]
+    base = max(floor, a + b * width)
+    best_m, best = 1, -float("inf")
+    for m in range(1, most + 1):
+        net = scale * (sums[m] - sums[min(covered, m)]) - (max(floor, a + b * (width + m)) / base - 1.0)
+        if net >= best:
+            best_m, best = m, net
+        elif m > covered:
+            break  # past the covered rows each row is worth no more than the last, and costs no less
+    return best_m, best
+
+
 def choose_groups_by_cost(
-    conf: torch.Tensor, budget: int, width: int, *, base: int, cost: CostCurve, tokens_per_pass: float
+    conf: torch.Tensor,
+    budget: int,
+    width: int,
+    *,
+    base: int,
+    cost: CostCurve,
+    tokens_per_pass: float,
+    reach: Sequence[float] | None = None,
 ) -> list[tuple[int, int]]:
     """J for ``fuse_groups=auto``, as [(j, m_j)] in increasing j: the likeliest acceptance length always (a
     cycle without a carried proposal commits one token), then the others in order of ``acceptance_probs``,
-    each kept while it pays for itself. Keeping G_j turns a miss at n = j (about T − 1 tokens lost in the next
-    cycle, T = ``tokens_per_pass``) into a carried proposal: it raises the expected yield by P(n = j)·(T − 1)/T
-    of a pass's (times (j − i)/``width`` where a kept G_i, i < j, would carry its rest: only the proposals it
-    lacks are lost) and the pass's time by cost(w + m_j)/cost(w) − 1, w the width so far (``base`` = the
-    pass's entries besides the groups). On a device where width is free that keeps every group (``all``); where
-    width costs it keeps the one or two likeliest."""
+    each kept while it pays for itself, each with as many placeholders as pay for themselves (``rows_that_pay``;
+    at most ``width`` and what the budget leaves). Keeping G_j turns a miss at n = j into a carried proposal:
+    its rows are worth P(n = j) · R_{r+1} / T of a pass's yield each (T = ``tokens_per_pass``, R = ``reach``,
+    see ``rows_that_pay``), less the rows a kept G_i, i < j, would carry anyway (from its row j − i on); they
+    cost cost(w + m)/cost(w) − 1 of the pass, w the width so far (``base`` = the pass's entries besides the
+    groups). ``reach`` None: every R = (T − 1)/``width`` (a carried proposal worth T − 1 tokens, no depth
+    preferred), so a group is kept whole or not at all. On a device where width is free this keeps every
+    group, whole (``all``); where width costs, the one or two likeliest, cut where their rows stop paying."""
     cand = choose_groups(conf, budget, width, None)
     if not cand:
         return cand
+    if reach is None:
+        reach = [max(tokens_per_pass - 1.0, 0.0) / max(width, 1)] * width
     p = acceptance_probs(conf)
     order = _likeliest_first(cand, p)
-    gain = max(tokens_per_pass - 1.0, 0.0) / max(tokens_per_pass, 1.0)
-    kept = [order[0]]
-    w = base + order[0][1]
-    for j, m in order[1:]:
-        # with a kept group G_i, i < j, a miss at n = j still carries G_i's rows from j − i on: only the
-        # j − i proposals it lacks are lost (of width ones)
-        below = [i for i, _ in kept if i < j]
-        lost = 1.0 if not below else min(1.0, (j - max(below)) / width)
-        if p[j] * gain * lost > cost(w + m) / cost(w) - 1.0:
+    sums = reach_sums(reach, width)
+    j, most = order[0]
+    m, _ = rows_that_pay(
+        p[j], reach, tokens_per_pass=tokens_per_pass, cost=cost, width=base, most=most, sums=sums
+    )
+    kept = [(j, m)]
+    w = base + m
+    for j, most in order[1:]:
+        # a miss at n = j carries a kept G_i (i < j) from its row j − i on
+        covered = max([mi - (j - i) for i, mi in kept if i < j] + [0])
+        m, net = rows_that_pay(
+            p[j],
+            reach,
+            tokens_per_pass=tokens_per_pass,
+            cost=cost,
+            width=w,
+            most=most,
+            covered=covered,
+            sums=sums,
+        )
+        if net >= 0:  # where width is free, a group whose rows another carries still costs nothing
             kept.append((j, m))
             w += m
     return sorted(kept)
@@ -431,6 +505,13 @@ class FusedBlockProposer(BlockProposer):
         self.cost = cost
         self.tokens_per_pass = max(1.0, block_size / 2)
         """``auto``: a running mean (weight ``YIELD_WEIGHT`` on the newest cycle) of the tokens a cycle commits."""
+        width = max(block_size - 1, 1)
+        self.reach = [(self.tokens_per_pass - 1.0) / width] * width
+        """``auto``: R_i, i = 1..K − 1, a running mean (weight ``YIELD_WEIGHT``) over the carried proposals of
+        at least i tokens of whether their first i were accepted; it starts where ``choose_groups_by_cost``'s
+        default does (a proposal worth T − 1 tokens, no depth preferred)."""
+        self.proposed: list[int] = []
+        """The last proposal's tokens (what ``reach`` is updated against)."""
         self.carry: _Carry | None = None
         self.plan: list[tuple[int, int]] = []
         self.planned_branch: tuple[int, int] | None = None
@@ -465,6 +546,12 @@ class FusedBlockProposer(BlockProposer):
         new = self._committed_since_carry(seq)
         if new is not None and self.groups == "auto":
             self.tokens_per_pass += YIELD_WEIGHT * (len(new) - self.tokens_per_pass)
+            n = next(
+                (i for i, (a, b) in enumerate(zip(self.proposed, new, strict=False)) if a != b),
+                len(self.proposed),
+            )
+            for i in range(min(len(self.proposed), len(self.reach))):
+                self.reach[i] += YIELD_WEIGHT * (float(n > i) - self.reach[i])
         logits = self._carried(new) if new is not None else None
         self.carry = None
         if logits is None or budget < 1:
@@ -472,6 +559,7 @@ class FusedBlockProposer(BlockProposer):
         else:
             proposal = self.draw(logits[:budget])
             proposal = dataclasses.replace(proposal, branch=self._branch(proposal.conf, proposal.probs))
+        self.proposed = proposal.tokens.tolist() if self.groups == "auto" else []
         self.planned_branch = proposal.branch
         # after the whole branch and its bonus the next cycle may propose budget − k − 1 tokens
         self.branch_plan = max(0, min(self.block_size - 1, budget - proposal.k - 1)) if proposal.branch else 0
@@ -479,7 +567,21 @@ class FusedBlockProposer(BlockProposer):
             assert self.cost is not None
             b = proposal.branch[0] if proposal.branch is not None else proposal.k
             # the pass's entries besides the groups: pending (≈ 1), the y's, the branch and its group
-            base = 1 + proposal.k + (proposal.k - b) + self.branch_plan
+            base = 1 + proposal.k + (proposal.k - b)
+            if self.branch_plan:
+                # the branch's group is carried at most when n = b (and the greedy token there is z): its rows
+                # are priced as a group's at P(n = b), an upper bound
+                p_b = acceptance_probs(proposal.conf)[b]
+                m, net = rows_that_pay(
+                    p_b,
+                    self.reach,
+                    tokens_per_pass=self.tokens_per_pass,
+                    cost=self.cost,
+                    width=base,
+                    most=self.branch_plan,
+                )
+                self.branch_plan = m if net >= 0 else 0
+            base += self.branch_plan
             self.plan = choose_groups_by_cost(
                 proposal.conf,
                 budget,
@@ -487,6 +589,7 @@ class FusedBlockProposer(BlockProposer):
                 base=base,
                 cost=self.cost,
                 tokens_per_pass=self.tokens_per_pass,
+                reach=self.reach,
             )
         else:
             limit = self.groups if isinstance(self.groups, int) else None

@@ -133,8 +133,8 @@ FUSE_PARAMS = ("fuse", "fuse_groups")
 FUSE_DEFAULTS = {"fuse": False, "fuse_groups": "auto"}
 """Unfused by default (unfused is the published method; fused is not yet timed on a GPU). Fused needs a
 third fewer passes but widens each: J = all (64 tokens for K = 8) pays where width is cheap (a GPU), 1–2
-groups on the demo's CPU; ``auto`` (the default J) picks per cycle by the device's measured pass-cost curve
-(``prove.decode.fused.choose_groups_by_cost``)."""
+groups on the demo's CPU; ``auto`` (the default J) picks the groups and their lengths per cycle by the device's
+measured pass-cost curve (``prove.decode.fused.choose_groups_by_cost``)."""
 DRAFT_K = 5
 """Tokens a draft model proposes per cycle unless ``k`` says otherwise (the SD family's usual k = 5)."""
 """The parameter that sets how many tokens each proposer proposes per cycle (block_size: None = trained)."""

@@ -14,6 +14,7 @@ from prove.decode import Decoder
 from prove.decode.config import DecodeParams
 from prove.decode.engine import ModelRunner, tree_attention_bias
 from prove.decode.fused import (
+    YIELD_WEIGHT,
     CostCurve,
     FusedBlockProposer,
     acceptance_probs,
@@ -21,6 +22,7 @@ from prove.decode.fused import (
     choose_groups_by_cost,
     cost_widths,
     measure_pass_cost,
+    rows_that_pay,
     tree_layout,
     widest_tree,
 )
@@ -152,16 +154,45 @@ def test_choose_groups_by_cost_flat_steep_and_in_between():
     steep = CostCurve((1, 100), (1.0, 100.0))
     kw = {"budget": 20, "width": 7, "base": 4, "tokens_per_pass": 5.0}
     assert choose_groups_by_cost(conf, cost=flat, **kw) == everything  # width is free: every group
-    assert choose_groups_by_cost(conf, cost=steep, **kw) == [(1, 7)]  # the likeliest only, always
+    # the likeliest only, always, with the one placeholder a cycle needs (a row costs a quarter of the pass here)
+    assert choose_groups_by_cost(conf, cost=steep, **kw) == [(1, 1)]
     # a pass of w costs 1 + 0.008·(w − 1): after G_1 (w = 11) another group costs 5.2% of the pass. G_2 would
     # bring P(n=2)·(T−1)/T = 0.36·0.8 = 0.29, but G_1 already carries all but 1 of its 7 proposals: 0.29/7 =
     # 0.041, dropped; G_0 has no group below it: 0.1·0.8 = 0.08, kept; G_3 (G_1 below: 2/7) 0.021, dropped
     mild = CostCurve((1, 101), (1.0, 1.8))
     assert choose_groups_by_cost(conf, cost=mild, **kw) == [(0, 7), (1, 7)]
-    # a model that commits one token a pass gains nothing from a carried proposal
-    assert choose_groups_by_cost(conf, cost=mild, **{**kw, "tokens_per_pass": 1.0}) == [(1, 7)]
+    # a model that commits one token a pass gains nothing from a carried proposal: one row, the least a group has
+    assert choose_groups_by_cost(conf, cost=mild, **{**kw, "tokens_per_pass": 1.0}) == [(1, 1)]
     assert choose_groups_by_cost(conf, cost=flat, **{**kw, "budget": 3}) == [(0, 2), (1, 1)]
     assert choose_groups_by_cost(torch.zeros(0), cost=steep, **{**kw, "budget": 0}) == []
+
+
+def test_choose_groups_by_cost_cuts_the_rows_that_rarely_survive():
+    """With the share of carried proposals accepted to each depth (``reach``), a group gets the placeholders
+    that pay for themselves: row r is worth P(n = j)·R_{r+1}/T of a pass, a row costs 0.008/cost(w) of it."""
+    conf = torch.tensor([0.9, 0.5, 0.2])  # P(n = j) = 0.1, 0.45, 0.36, 0.09
+    mild = CostCurve((1, 101), (1.0, 1.8))
+    kw = {"budget": 20, "width": 7, "base": 4, "tokens_per_pass": 5.0}
+    reach = [0.9, 0.6, 0.3, 0.1, 0.02, 0.01, 0.005]
+    # G_1: 0.45·R/5 against 0.008/1.024 keeps R ≥ 0.1, 4 rows (w = 8). G_2: G_1 already carries 3 of its rows and
+    # its 4th (R = 0.1: 0.0072 < 0.0076) does not pay: dropped. G_0 (nothing below): 0.02·R keeps R ≥ 0.6, 2 rows.
+    # G_3: G_1 carries 2 rows, the 3rd (0.018·0.3) does not pay: dropped
+    assert choose_groups_by_cost(conf, cost=mild, reach=reach, **kw) == [(0, 2), (1, 4)]
+    # the reach of a deeper position is at most a shallower one's: a noisy 0.3 at depth 6 changes nothing
+    assert choose_groups_by_cost(conf, cost=mild, reach=[*reach[:5], 0.3, 0.3], **kw) == [(0, 2), (1, 4)]
+    # where width is free every row is worth having
+    flat = CostCurve((1, 100), (1.0, 1.0))
+    assert choose_groups_by_cost(conf, cost=flat, reach=reach, **kw) == choose_groups(conf, 20, 7, None)
+    # the budget still caps a group
+    assert choose_groups_by_cost(conf, cost=flat, reach=reach, **{**kw, "budget": 3}) == [(0, 2), (1, 1)]
+    # the net value of the rows, by hand: G_1's 4 rows at width 4
+    m, net = rows_that_pay(0.45, reach, tokens_per_pass=5.0, cost=mild, width=4, most=7)
+    assert m == 4 and net == pytest.approx(0.09 * 1.9 - 4 * 0.008 / 1.024)
+    # a proposal rarely accepted past its first token is rarely accepted past its second: a noisy R_2 = 0.9
+    # after R_1 = 0.05 buys nothing
+    assert rows_that_pay(0.45, [0.05, 0.9, 0.9], tokens_per_pass=5.0, cost=mild, width=4, most=3)[0] == 1
+    # rows another group carries are worth nothing here
+    assert rows_that_pay(0.45, reach, tokens_per_pass=5.0, cost=mild, width=4, most=7, covered=7)[1] < 0
 
 
 def test_measure_pass_cost_feeds_each_width_repeats_times(lm):
@@ -248,8 +279,9 @@ def test_measure_pass_cost_times_the_plain_step_in_the_same_rounds(lm):
 
 
 def test_auto_groups_follow_the_cost_curve(lm, tokenizer, prompts, refs):
-    """``fuse_groups=auto`` with a flat curve plans a group for every acceptance length (as ``all``), with a
-    steep one only the likeliest; the output is greedy either way, and the running tokens per pass moves."""
+    """``fuse_groups=auto`` with a flat curve plans a whole group for every acceptance length (as ``all``), with a
+    steep one only the likeliest, one row long; the output is greedy either way, and the running tokens per pass
+    and reach by depth move."""
     dec = Decoder(lm, tokenizer, method="prove-lossless", block_size=4, fuse=True, fuse_groups="auto")
     prop = dec.proposer
     assert isinstance(prop, FusedBlockProposer) and isinstance(prop.cost, CostCurve)
@@ -265,30 +297,61 @@ def test_auto_groups_follow_the_cost_curve(lm, tokenizer, prompts, refs):
         out = no_eos(dec, prompts[1], N, on_cycle=record)
         assert out.token_ids == refs[1][:N]
         for plan, conf, budget in plans:
-            assert plan == choose_groups(conf, budget, 3, want)
+            if want is None:
+                assert plan == choose_groups(conf, budget, 3, None)
+            else:  # the likeliest group, with the one row a carried proposal needs
+                assert plan == [(j, 1) for j, _ in choose_groups(conf, budget, 3, want)]
     assert prop.tokens_per_pass != prior
     # in between, the plan prices each group against the width of the pass it would join: pending, the y's,
     # the second candidate's entries and its group
     prop.cost = CostCurve((1, 101), (1.0, 1.8))
     plans, orig = [], prop.propose
+    # the reach by depth, kept independently: the share of carried proposals accepted to depth i (EMA)
+    reach = list(prop.reach)
+    last: list[list[int]] = [[]]
 
     def propose(seq, budget):
+        new = prop._committed_since_carry(seq)
+        if new is not None:
+            n = 0
+            while n < min(len(last[0]), len(new)) and last[0][n] == new[n]:
+                n += 1
+            for i in range(min(len(last[0]), len(reach))):
+                reach[i] += YIELD_WEIGHT * ((1.0 if n > i else 0.0) - reach[i])
         proposal = orig(seq, budget)
-        plans.append((proposal, budget, list(prop.plan), prop.tokens_per_pass, prop.branch_plan))
+        last[0] = proposal.tokens.tolist()
+        assert prop.reach == pytest.approx(reach)
+        plans.append((proposal, budget, list(prop.plan), prop.tokens_per_pass, prop.branch_plan, list(reach)))
         return proposal
 
     prop.propose = propose
     assert no_eos(dec, prompts[1], N).token_ids == refs[1][:N]
-    sizes = set()
-    for proposal, budget, plan, tpp, branch_plan in plans:
+    sizes, rows, depths, branches = set(), set(), set(), set()
+    for proposal, budget, plan, tpp, branch_plan, r in plans:
         k = proposal.k
         b = proposal.branch[0] if proposal.branch is not None else k
+        if proposal.branch is not None:  # the branch's group: its rows priced as a group's at P(n = b)
+            most = max(0, min(3, budget - k - 1))
+            m, net = rows_that_pay(
+                acceptance_probs(proposal.conf)[b],
+                r,
+                tokens_per_pass=tpp,
+                cost=prop.cost,
+                width=1 + k + (k - b),
+                most=most,
+            )
+            assert branch_plan == (m if most and net >= 0 else 0)
+            branches.add(branch_plan)
         base = 1 + k + (k - b) + branch_plan
         assert plan == choose_groups_by_cost(
-            proposal.conf, budget, 3, base=base, cost=prop.cost, tokens_per_pass=tpp
+            proposal.conf, budget, 3, base=base, cost=prop.cost, tokens_per_pass=tpp, reach=r
         )
         sizes.add(len(plan))
+        rows.update(m for _, m in plan)
+        depths.add(tuple(r))
     assert len(sizes) > 1  # the curve is mild enough that the choice varies
+    assert len(depths) > 1 and rows != {3}  # the reach moves, and groups are cut short of K − 1 rows
+    assert branches and branches != {3}  # second candidates were planned, their groups cut too
     with pytest.raises(ValueError, match="pass-cost curve"):
         FusedBlockProposer(prop.runner, prop.mask_token_id, 4, groups="auto")
 
