@@ -440,9 +440,12 @@ def choose_groups_by_cost(
     )
     kept = [(j, m)]
     w = base + m
+    t = max(tokens_per_pass, 1.0)
     for j, most in order[1:]:
         # a miss at n = j carries a kept G_i (i < j) from its row j − i on
         covered = max([mi - (j - i) for i, mi in kept if i < j] + [0])
+        if p[j] * (sums[most] - sums[min(covered, most)]) / t < cost(w + 1) / cost(w) - 1.0:
+            continue  # all its rows together are worth less than one row costs (most groups, on a CPU)
         m, net = rows_that_pay(
             p[j],
             reach,
