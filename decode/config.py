@@ -23,7 +23,7 @@ from prove.data.loading import check_dtype
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "seed")
 """The ``DecodeParams`` every method reads; the others are method parameters (``prove.decode.methods``)."""
 _INT_PARAMS = ("block_size", "k", "max_mismatches", "top_k", "seed")
-ENGINE_KEYS = ("fast",)
+ENGINE_KEYS = ("fast", "pad_widths")
 """The ``DecodeParams`` that choose how our engine runs a method, not what it computes: every method takes them."""
 
 
@@ -73,11 +73,15 @@ class DecodeParams:
     graphs, one host sync per cycle): ``true``, ``false`` or ``auto`` (``None`` = auto: on CUDA for the methods
     and models it serves, today's reference path elsewhere). Greedy output is the same either way; sampled output
     has the same distribution, from other draws."""
+    pad_widths: Any = None
+    """``auto``: on the reference path, measure this device's cost of a linear pass at each width once per model
+    and run a pass wider (filler tokens, discarded) where a wider one costs less (``prove.decode.padding``; on a CPU
+    some widths run slower than wider ones). ``off`` (``None``): every pass as wide as its tokens."""
 
     def __post_init__(self) -> None:
         for name in DecodeParams.field_names():
             value = getattr(self, name)
-            if value is None or name in ("fuse_groups", "fast"):  # parsed below
+            if value is None or name in ("fuse_groups", "fast", "pad_widths"):  # parsed below
                 continue
             if name == "fuse":
                 if not isinstance(value, bool):
@@ -115,6 +119,8 @@ class DecodeParams:
             self.fuse_groups = "all" if m is None else m
         if self.fast is not None:
             self.fast = parse_fast(self.fast)
+        if self.pad_widths is not None:
+            self.pad_widths = parse_pad_widths(self.pad_widths)
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -271,6 +277,15 @@ def parse_fast(value: Any) -> bool | str:
     if isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
     raise ValueError(f"fast={value!r}: give true, false or auto")
+
+
+def parse_pad_widths(value: Any) -> str:
+    """``pad_widths``: "auto" (measure, then pad) or "off" (also false); from Python or the CLI's strings."""
+    if value is True or (isinstance(value, str) and value.lower() in ("auto", "true")):
+        return "auto"
+    if value is False or (isinstance(value, str) and value.lower() in ("off", "false")):
+        return "off"
+    raise ValueError(f"pad_widths={value!r}: give auto or off")
 
 
 def schema_node(cls: type) -> Any:

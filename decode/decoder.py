@@ -93,6 +93,9 @@ class Decoder:
     static slot cache of ``cache_len`` slots, default min(max_position_embeddings, 4096), CUDA graphs on CUDA);
     auto takes it on CUDA only, and only after the slot cache agreed with ``DynamicCache`` on this model. Greedy
     tokens are the same either way; sampled ones follow the same distribution from other draws.
+
+    ``pad_widths="auto"`` (reference path; default off) times each model's linear pass by width once and runs a
+    pass wider wherever a wider one costs this device less (``prove.decode.padding``).
     """
 
     def __init__(
@@ -132,6 +135,10 @@ class Decoder:
             self.params = dataclasses.replace(self.params, fuse_groups="all")
         self._assemble(target, aux, model_meta, mask_id)
         self.fast_engine = self._build_fast(target, mask_id, cache_len) if fast_on else None
+        self.pad_plans: dict[str, Any] = {}
+        """``pad_widths=auto``: each model's ``padding.PadPlan`` (by runner name: model, verifier, draft)."""
+        if self.params.pad_widths == "auto" and not fast_on:
+            self._plan_padding()
 
     # -- the steps of __init__: resolve, load, check, assemble --------------------------------------------------
 
@@ -235,6 +242,17 @@ class Decoder:
             self.verifier = build_verifier(self.method.verifier, self.models)
         probe_wanted = self.trace and self.models.verifier is not None and not self.method.needs_verifier
         self.probe = ModelVerifier(self.models.verifier, is_target=False) if probe_wanted else None
+
+    def _plan_padding(self) -> None:
+        """``pad_widths=auto``: each model's linear passes padded where this device runs a wider one faster
+        (``prove.decode.padding``; measured once per model)."""
+        from prove.decode.padding import pad_widths_needed, plan_for
+
+        widths = pad_widths_needed(self.params.block_size, self.params.k)
+        for runner in {id(r): r for r in self.models.runners()}.values():
+            plan = plan_for(runner.model, widths)
+            runner.pad_to = dict(plan.pad_to)
+            self.pad_plans[runner.name] = plan
 
     def _fast_applies(self, target: Any, aux: dict[str, ModelRunner]) -> bool:
         """Whether the fast path runs this decode: ``fast`` true, or auto on CUDA, and a method, setting and model

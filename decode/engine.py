@@ -47,6 +47,10 @@ class ModelRunner:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._logits_to_keep = "logits_to_keep" in params
         self._trees: IdentityMemo[tuple[torch.Tensor, torch.Tensor]] = IdentityMemo(TREE_MEMO)
+        self.pad_to: dict[int, int] = {}
+        """Widths at which a linear pass runs wider, {w: w'} (``prove.decode.padding``; empty = never)."""
+        self.padded = 0
+        """Passes run wider than their tokens (all requests together, as ``passes``)."""
         self.reset()
 
     @property
@@ -207,20 +211,31 @@ class ModelRunner:
     ) -> torch.Tensor:
         """The model over ``tokens`` at ``positions`` on top of the cache; records ``fed`` and ``valid``, returns
         the logits of the last ``rows`` tokens (rows, V)."""
+        # a linear pass at a width this device runs slower than a wider one: filler after the real tokens (no real
+        # row sees it under the causal mask), its rows dropped and its cache entries cropped right after
+        pad = self.pad_to.get(len(tokens), len(tokens)) - len(tokens) if attention_mask is None else 0
+        if pad > 0:
+            tokens = tokens + [tokens[-1]] * pad
+            positions = torch.cat(
+                [positions, positions[:, -1:] + torch.arange(1, pad + 1, device=self.device)], 1
+            )
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)  # (1, L)
         kwargs: dict[str, Any] = {self._cache_kw: self.cache, "position_ids": positions, "use_cache": True}
         if attention_mask is not None:
             kwargs["attention_mask"] = attention_mask
         if self._logits_to_keep:
-            kwargs["logits_to_keep"] = rows
+            kwargs["logits_to_keep"] = rows + pad
         t0 = time.perf_counter()
         out = self.model(input_ids=ids, **kwargs)
         self.model_s += time.perf_counter() - t0
         self.passes += 1
+        if pad > 0:
+            self.cache.crop(-pad)
+            self.padded += 1
         self.fed.extend(fed)
         self.valid = valid
         assert self.cached == len(self.fed), "cache length and fed tokens disagree"
-        return out.logits[0, -rows:]
+        return out.logits[0, -(rows + pad) : out.logits.shape[1] - pad]
 
 
 def device_sync(device: torch.device | str) -> None:
@@ -354,6 +369,8 @@ class Stats:
     model_s: float = 0.0
     """Of ``wall_s``, the seconds inside the models' forward passes (``ModelRunner.model_s``); the rest is the
     engine's own work: proposing from logits, the rule, commits, cache crops."""
+    padded_passes: int = 0
+    """Passes, all models together, run wider than their tokens (``pad_widths=auto``, ``prove.decode.padding``)."""
     trace: list[dict[str, Any]] | None = None
     fast: dict[str, int] | None = None
     """Only when the fast path ran (``prove.decode.fast``): its counters for this request — ``cycles``,
@@ -462,6 +479,8 @@ def run(
         runner.reset()
     start_passes = {id(r): r.passes for r in models.runners()}
     start_model_s = sum(r.model_s for r in models.runners())
+    distinct = list({id(r): r for r in models.runners()}.values())
+    start_padded = sum(r.padded for r in distinct)
     if hasattr(proposer, "stop_tokens"):  # a proposer that drafts token by token stops at the request's EOS
         proposer.stop_tokens = frozenset(stopper.eos)
     seq = [int(t) for t in prompt_ids]
@@ -533,6 +552,7 @@ def run(
         committed_per_cycle=tally.committed_per_cycle,
         wall_s=wall,
         model_s=sum(r.model_s for r in models.runners()) - start_model_s,
+        padded_passes=sum(r.padded for r in distinct) - start_padded,
         trace=tally.trace if trace else None,
     )
     return new, stats

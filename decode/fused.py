@@ -306,7 +306,13 @@ def cost_widths(block_size: int) -> list[int]:
 
 @torch.no_grad()
 def measure_pass_cost(
-    model: Any, widths: Sequence[int], *, context: Sequence[int], repeats: int = 4, plain_step: bool = False
+    model: Any,
+    widths: Sequence[int],
+    *,
+    context: Sequence[int],
+    repeats: int = 4,
+    plain_step: bool = False,
+    linear: bool = False,
 ) -> list[float]:
     """Wall seconds of one pass feeding w tokens (w in ``widths``) after ``context`` cached tokens: the last
     context token plus a causal chain of w − 1, through ``ModelRunner.forward_tree`` (the fused pass's masked
@@ -317,7 +323,10 @@ def measure_pass_cost(
     ``plain_step``: also time AR's own step (``ModelRunner.forward``, one token, no mask) in every round, on the
     same runner and right after the round's first pass, and append its fastest as one more entry: timed apart
     from the masked passes (after them, or on another runner), the two read 1.4× and 1.6× apart in two demo
-    benches on a noisy CPU."""
+    benches on a noisy CPU.
+
+    ``linear``: time the plain causal pass instead (``ModelRunner.forward``, no mask: what an unfused cycle runs),
+    for ``prove.decode.padding``."""
     if not context:
         raise ValueError("measure_pass_cost needs a context of at least one token")
     runner = ModelRunner(model)
@@ -329,8 +338,11 @@ def measure_pass_cost(
 
     def timed(w: int | None) -> float:
         """One pass: the masked chain of width w, or AR's plain step (None)."""
+        runner._rows = None  # every timed pass feeds its full width (no reused row)
         if w is None:
             step = functools.partial(runner.forward, seq)
+        elif linear:
+            step = functools.partial(runner.forward, seq, tokens[: w - 1])
         else:
             chain = tree_layout(w - 1, [])  # a causal chain: the y's of a tree without groups
             step = functools.partial(

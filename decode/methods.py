@@ -143,7 +143,7 @@ METHODS: dict[str, Method] = {}
 
 METHOD_KEYS = tuple(k for k in DecodeParams.field_names() if k not in (*SAMPLING_KEYS, *ENGINE_KEYS))
 """The ``DecodeParams`` that only some methods read (``Method.uses``); the sampling keys, the seed and the
-engine's ``fast`` apply to every method."""
+engine's ``fast`` and ``pad_widths`` apply to every method."""
 
 
 def resolve_params(

@@ -20,6 +20,7 @@ HARD = ["tests/decode/test_hardening.py"]
 MC = ["tests/decode/test_engine_montecarlo.py"]
 ENGINE = ["tests/decode/test_engine.py", "tests/decode/test_draft.py"]
 FUSED = ["tests/decode/test_fused.py"]
+PAD = ["tests/decode/test_padding.py"]
 
 # (name, file, original text, mutated text, test files): one mutant a line, so the table reads as one
 # fmt: off
@@ -73,6 +74,11 @@ MUTANTS = [
     ("auto-reach-not-monotone", "decode/fused.py", "r = min(r, max(float(x), 0.0))", "r = max(float(x), 0.0)", FUSED),
     ("auto-branch-group-whole", "decode/fused.py", "self.branch_plan = m if net >= 0 else 0", "pass", FUSED),
     ("auto-yield-frozen", "decode/fused.py", "self.tokens_per_pass += YIELD_WEIGHT * (len(new) - self.tokens_per_pass)", "self.tokens_per_pass += 0.0", FUSED),
+    ("pad-filler-rows-returned", "decode/engine.py", "return out.logits[0, -(rows + pad) : out.logits.shape[1] - pad]", "return out.logits[0, -rows:]", PAD),
+    ("pad-filler-kept-in-cache", "decode/engine.py", "            self.cache.crop(-pad)\n", "            pass\n", PAD),
+    ("pad-tree-passes-too", "decode/engine.py", "len(tokens) if attention_mask is None else 0", "len(tokens)", PAD),
+    ("pad-plan-no-margin", "decode/padding.py", "best_t <= (1 - margin) * t", "best_t < t", PAD),
+    ("pad-calibration-reuses-row", "decode/fused.py", "        runner._rows = None  # every timed pass feeds its full width (no reused row)\n", "", PAD),
     ("auto-line-fits-ar-step", "decode/fused.py", "zip(self.widths, self.seconds, strict=True) if w >= 2]", "zip(self.widths, self.seconds, strict=True) if w >= 1]", FUSED),
 ]
 # fmt: on

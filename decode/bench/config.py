@@ -11,7 +11,17 @@ from prove.data.loading import check_dtype
 from prove.decode.bench.rows import as_values
 from prove.decode.config import BACKENDS, VllmOptions, schema_node
 
-SWEEP_KEYS = ("theta", "tau", "block_size", "k", "draft_threshold", "fuse", "fuse_groups", "fast")
+SWEEP_KEYS = (
+    "theta",
+    "tau",
+    "block_size",
+    "k",
+    "draft_threshold",
+    "fuse",
+    "fuse_groups",
+    "fast",
+    "pad_widths",
+)
 """Parameters that take a list (one row per value) from the command line: ``theta=[0.05,0.1]``."""
 
 
@@ -67,6 +77,9 @@ class BenchConfig:
     fast: Any = None
     """Our engine's fast path (``DecodeParams.fast``: true, false, auto), or a list, e.g. ``fast=[false,true]`` for
     the reference loop and the fast path side by side; each row records which ran (``path``)."""
+    pad_widths: Any = None
+    """Padded passes on the reference path (``DecodeParams.pad_widths``: auto, off), or a list, e.g.
+    ``pad_widths=[off,auto]``."""
     method_params: Any = None
     """Per-method values or sweeps of any ``DecodeParams`` the method reads, overriding the shared ones:
     ``method_params={prove:{theta:[0.05,0.1,0.3]},asd:{budget:[0,8]}}``."""

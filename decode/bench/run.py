@@ -388,6 +388,11 @@ def build_report(
                 **summary,
                 **({"fuse_cost": fuse_cost} if fuse_cost else {}),
                 **(
+                    {"pad_plans": {k: v.record() for k, v in decoders[name].pad_plans.items()}}
+                    if spec and getattr(decoders[name], "pad_plans", None)
+                    else {}
+                ),
+                **(
                     {
                         "quality": quality_summary(
                             quality[name], quality[REFERENCE], [r.token_ids for r in row_runs]
