@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,6 +27,23 @@ def exit_on_user_error(prog: str) -> Iterator[None]:
         print(f"{prog}: error: {e}", file=sys.stderr)
         print(f"{prog}: (HYDRA_FULL_ERROR=1 shows the traceback)", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+@contextmanager
+def exit_on_sigterm() -> Iterator[None]:
+    """Turn SIGTERM (``kill``, a scheduler's time limit, ``make`` interrupted) into ``SystemExit(143)`` inside the
+    block, so ``finally`` clauses and ``atexit`` handlers run: Python's default action for SIGTERM ends the process
+    at once, and an engine process it started (vLLM's ``EngineCore``, which holds the GPU's memory) would outlive
+    it. The previous handler comes back when the block ends."""
+
+    def _exit(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def reject_unknown_keys(node: Any, prog: str, path: str = "") -> None:
@@ -58,14 +76,14 @@ def hydra_cli(
     """The Hydra entry point every prove CLI shares: compose ``config_name`` from the packaged
     ``config_module`` (``pkg://``, so an installed wheel finds it), refuse unknown keys, build the config
     dataclass (its ``__post_init__`` checks run) and call ``body`` with it, a bad value ending as one line
-    and exit status 2. The schema must be registered with Hydra's ConfigStore before the returned function
-    is called; the YAML sets ``hydra.job.name`` (the log file's name) to ``prog``."""
+    and exit status 2, and SIGTERM as ``SystemExit`` (:func:`exit_on_sigterm`). The schema must be registered with
+    Hydra's ConfigStore before the returned function is called; the YAML sets ``hydra.job.name`` (the log file's name) to ``prog``."""
     import hydra
     from omegaconf import DictConfig, OmegaConf
 
     @hydra.main(version_base=None, config_path=f"pkg://{config_module}", config_name=config_name)
     def main(cfg: DictConfig) -> None:
-        with exit_on_user_error(prog):
+        with exit_on_sigterm(), exit_on_user_error(prog):
             reject_unknown_keys(cfg, prog)
             body(OmegaConf.to_object(cfg))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
-from prove.decode.errors import exit_on_user_error, reject_unknown_keys
+from prove.decode.errors import exit_on_sigterm, exit_on_user_error, reject_unknown_keys
 from prove.train.config import TrainConfig, register_configs
 
 register_configs()
@@ -27,7 +27,7 @@ def to_config(cfg: DictConfig) -> TrainConfig:
 def _main(cfg: DictConfig) -> None:
     from prove.train.pipeline import train
 
-    with exit_on_user_error("prove-train"):
+    with exit_on_sigterm(), exit_on_user_error("prove-train"):  # a killed relabel stops its vLLM engine
         train(to_config(cfg))
 
 

@@ -3,10 +3,13 @@ files, the JSONL output and resuming it, and the clear errors of bad input."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -336,3 +339,53 @@ def test_every_cli_refuses_a_misspelt_key(module, args):
     assert proc.returncode == 2, proc.stderr
     assert f"{prog}: error: unknown config key(s) ['tempreature']" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+_HOLDS_AN_ENGINE = """
+import subprocess, sys, time
+def body(config):  # stands in for a run that started an engine process (vLLM's EngineCore)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        print("engine pid", child.pid, flush=True)
+        time.sleep(120)
+    finally:
+        child.kill()
+        child.wait()
+        print("engine stopped", flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("patch", "entry"),
+    [
+        ("import prove.train.pipeline as m; m.train = body", "from prove.train.cli import main; main()"),
+        ("import prove.decode.cli as m; m.run = body", "from prove.decode.cli import main; main()"),
+    ],
+    ids=["prove-train", "hydra_cli"],
+)
+def test_sigterm_runs_the_cleanup_and_stops_the_engine_process(patch, entry, tmp_path):
+    """``kill`` of a prove-train relabel used to leave its vLLM engine process running (Python's default SIGTERM
+    action skips ``finally``): the entry points turn SIGTERM into SystemExit(143), so cleanup runs."""
+    code = f"{_HOLDS_AN_ENGINE}\n{patch}\n{entry}"
+    args = ["recipe=tiny", "stage=sft"] if "train" in entry else ["model=m", "prompts=p", "output=o"]
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with out.open("w") as o, err.open("w") as e:  # files, not pipes: a surviving child would hold a pipe open
+        proc = subprocess.Popen([sys.executable, "-c", code, *args, f"hydra.run.dir={tmp_path}"], cwd=tmp_path,
+                                stdout=o, stderr=e, text=True)  # fmt: skip
+    try:
+        while "engine pid" not in out.read_text():
+            assert proc.poll() is None, err.read_text()
+            time.sleep(0.1)
+        child = int(out.read_text().split("engine pid")[1].split()[0])
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    try:
+        assert proc.returncode == 128 + signal.SIGTERM, err.read_text()
+        assert "engine stopped" in out.read_text()
+        with pytest.raises(ProcessLookupError):
+            os.kill(child, 0)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
