@@ -126,7 +126,7 @@ train-verifier: install ## distil the verifier on the proposer's outputs: [verif
 # on-policy rounds written out), one prove-train run each, in order: tiny sft -> mars -> verifier sft -> distill;
 # smollm2-135m (after install-real and its prompts) self-distill -> mars -> round r's relabel -> mars, r = 2..rounds.count
 # -> the verifier's distill. A rerun skips each finished stage and resumes the unfinished one (as train-proposer).
-# ARGS reach every run and the step list (ARGS="rounds.count=4" adds a round).
+# ARGS reach every run and the step list (ARGS="rounds.count=6" adds a round).
 REAL_PROMPTS ?= runs/data/smollm2-mix
 TRAIN_STEPS = $(shell $(PY) -m prove.train.steps recipe=$(RECIPE) --joiner '^' $(ARGS))
 TRAIN_NEEDS_smollm2-135m = install-real $(REAL_PROMPTS)/train.jsonl

@@ -223,7 +223,7 @@ def test_bench_real_benches_each_prompt_kind_with_a_config_that_validates(tmp_pa
     def configs(
         *args: str,
         threads: int = len(os.sched_getaffinity(0)),
-        model: str = "runs/smollm2-135m/round-3/mars",  # the last on-policy round's (the recipe's rounds.count)
+        model: str = "runs/smollm2-135m/round-5/mars",  # the last on-policy round's (the recipe's rounds.count)
         out_dir: str = "outputs/smollm2-135m",
     ) -> list:
         lines = [ln for ln in _lines(make("bench-real", "-o", "install-real", *args)) if "prove-bench " in ln]
@@ -292,13 +292,17 @@ def test_make_train_runs_the_real_recipe_in_order_from_nothing(tmp_path):
         "stage=mars round=2",
         "stage=distill stage.role=proposer round=3",
         "stage=mars round=3",
+        "stage=distill stage.role=proposer round=4",
+        "stage=mars round=4",
+        "stage=distill stage.role=proposer round=5",
+        "stage=mars round=5",
         "stage=distill",
     ]
     assert all(r[0] == "recipe=smollm2-135m" for r in runs)
     cfg = train_config([*runs[-1], "model.name_or_path=base"])  # the verifier reads the last round's proposer
-    assert cfg.distill.proposer == "runs/smollm2-135m/round-3/mars"
-    more = _lines(make("train", "RECIPE=smollm2-135m", "ARGS=rounds.count=4"))  # ARGS reach the step list too
-    assert sum("round=4" in ln and "rounds.count=4" in ln for ln in more) == 2
+    assert cfg.distill.proposer == "runs/smollm2-135m/round-5/mars"
+    more = _lines(make("train", "RECIPE=smollm2-135m", "ARGS=rounds.count=6"))  # ARGS reach the step list too
+    assert sum("round=6" in ln and "rounds.count=6" in ln for ln in more) == 2
     tiny = [ln.split("prove-train ", 1)[1].strip() for ln in _lines(make("train", "RECIPE=tiny"))]
     assert tiny == [
         f"recipe=tiny {s}"
