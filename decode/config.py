@@ -23,7 +23,7 @@ from prove.data.loading import check_dtype
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "seed")
 """The ``DecodeParams`` every method reads; the others are method parameters (``prove.decode.methods``)."""
 _INT_PARAMS = ("block_size", "k", "max_mismatches", "top_k", "seed")
-ENGINE_KEYS = ("fast", "pad_widths")
+ENGINE_KEYS = ("fast", "compile", "pad_widths")
 """The ``DecodeParams`` that choose how our engine runs a method, not what it computes: every method takes them."""
 
 
@@ -73,6 +73,12 @@ class DecodeParams:
     graphs, one host sync per cycle): ``true``, ``false`` or ``auto`` (``None`` = auto: on CUDA for the methods
     and models it serves, today's reference path elsewhere). Greedy output is the same either way; sampled output
     has the same distribution, from other draws."""
+    compile: bool | None = None
+    """``true``: the fast path's regular cycle goes through ``torch.compile`` (inductor, ``fullgraph``, no dynamic
+    shapes) before it is captured as a CUDA graph: the elementwise work of every layer (RMSNorm, rotary, SwiGLU, the
+    residual adds) fused into a few kernels a layer, where the eager model launches ~40 small ones. A compile of
+    seconds (CPU, tiny) to minutes (GPU, large shapes) per Decoder. Needs the fast path (``fast=true``, or auto on
+    CUDA); ``false`` / ``None``: the eager cycle. Greedy output is the same up to the rounding of fused kernels."""
     pad_widths: Any = None
     """``auto``: on the reference path, measure this device's cost of a linear pass at each width once per model
     and run a pass wider (filler tokens, discarded) where a wider one costs less (``prove.decode.padding``; on a CPU
@@ -83,9 +89,9 @@ class DecodeParams:
             value = getattr(self, name)
             if value is None or name in ("fuse_groups", "fast", "pad_widths"):  # parsed below
                 continue
-            if name == "fuse":
+            if name in ("fuse", "compile"):
                 if not isinstance(value, bool):
-                    raise ValueError(f"fuse={value!r} must be true or false")
+                    raise ValueError(f"{name}={value!r} must be true or false")
                 continue
             if name in _INT_PARAMS and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ValueError(f"{name}={value!r} must be an integer")
@@ -119,6 +125,11 @@ class DecodeParams:
             self.fuse_groups = "all" if m is None else m
         if self.fast is not None:
             self.fast = parse_fast(self.fast)
+        if self.compile and self.fast is False:
+            raise ValueError(
+                "compile=true compiles the fast path's cycle, and fast=false turns that path off: pass fast=true "
+                "(or auto), or compile=false"
+            )
         if self.pad_widths is not None:
             self.pad_widths = parse_pad_widths(self.pad_widths)
 

@@ -94,6 +94,9 @@ class Decoder:
     auto takes it on CUDA only, and only after the slot cache agreed with ``DynamicCache`` on this model. Greedy
     tokens are the same either way; sampled ones follow the same distribution from other draws.
 
+    ``compile=True`` (with the fast path) runs its regular cycle through ``torch.compile`` (inductor) before the CUDA
+    graph is captured: fewer, fused kernels a pass, for a compile when the Decoder first decodes.
+
     ``pad_widths="auto"`` (reference path; default off) times each model's linear pass by width once and runs a
     pass wider wherever a wider one costs this device less (``prove.decode.padding``).
     """
@@ -261,6 +264,11 @@ class Decoder:
         from prove.decode import fast
 
         want = self.params.fast if self.params.fast is not None else "auto"
+        if want == "auto" and self.device.type != "cuda" and self.params.compile:
+            raise ValueError(
+                f"compile=true compiles the fast path's cycle, which fast=auto runs on CUDA only (this decode is on "
+                f"{self.device.type}): pass fast=true to compile it here, or compile=false"
+            )
         if want is False or (want == "auto" and self.device.type != "cuda"):
             return False
         second = aux.get("verifier" if self.method.name == "prove" else "draft")
@@ -276,8 +284,9 @@ class Decoder:
                 raise ValueError(
                     f"fast=true cannot serve this decode: {reason}; pass fast=auto or fast=false"
                 )
-            if reason.startswith("the slot cache"):
-                warnings.warn(f"fast path off: {reason}; decoding on the reference path", stacklevel=4)
+            if reason.startswith("the slot cache") or self.params.compile:
+                also = " (compile=true has nothing to compile)" if self.params.compile else ""
+                warnings.warn(f"fast path off: {reason}; decoding on the reference path{also}", stacklevel=4)
             return False
         return True
 
@@ -309,6 +318,7 @@ class Decoder:
             allowed=self.models.allowed,
             capacity=capacity,
             fused=bool(self.params.fuse),
+            compile=bool(self.params.compile),
         )
 
     @property

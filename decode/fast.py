@@ -126,6 +126,7 @@ class FastEngine:
         top_p: float = 1.0,
         generator: torch.Generator | None = None,
         asd: dict[str, Any] | None = None,
+        compile: bool = False,
     ) -> None:
         self.model = model
         self.draft = draft
@@ -184,6 +185,11 @@ class FastEngine:
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         self._graph: Any = None
         self._regular: Any = self.step
+        self.compiled = compile
+        """The regular cycle runs through ``torch.compile`` (inductor): compiled on its first call (the capture's
+        warm-up on CUDA), then captured as is. Other widths (eager cycles) and prefill stay eager."""
+        if compile:
+            self._regular = _Compiled(self.step)
         self._inject: torch.Tensor | None = None
         self._inject_at = torch.zeros((), dtype=torch.long, device=self.device)
         self.counters = {
@@ -196,6 +202,7 @@ class FastEngine:
             "dropped_cycles": 0,
             "draft_passes": 0,
             "verifier_passes": 0,
+            "compiles": 0,
         }
         self.pipeline = self.graphs
         """Launch cycle c + 1 before reading cycle c's record where the budget allows (default: with graphs)."""
@@ -206,6 +213,8 @@ class FastEngine:
         narrow their last cycles to the budget instead, and run those eagerly."""
         self.cycle_s = 0.0
         """Host seconds from launching a cycle to holding its record (the device's work included)."""
+        self.compile_s = 0.0
+        """Seconds spent in the calls of the regular cycle that compiled it (``compile``)."""
 
     # -- the device cycle ---------------------------------------------------------------------------------------
 
@@ -523,7 +532,7 @@ class FastEngine:
             self.counters["graph_replays"] += 1
             record = self.record
         elif k == self.K:
-            record = self._regular(k)
+            record = self._call_regular(k)
         else:
             record = self.step(k)
             self.counters["eager_cycles"] += 1
@@ -534,6 +543,16 @@ class FastEngine:
         event = torch.cuda.Event()
         event.record()
         return host, event, k
+
+    def _call_regular(self, k: int) -> torch.Tensor:
+        """The regular cycle (compiled or not), the graphs' dynamo compiles it set off counted in ``compiles``."""
+        if not self.compiled:
+            return self._regular(k)
+        record, compiled = self._regular(k)
+        self.counters["compiles"] += compiled
+        if compiled:
+            self.compile_s += self._regular.last_s
+        return record
 
     def _read(self, launched: tuple[torch.Tensor, Any, int], k: int) -> list[int]:
         """Wait for a launched cycle's record (the cycle's one sync) and return its committed tokens. The pass
@@ -562,13 +581,13 @@ class FastEngine:
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            for _ in range(2):
-                self.record.copy_(self.step(self.K))
+            for _ in range(2):  # the first call compiles the cycle under compile=true
+                self.record.copy_(self._call_regular(self.K))
                 self._restore(saved)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self.record.copy_(self.step(self.K))
+            self.record.copy_(self._call_regular(self.K))
         self._restore(saved)
         self.counters["captures"] += 1
         return graph
@@ -762,6 +781,7 @@ class FastEngine:
         wall = time.perf_counter() - t0
         fast = {key: self.counters[key] - start[key] for key in self.counters}
         fast["graphs"] = int(self.graphs)
+        fast["compiled"] = int(self.compiled)
         cycles = len(tally.committed_per_cycle)
         stats = Stats(
             new_tokens=len(new),
@@ -778,6 +798,35 @@ class FastEngine:
             fast=fast,
         )
         return new, stats
+
+
+class _Compiled:
+    """``torch.compile(step, fullgraph=True, dynamic=False)`` (inductor) for ``compile=true``. A call returns (record,
+    how many graphs dynamo compiled during it): the first call of a cycle compiles, and a later one that compiles
+    again (a guard that failed: shape or state drift) shows in ``FastEngine.counters['compiles']``. Every engine
+    compiles ``FastEngine.step``, one code object, so dynamo's per-code-object recompile limit (8) would stop
+    compiling after eight methods, widths or models in one process (gpu-check's rows): it is raised around the call."""
+
+    RECOMPILE_LIMIT = 256
+
+    def __init__(self, step: Any) -> None:
+        self.fn = torch.compile(step, fullgraph=True, dynamic=False)
+        self.last_s = 0.0
+
+    def __call__(self, k: int) -> tuple[torch.Tensor, int]:
+        import torch._dynamo as dynamo
+        from torch._dynamo.utils import counters
+
+        before = counters["stats"]["unique_graphs"]
+        t0 = time.perf_counter()
+        limits = {
+            "recompile_limit": self.RECOMPILE_LIMIT,
+            "accumulated_recompile_limit": 4 * self.RECOMPILE_LIMIT,
+        }
+        with dynamo.config.patch(limits):
+            record = self.fn(k)
+        self.last_s = time.perf_counter() - t0
+        return record, counters["stats"]["unique_graphs"] - before
 
 
 def self_check(model: Any, *, tokens: int = 6, atol: float | None = None) -> str | None:

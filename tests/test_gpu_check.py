@@ -100,6 +100,14 @@ def test_tiny_run_needs_only_torch_and_transformers(tmp_path):
     assert rows["ours fast ar"]["agree_with_transformers"] and rows["ours fast ar"]["syncs_per_cycle"] == 1.0
     assert rows["ours fast prove-lossless, 2 tok/cycle injected"]["tokens_per_cycle"] == 2.0
     assert rows["ours fast prove-lossless, 3 tok/cycle injected"]["tokens_per_cycle"] == 3.0
+    # compile=true rows (inductor on the CPU here): compiled once in the warm-up, never while timed, the same tokens
+    # as transformers in fp32, and the same injected counts as the eager cycle's row
+    compiled = rows["ours fast ar compiled"]
+    assert compiled["path"].startswith("fast, compiled") and compiled["compiles"] >= 1
+    assert compiled["compiles_while_timed"] == 0 and compiled["agree_with_transformers"]
+    inj = "ours fast prove-lossless{} 4.5 tok/cycle injected"
+    assert rows[inj.format(" compiled,")]["tokens_per_cycle"] == rows[inj.format(",")]["tokens_per_cycle"] > 3
+    assert rows[inj.format(" fused compiled,")]["path"].startswith("fast, compiled")
     assert set(engine["graph_curve_ms"]) == set(report["curve"]["ms"]["tiny-l"])
     assert "## 4. Engine against transformers" in md and "| ours fast ar | fast |" in md
 

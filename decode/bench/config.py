@@ -20,6 +20,7 @@ SWEEP_KEYS = (
     "fuse",
     "fuse_groups",
     "fast",
+    "compile",
     "pad_widths",
 )
 """Parameters that take a list (one row per value) from the command line: ``theta=[0.05,0.1]``."""
@@ -77,6 +78,9 @@ class BenchConfig:
     fast: Any = None
     """Our engine's fast path (``DecodeParams.fast``: true, false, auto), or a list, e.g. ``fast=[false,true]`` for
     the reference loop and the fast path side by side; each row records which ran (``path``)."""
+    compile: Any = None
+    """The fast path's cycle through ``torch.compile`` (``DecodeParams.compile``: true, false), or a list, e.g.
+    ``compile=[false,true]`` with ``fast=true``: eager and compiled cycles side by side."""
     pad_widths: Any = None
     """Padded passes on the reference path (``DecodeParams.pad_widths``: auto, off), or a list, e.g.
     ``pad_widths=[off,auto]``."""

@@ -66,6 +66,8 @@ def param_label(key: str, value: Any) -> str:
         return "fused" if value else "unfused"
     if key == "fast" and isinstance(value, bool):
         return "fast" if value else "reference"
+    if key == "compile" and isinstance(value, bool):
+        return "compiled" if value else "eager cycle"
     if key == "adaptive":  # transformers' confidence cut-off: adapted during a call, or fixed
         return "adaptive" if value else "fixed"
     return f"{SYMBOLS.get(key, key)}={_fmt(value)}"

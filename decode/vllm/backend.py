@@ -72,7 +72,7 @@ def check_vllm_method(
     method: Method, params: DecodeParams, *, proposer: str | None = None, trace: bool = False
 ) -> None:
     """A ``ValueError`` naming the fix, at start, for what vLLM cannot run: a method outside
-    :data:`VLLM_METHODS`, a swapped proposer, our engine's fused cycle or draft cut-off, a trace."""
+    :data:`VLLM_METHODS`, a swapped proposer, our engine's fused or compiled cycle or draft cut-off, a trace."""
     name = method.name
     if proposer is not None:
         raise ValueError(
@@ -87,6 +87,11 @@ def check_vllm_method(
     if params.fuse:
         raise ValueError(
             "fuse=true is our engine's fused cycle: drop it with backend=vllm (the greedy output is the same)"
+        )
+    if getattr(params, "compile", None):
+        raise ValueError(
+            "compile=true compiles our engine's fast cycle: drop it with backend=vllm (vLLM compiles its model and "
+            "captures CUDA graphs itself; vllm.enforce_eager=true turns that off)"
         )
     if getattr(params, "draft_threshold", None):
         raise ValueError(

@@ -143,6 +143,8 @@ def parse_args(argv: Sequence[str] | None) -> CheckConfig:
                     "(default qwen2.5-0.5b,qwen2.5-7b,qwen2.5-32b)")  # fmt: skip
     ap.add_argument("--engine-hf-compile", default=None, help="shapes that also run transformers' compiled "
                     "static-cache generate (default qwen2.5-0.5b,qwen2.5-7b: the 32B compile takes minutes)")  # fmt: skip
+    ap.add_argument("--engine-compile", default=None, help="shapes whose fast rows also run with compile=true "
+                    "(inductor before the graph capture; default qwen2.5-7b,qwen2.5-32b; empty: none)")  # fmt: skip
     ap.add_argument("--no-flex", action="store_true", help="train with the dense mask only")
     ap.add_argument(
         "--flex", action="store_true", help="with --tiny: also run the FlexAttention path (compiles on CPU)"
@@ -165,6 +167,8 @@ def parse_args(argv: Sequence[str] | None) -> CheckConfig:
         kw["engine_shapes"] = tuple(s for s in args.engine_shapes.split(",") if s)
     if args.engine_hf_compile is not None:
         kw["engine_hf_compile_shapes"] = tuple(s for s in args.engine_hf_compile.split(",") if s)
+    if args.engine_compile is not None:
+        kw["engine_compile_shapes"] = tuple(s for s in args.engine_compile.split(",") if s)
     if args.no_flex:
         kw["flex"] = False
     if args.tiny and args.flex:

@@ -78,6 +78,10 @@ class CheckConfig:
     engine_hf_compile_shapes: tuple[str, ...] = ("qwen2.5-0.5b", "qwen2.5-7b")
     """Shapes that also run transformers' compiled static-cache ``generate`` (its compile took over 140 s at 32B:
     that shape is left out by default, to keep the part within ~4 minutes; add it with --engine-hf-compile)."""
+    engine_compile_shapes: tuple[str, ...] = ("qwen2.5-7b", "qwen2.5-32b")
+    """Shapes that also run our fast rows with ``compile=true`` (the cycle through inductor before its capture): fast
+    ar, and fast prove-lossless unfused and fused at the largest injected acceptance; each compiles once. Not yet
+    timed on a GPU (the 7B and 32B targets are what it is for); pick shapes with --engine-compile."""
     engine_injected: tuple[float, ...] = (2.0, 3.0, 4.5)
     """Tokens per cycle the injected-acceptance rows run at (each ≤ block_size + 1)."""
 
@@ -92,6 +96,7 @@ class CheckConfig:
             self.verifier_shape,
             *self.shapes,
             *self.engine_shapes,
+            *self.engine_compile_shapes,
         }:
             if name not in SHAPES:
                 raise ValueError(f"unknown shape {name!r}; known: {', '.join(SHAPES)}")
@@ -115,7 +120,7 @@ def tiny_config(**overrides: Any) -> CheckConfig:
         decode_prompts=2, decode_new_tokens=12, decode_std=0.3, shapes=("tiny-s", "tiny-m", "tiny-l"),
         draft_shape="tiny-s", verifier_shape="tiny-m", widths=(1, 2, 4, 8, 16), cache_len=16, warmup=1, repeats=2,
         engine_shapes=("tiny-l",), engine_dtype="float32", engine_new_tokens=12, engine_prompt_len=6,
-        engine_hf_compile_shapes=(),
+        engine_hf_compile_shapes=(), engine_compile_shapes=("tiny-l",),
     )  # fmt: skip
     base.update(overrides)
     return CheckConfig(**base)

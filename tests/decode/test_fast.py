@@ -512,3 +512,29 @@ def test_greedy_asd_fast_path_equals_the_reference_loop(k, echo_lm, prompts, tok
                 eager += a.stats.fast["eager_cycles"]
     assert relaxed > 0, "no mismatch was ever accepted: the test lost its point"
     assert eager > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["ar", "unfused", "fused"])
+def test_compile_true_runs_the_compiled_cycle_exactly_and_compiles_once(mode, echo_lm, tokenizer, prompts):
+    """``compile=true``: the regular cycle through inductor (C++ kernels on the CPU). Fails if the flag does not
+    reach the engine (nothing compiled), if a later request recompiles the cycle (a guard on something that
+    changes per request: the prompt's length, the pending token, a Python int), or if the compiled cycle commits
+    other tokens than the reference loop, EOS inside a block included (fp32: fused kernels round alike here)."""
+    kw = (
+        {"method": "ar"}
+        if mode == "ar"
+        else {"method": "prove-lossless", "block_size": 4, "fuse": mode == "fused"}
+    )
+    dec = Decoder(echo_lm, tokenizer, fast=True, compile=True, **kw)
+    ref = Decoder(echo_lm, tokenizer, fast=False, **kw)
+    compiles = []
+    for i, p in enumerate(prompts[:3]):
+        want = ref.generate(p, max_new_tokens=N, eos_token_id=[]).token_ids
+        for eos in ([], [want[6]]):
+            out = dec.generate(p, max_new_tokens=N, eos_token_id=eos)
+            assert out.token_ids == ref.generate(p, max_new_tokens=N, eos_token_id=eos).token_ids, (i, eos)
+            assert out.stats.fast["compiled"] == 1
+            compiles.append(out.stats.fast["compiles"])
+    assert compiles[0] >= 1 and compiles[1:] == [0] * (len(compiles) - 1), compiles
+    assert dec.fast_engine.compile_s > 0

@@ -186,6 +186,10 @@ BAD_PARAMS = [
     ("ar", {"top_p": 0.0}, r"top_p=0.0 must lie in \(0, 1\]"),
     ("ar", {"top_k": True}, "top_k=True must be an integer"),
     ("ar", {"seed": 1.5}, "seed=1.5 must be an integer"),
+    ("ar", {"compile": "yes"}, "compile='yes' must be true or false"),
+    ("ar", {"compile": True, "fast": False}, "compile=true compiles the fast path's cycle, and fast=false"),
+    # fast=auto keeps a CPU decode on the reference path: compile=true would silently compile nothing
+    ("ar", {"compile": True}, r"fast=auto runs on CUDA only \(this decode is on cpu\): pass fast=true"),
 ]
 
 

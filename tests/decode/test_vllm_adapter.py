@@ -198,6 +198,10 @@ def test_engine_only_settings_are_refused():
     m = get_method("prove-lossless")
     with pytest.raises(ValueError, match="fuse=true is our engine's fused cycle"):
         check_vllm_method(m, DecodeParams(fuse=True))
+    with pytest.raises(
+        ValueError, match="compile=true compiles our engine's fast cycle: drop it with backend=vllm"
+    ):
+        check_vllm_method(get_method("ar"), DecodeParams(compile=True))
     with pytest.raises(ValueError, match="proposer=block composes rules on our engine"):
         check_vllm_method(get_method("nsd"), DecodeParams(), proposer="block")
     with pytest.raises(ValueError, match="trace=true"):
