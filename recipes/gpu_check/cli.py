@@ -144,7 +144,7 @@ def parse_args(argv: Sequence[str] | None) -> CheckConfig:
     ap.add_argument("--engine-hf-compile", default=None, help="shapes that also run transformers' compiled "
                     "static-cache generate (default qwen2.5-0.5b,qwen2.5-7b: the 32B compile takes minutes)")  # fmt: skip
     ap.add_argument("--engine-compile", default=None, help="shapes whose fast rows also run with compile=true "
-                    "(inductor before the graph capture; default qwen2.5-7b,qwen2.5-32b; empty: none)")  # fmt: skip
+                    "(inductor before the graph capture; default qwen2.5-7b; empty: none)")  # fmt: skip
     ap.add_argument("--no-flex", action="store_true", help="train with the dense mask only")
     ap.add_argument(
         "--flex", action="store_true", help="with --tiny: also run the FlexAttention path (compiles on CPU)"
