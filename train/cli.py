@@ -28,7 +28,21 @@ def _main(cfg: DictConfig) -> None:
     from prove.train.pipeline import train
 
     with exit_on_sigterm(), exit_on_user_error("prove-train"):  # a killed relabel stops its vLLM engine
-        train(to_config(cfg))
+        try:
+            train(to_config(cfg))
+        finally:
+            close_process_group()
+
+
+def close_process_group() -> None:
+    """Tear down the torch.distributed group the run's Trainer set up, before the interpreter does. Left to exit,
+    gloo's threads can be destroyed while still joinable, and a rank of a finished run aborts ("terminate called
+    without an active exception", SIGABRT). torchrun then reports the whole run as failed. Not collective: each rank
+    closes its own end."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def main() -> None:

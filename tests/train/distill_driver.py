@@ -35,6 +35,7 @@ def main() -> None:
     if rank == 0:
         distill.build_generated_set(cfg.distill.generated_dir)
     torch.distributed.barrier()
+    torch.distributed.destroy_process_group()  # as prove-train does (prove.train.cli.close_process_group)
 
 
 if __name__ == "__main__":

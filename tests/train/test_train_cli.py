@@ -35,6 +35,34 @@ def test_cli_composes_a_recipe_from_any_directory(tmp_path):
     assert bad.returncode != 0 and "Could not find 'recipe/tyny'" in bad.stderr
 
 
+def test_cli_closes_the_process_group_the_run_opened(tmp_path, monkeypatch):
+    """prove-train tears down the torch.distributed group when the run ends, and when it fails. A group left to
+    the interpreter's exit aborted a rank of a finished 2-process run in CI (SIGABRT), and torchrun then reported
+    the run as failed."""
+    import prove.train.cli as cli
+    import prove.train.pipeline as pipeline
+    import torch.distributed as dist
+
+    def fake_train(cfg, fail=False):
+        # the group a Trainer opens under torchrun: one rank here
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+        if fail:
+            raise RuntimeError("a rank failed mid-run")
+
+    monkeypatch.chdir(tmp_path)
+    args = ["prove-train", "recipe=tiny", "stage=sft", f"run_dir={tmp_path / 'run'}"]
+    for fail in (False, True):
+        (tmp_path / "store").unlink(missing_ok=True)
+        monkeypatch.setattr(pipeline, "train", lambda cfg, fail=fail: fake_train(cfg, fail))
+        monkeypatch.setattr(sys, "argv", args)
+        if fail:
+            with pytest.raises(SystemExit):  # Hydra's report of the error
+                cli.main()
+        else:
+            cli.main()
+        assert not dist.is_initialized(), f"fail={fail}"
+
+
 @pytest.mark.slow
 def test_wandb_offline_run_is_written_and_closed(tmp_path, arithmetic_jsonl, monkeypatch):
     import wandb

@@ -122,6 +122,7 @@ def main() -> None:
             out,
         )
     torch.distributed.barrier()
+    torch.distributed.destroy_process_group()  # as prove-train does (prove.train.cli.close_process_group)
 
 
 if __name__ == "__main__":
