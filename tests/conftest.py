@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import getpass
 import os
+import random
+import tempfile
+
+import pytest
+import torch  # reads no environment variable below at import: transformers is imported later
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a hub miss otherwise hangs ~50 s
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-import random
-
-import pytest
-import torch
+# inductor's on-disk cache (torch 2.13) is not keyed by the kernel path ATen and MKL are told to take: code compiled
+# under ATEN_CPU_CAPABILITY=avx512 and loaded under avx2 computed garbage tokens or aborted here. A run that picks a
+# path (docs/design.md, testing) gets a cache of its own.
+_PATH = "-".join(os.environ.get(v, "") for v in ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")).strip("-")
+if _PATH and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_{_PATH.lower()}"
+    )
 
 
 def _corpus(n: int = 400, seed: int = 0) -> list[str]:

@@ -19,6 +19,7 @@ from prove.decode.proposers.draft import DraftProposer
 from prove.decode.rules.speculative import AsdState, asd_greedy
 
 from tests.decode.decode_helpers import hf_generate, mask_ids
+from tests.numerics import assert_caches_match
 
 # In-memory models have no prove.json: block methods warn that they take block_size as given.
 pytestmark = pytest.mark.filterwarnings("ignore:checkpoint .* records no trained block size")
@@ -131,9 +132,7 @@ def _check_draft_cache(runner, seq: list[int]) -> None:
     valid = runner.valid
     assert runner.cached == len(runner.fed) == valid <= len(seq) and runner.fed == seq[:valid]
     fresh = runner.model(torch.tensor([seq[:valid]]), use_cache=True).past_key_values
-    for mine, ref in zip(runner.cache.layers, fresh.layers, strict=True):
-        torch.testing.assert_close(mine.keys, ref.keys, atol=1e-5, rtol=1e-4)
-        torch.testing.assert_close(mine.values, ref.values, atol=1e-5, rtol=1e-4)
+    assert_caches_match(runner.cache.layers, fresh.layers, runner.model)
 
 
 @pytest.mark.parametrize("kind", ["equal", "partly"])

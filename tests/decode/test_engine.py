@@ -12,6 +12,7 @@ from prove.decode.methods import Method, get_method
 from prove.decode.proposers import Proposal
 
 from tests.decode.decode_helpers import hf_generate, mask_ids
+from tests.numerics import assert_caches_match, assert_logits_match
 
 # In-memory models have no prove.json: the Decoder warns that it takes block_size as given.
 pytestmark = pytest.mark.filterwarnings("ignore:checkpoint .* records no trained block size")
@@ -178,15 +179,13 @@ def _check_cache(runner, seq: list[int]) -> None:
     assert runner.fed == seq[:valid]
     kw = runner._cache_kw  # the cache's name in this transformers (`cache` in 5.24, `past_key_values` before)
     fresh = getattr(model(torch.tensor([seq[:valid]]), use_cache=True), kw)
-    for mine, ref in zip(runner.cache.layers, fresh.layers, strict=True):
-        torch.testing.assert_close(mine.keys, ref.keys, atol=1e-5, rtol=1e-4)
-        torch.testing.assert_close(mine.values, ref.values, atol=1e-5, rtol=1e-4)
+    assert_caches_match(runner.cache.layers, fresh.layers, runner.model)
     if valid < len(seq):  # continuing from the cache gives the logits of a fresh full forward
         cache = copy.deepcopy(runner.cache)
         pos = torch.arange(valid, len(seq))[None]
         cont = model(torch.tensor([seq[valid:]]), **{kw: cache}, position_ids=pos, use_cache=True).logits
         full = model(torch.tensor([seq])).logits
-        torch.testing.assert_close(cont[0, -1], full[0, -1], atol=1e-4, rtol=1e-4)
+        assert_logits_match(cont[0, -1], full[0, -1], model)
 
 
 @pytest.mark.parametrize("method", ["ar", "mars", "prove", "prove-lossless"])
@@ -303,7 +302,7 @@ def test_a_pass_after_seq_was_fed_reuses_the_row_after_it(lm, prompts):
     widths, handle = _widths(lm)
     try:
         for (s, e, width), ref in zip(steps, fresh, strict=True):
-            torch.testing.assert_close(runner.forward(s, e), ref, atol=1e-4, rtol=1e-4)
+            assert_logits_match(runner.forward(s, e), ref, lm)
             assert width is None or widths[-1] == width
             assert runner.fed[: len(s)] == s and runner.fed[len(s) :] == e
     finally:

@@ -30,6 +30,7 @@ from prove.decode.methods import get_method
 
 from tests.decode.decode_helpers import hf_generate, mask_ids
 from tests.decode.test_engine import _check_cache
+from tests.numerics import assert_logits_match
 
 pytestmark = pytest.mark.filterwarnings("ignore:checkpoint .* records no trained block size")
 
@@ -386,11 +387,13 @@ def test_group_j_equals_a_block_pass_from_the_context_ending_at_y_j(
     L = len(ctx)
     with torch.no_grad():
         plain = lm(torch.tensor([ctx + ys])).logits[0]
-        torch.testing.assert_close(out[: k + 1], plain[L - 1 :], atol=1e-4, rtol=1e-4)
+        assert_logits_match(out[: k + 1], plain[L - 1 :], lm, context=len(ctx) + out.shape[0])
         for j, start, m in lay.groups:
             block = lm(torch.tensor([ctx + ys[:j] + [mask_id] * (K - 1)])).logits[0]  # the block pass
-            torch.testing.assert_close(out[j], block[L + j - 1], atol=1e-4, rtol=1e-4)  # position 1
-            torch.testing.assert_close(out[1 + start : 1 + start + m], block[L + j :], atol=1e-4, rtol=1e-4)
+            assert_logits_match(out[j], block[L + j - 1], lm, context=len(ctx) + out.shape[0])  # position 1
+            assert_logits_match(
+                out[1 + start : 1 + start + m], block[L + j :], lm, context=len(ctx) + out.shape[0]
+            )
 
 
 def test_one_runner_reuses_a_tree_at_other_cache_lengths_and_pending_counts(lm, tokenizer, prompts):
@@ -408,11 +411,11 @@ def test_one_runner_reuses_a_tree_at_other_cache_lengths_and_pending_counts(lm, 
         out = runner.forward_tree(seq, extra, offsets=lay.offsets, attend=lay.attend, chain=len(ys))
         with torch.no_grad():
             plain = lm(torch.tensor([seq + ys])).logits[0]
-            torch.testing.assert_close(out[: len(ys) + 1], plain[end - 1 :], atol=1e-4, rtol=1e-4)
+            assert_logits_match(out[: len(ys) + 1], plain[end - 1 :], lm, context=len(seq) + out.shape[0])
             for j, start, size in lay.groups:
                 block = lm(torch.tensor([seq + ys[:j] + [mask_id] * size])).logits[0]
-                torch.testing.assert_close(
-                    out[1 + start : 1 + start + size], block[end + j :], atol=1e-4, rtol=1e-4
+                assert_logits_match(
+                    out[1 + start : 1 + start + size], block[end + j :], lm, context=len(seq) + out.shape[0]
                 )
 
 
@@ -431,17 +434,21 @@ def test_the_branch_is_a_plain_pass_and_its_group_a_block_pass_after_it(make_lm,
     out = runner.forward_tree(ctx, extra, offsets=lay.offsets, attend=lay.attend, chain=k)
     L = len(ctx)
     with torch.no_grad():
-        torch.testing.assert_close(
-            out[: k + 1], lm(torch.tensor([ctx + ys])).logits[0, L - 1 :], atol=1e-4, rtol=1e-4
+        assert_logits_match(
+            out[: k + 1], lm(torch.tensor([ctx + ys])).logits[0, L - 1 :], lm, context=len(ctx) + out.shape[0]
         )
         along = lm(torch.tensor([ctx + path])).logits[0]
-        torch.testing.assert_close(out[1 + k : 1 + k + (k - b)], along[L + b :], atol=1e-4, rtol=1e-4)
+        assert_logits_match(out[1 + k : 1 + k + (k - b)], along[L + b :], lm, context=len(ctx) + out.shape[0])
         start, m = lay.branch_group
         block = lm(torch.tensor([ctx + path + [mask_id] * (K - 1)])).logits[0]
-        torch.testing.assert_close(out[1 + start : 1 + start + m], block[L + k :], atol=1e-4, rtol=1e-4)
+        assert_logits_match(
+            out[1 + start : 1 + start + m], block[L + k :], lm, context=len(ctx) + out.shape[0]
+        )
         for j, start, m in lay.groups:
             block = lm(torch.tensor([ctx + ys[:j] + [mask_id] * (K - 1)])).logits[0]
-            torch.testing.assert_close(out[1 + start : 1 + start + m], block[L + j :], atol=1e-4, rtol=1e-4)
+            assert_logits_match(
+                out[1 + start : 1 + start + m], block[L + j :], lm, context=len(ctx) + out.shape[0]
+            )
 
 
 # -- decoding: identical to greedy, one pass per cycle ------------------------------------------------------------

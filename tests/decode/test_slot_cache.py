@@ -10,6 +10,8 @@ from prove.decode.engine import tree_attention_bias
 from prove.decode.slot_cache import SlotCache, linear_mask, tree_mask, unsupported_reason
 from transformers import DynamicCache
 
+from tests.numerics import assert_logits_match
+
 CAP = 48
 
 
@@ -61,13 +63,13 @@ def test_slot_cache_equals_dynamic_cache_on_linear_and_rejected_passes(make_lm, 
     dyn, slot = DynamicCache(config=model.config), SlotCache.for_model(model, CAP)
     ref = _dyn(model, dyn, prompt[:-1], list(range(6)))
     got = _linear(model, slot, prompt[:-1], 0)
-    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    assert_logits_match(got, ref, model, context=CAP)
     _garbage(slot, 6, seed=1)
     # a draft pass over [pending, d1..d4] at positions 6..10
     draft = [prompt[-1], 30, 31, 32, 33]
     ref = _dyn(model, dyn, draft, list(range(6, 11)))
     got = _linear(model, slot, draft, 6)
-    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    assert_logits_match(got, ref, model, context=CAP)
     # accept pending + d1 + d2: the DynamicCache crops 2, the slot cache only moves its length to 9
     dyn.crop(-2)
     slot.length = 9
@@ -75,7 +77,7 @@ def test_slot_cache_equals_dynamic_cache_on_linear_and_rejected_passes(make_lm, 
     nxt = [50, 51, 52]
     ref = _dyn(model, dyn, nxt, list(range(9, 12)))
     got = _linear(model, slot, nxt, 9)
-    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    assert_logits_match(got, ref, model, context=CAP)
     assert torch.isfinite(got).all()
 
 
@@ -108,8 +110,8 @@ def test_slot_cache_equals_dynamic_cache_on_a_tree_pass_and_the_gated_copy(make_
     ref_main = _dyn(model, ref_dyn, [c, y1, y2], [L, L + 1, L + 2])
     ref_dyn.crop(-2)
     ref_branch = _dyn(model, ref_dyn, [z, y2], [L + 1, L + 2])
-    torch.testing.assert_close(got[:3], ref_main, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(got[3:], ref_branch, atol=1e-5, rtol=1e-5)
+    assert_logits_match(got[:3], ref_main, model, context=CAP)
+    assert_logits_match(got[3:], ref_branch, model, context=CAP)
     # accept c, z, y2' (the branch): copy slots L+3, L+4 → L+1, L+2; a third pair (gated off) must not move
     slot.gated_copy(
         torch.tensor([L + 3, L + 4, L + 2]),
@@ -121,7 +123,7 @@ def test_slot_cache_equals_dynamic_cache_on_a_tree_pass_and_the_gated_copy(make_
     nxt = [70, 71]
     got = _linear(model, slot, nxt, L + 3)
     ref = _dyn(model, ref_dyn, nxt, [L + 3, L + 4])
-    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    assert_logits_match(got, ref, model, context=CAP)
 
 
 def test_gated_copy_moves_only_gated_pairs():

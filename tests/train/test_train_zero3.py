@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from tests.numerics import assert_logits_match
 from tests.train.helpers import tiny_overrides, torchrun, train_config, write_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -93,7 +94,9 @@ def test_zero3_two_process_mars_checkpoint_matches_in_memory_model(
     ).eval()  # a plain HF dir: the 16-bit weights were gathered
     with torch.no_grad():
         logits = model(input_ids=ref["input_ids"]).logits
-    torch.testing.assert_close(logits, ref["logits"], rtol=1e-4, atol=1e-4)
+    assert_logits_match(
+        logits, ref["logits"], model
+    )  # the worker's pass under ZeRO-3 against the saved model's
     before = AutoModelForCausalLM.from_pretrained(sft)
     assert not torch.equal(before.model.embed_tokens.weight, model.model.embed_tokens.weight)
 
@@ -138,9 +141,7 @@ def test_zero3_two_process_lora_leaves_a_merged_checkpoint_that_decodes(tmp_path
     sft = tmp_path / "sft"
     merged = AutoModelForCausalLM.from_pretrained(mars).eval()
     with torch.no_grad():
-        torch.testing.assert_close(
-            merged(input_ids=ref["input_ids"]).logits, ref["logits"], rtol=1e-4, atol=1e-4
-        )
+        assert_logits_match(merged(input_ids=ref["input_ids"]).logits, ref["logits"], merged)
         before = AutoModelForCausalLM.from_pretrained(sft).eval()(input_ids=ref["input_ids"]).logits
     assert not torch.allclose(before, ref["logits"], atol=1e-4)  # the adapter trained: not the base model
     meta_eval = meta["eval"]
@@ -155,7 +156,7 @@ def test_zero3_two_process_lora_leaves_a_merged_checkpoint_that_decodes(tmp_path
             last.eval()(input_ids=x).logits,
             merged(input_ids=x).logits,
         )
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert_logits_match(got, want, merged)
     assert not torch.allclose(got, other, atol=1e-4)
     dec = Decoder.from_pretrained(str(mars), method="prove-lossless")
     res = dec.generate([{"role": "user", "content": "Ana has 3 apples. How many?"}], max_new_tokens=6)

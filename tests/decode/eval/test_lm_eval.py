@@ -21,6 +21,8 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from prove.decode.eval.cli import EvalConfig  # noqa: E402
 from prove.decode.eval.model import ProveLM, compare_methods, task_manager  # noqa: E402
 
+from tests.numerics import fp32_tol, model_reduction  # noqa: E402
+
 N_DOCS = 8
 MAX_GEN = 16
 
@@ -126,13 +128,18 @@ def test_loglikelihood_equals_direct_computation(checkpoint):
     reqs = [Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)]
     got = lm.loglikelihood(reqs, disable_tqdm=True)
 
-    def direct(ctx_ids: list[int], cont_ids: list[int]) -> tuple[float, bool]:
+    def direct(ctx_ids: list[int], cont_ids: list[int]) -> tuple[float, bool, float]:
+        """The log-likelihood from one unbatched pass, the greedy flag, and how far a batched (padded) pass may
+        lie from it: each log-probability within twice the logits' fp32 bound (tests/numerics.py)."""
         ids = torch.tensor([ctx_ids + cont_ids])
         with torch.no_grad():
-            logp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)
+            logits = model(ids).logits[0, :-1].float()
+        logp = torch.log_softmax(logits, -1)
         rows = logp[len(ctx_ids) - 1 :]
         target = torch.tensor(cont_ids)
-        return float(rows.gather(1, target[:, None]).sum()), bool((rows.argmax(-1) == target).all())
+        n, d = model_reduction(model)
+        tol = 2 * len(cont_ids) * fp32_tol(logits, reduction=max(n, ids.shape[1]), depth=d)
+        return float(rows.gather(1, target[:, None]).sum()), bool((rows.argmax(-1) == target).all()), tol
 
     for (ctx, cont), (ll, greedy) in zip(pairs, got, strict=True):
         if ctx:
@@ -140,14 +147,15 @@ def test_loglikelihood_equals_direct_computation(checkpoint):
             cont_ids = tokenizer.encode(ctx + cont)[len(ctx_ids) :]
         else:  # empty context: conditioned on the EOS token (the tokenizer has no BOS), as lm-eval does
             ctx_ids, cont_ids = [tokenizer.eos_token_id], tokenizer.encode(cont)
-        want_ll, want_greedy = direct(ctx_ids, cont_ids)
-        assert ll == pytest.approx(want_ll, abs=1e-4) and greedy == want_greedy
+        want_ll, want_greedy, tol = direct(ctx_ids, cont_ids)
+        assert ll == pytest.approx(want_ll, abs=tol) and greedy == want_greedy
 
     text = "Dev has 9 pens and gets 1 more."
     (rolling,) = lm.loglikelihood_rolling(
         [Instance("loglikelihood_rolling", {}, (text,), 0)], disable_tqdm=True
     )
-    assert rolling == pytest.approx(direct([tokenizer.eos_token_id], tokenizer.encode(text))[0], abs=1e-4)
+    want_ll, _, tol = direct([tokenizer.eos_token_id], tokenizer.encode(text))
+    assert rolling == pytest.approx(want_ll, abs=tol)
 
 
 def test_eval_config_composes(tmp_path):
