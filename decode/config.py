@@ -247,6 +247,10 @@ class DecodeConfig(DecodeParams):
     """torch device, e.g. ``cuda`` or ``cuda:1``."""
     dtype: str = "float32"
     """Weights dtype: float32, bfloat16, float16, or auto (the checkpoint's)."""
+    cache_len: int | None = None
+    """The fast path's KV slots, fixed (a prompt + ``max_new_tokens`` it cannot hold is refused under ``fast=true``
+    and decoded on the reference path under auto). ``None``: start at min(max_position_embeddings, 4096) and grow
+    as a request needs. A pass attends the slots in use either way."""
     backend: str = "engine"
     """``engine`` (ours: every method) or ``vllm`` (ar, prove-lossless, sd, pard on vLLM, every prompt batched;
     ``vllm.*`` are its knobs)."""
@@ -258,6 +262,8 @@ class DecodeConfig(DecodeParams):
         super().__post_init__()
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens} must be ≥ 1")
+        if self.cache_len is not None and self.cache_len < 2:
+            raise ValueError(f"cache_len={self.cache_len} must be ≥ 2 (a prompt token and a new one), or null to grow")
         check_dtype(self.dtype, "dtype")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend={self.backend!r}: pick one of {', '.join(BACKENDS)}")

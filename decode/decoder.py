@@ -90,8 +90,10 @@ class Decoder:
 
     ``fast`` (``True``, ``False``, ``"auto"``; default auto) runs ``ar``, ``prove-lossless`` (fused or not),
     ``sd`` (greedy or sampled), greedy ``prove``, ``pard`` and ``asd`` on the fast path (``prove.decode.fast``: a
-    static slot cache of ``cache_len`` slots, default min(max_position_embeddings, 4096), CUDA graphs on CUDA);
-    auto takes it on CUDA only, and only after the slot cache agreed with ``DynamicCache`` on this model. Greedy
+    static slot cache, CUDA graphs on CUDA); auto takes it on CUDA only, and only after the slot cache agreed with
+    ``DynamicCache`` on this model. Its cache starts at min(max_position_embeddings, 4096) slots and grows when a
+    request needs more; ``cache_len`` fixes it (a request it cannot hold then takes the reference path under auto,
+    and is refused under ``fast=True``). A pass attends only the slots in use, whatever the allocation. Greedy
     tokens are the same either way; sampled ones follow the same distribution from other draws.
 
     ``compile=True`` (with the fast path) runs its regular cycle through ``torch.compile`` (inductor) before the CUDA
@@ -317,6 +319,7 @@ class Decoder:
             mask_token_id=mask_id,
             allowed=self.models.allowed,
             capacity=capacity,
+            growable=cache_len is None,
             fused=bool(self.params.fuse),
             compile=bool(self.params.compile),
         )
@@ -457,8 +460,13 @@ class Decoder:
             raise ValueError(
                 "on_cycle watches the reference loop: pass fast=false (or auto) to the Decoder to use it"
             )
-        if self.fast_engine is not None and on_cycle is None and self.fast_engine.serves(len(ids)):
-            new, stats = self.fast_engine.run(ids, stopper)
+        fast = self.fast_engine
+        if fast is not None and not fast.fits(len(ids), max_new_tokens) and self.params.fast is not True:
+            fast = (
+                None  # auto, with a cache_len fixed too short for this request: the reference loop serves it
+            )
+        if fast is not None and on_cycle is None and fast.serves(len(ids)):
+            new, stats = fast.run(ids, stopper)
             text = "" if tok is None else tok.decode(new, skip_special_tokens=True)
             return GenerationResult(token_ids=new, text=text, stats=stats)
         new, stats = engine.run(

@@ -61,7 +61,7 @@ from prove.decode.rules.twins import (
     prove_rule_twin,
     sd_sample_twin,
 )
-from prove.decode.slot_cache import SlotCache, linear_mask, slot_mask, unsupported_reason
+from prove.decode.slot_cache import SlotCache, bucket, linear_mask, slot_mask, unsupported_reason
 from transformers import DynamicCache
 
 FAST_METHODS = ("ar", "prove-lossless", "sd", "prove", "pard", "asd")
@@ -74,7 +74,9 @@ SAMPLED_METHODS = ("ar", "sd")
 """The methods the fast path also runs with temperature > 0."""
 
 DEFAULT_CACHE_LEN = 4096
-"""Slots the fast path allocates unless ``cache_len`` says otherwise (capped by ``max_position_embeddings``)."""
+"""Slots the fast path allocates first unless ``cache_len`` says otherwise (capped by ``max_position_embeddings``);
+a request that needs more grows the cache (``FastEngine.growable``). A pass attends only the slots in use
+(``slot_cache.bucket``), so the allocation costs memory, not time."""
 
 
 def why_not(method: Any, params: Any, model: Any, second: Any = None) -> str | None:
@@ -103,8 +105,10 @@ class FastEngine:
     ``block_draft``) or greedy ``asd`` (``draft``, ``asd``); ar and sd sample when ``temperature`` > 0 (with
     ``top_k`` / ``top_p``, drawing from ``generator``).
 
-    ``capacity`` slots are allocated once per model; a request needs about prompt + max_new_tokens of them, plus
-    the scratch its last cycles write past the budget (``slots_needed``). ``graphs`` (default: on CUDA) captures
+    ``capacity`` slots are allocated per model; a request needs about prompt + max_new_tokens of them, plus the
+    scratch its last cycles write past the budget (``slots_needed``). ``growable``: a request that needs more
+    reallocates the caches at the next power of two (else it is refused with the ``cache_len`` that fits). Each pass
+    attends the slots in use rounded up to a power of two (``SlotCache.view``), set by the host before each launch. ``graphs`` (default: on CUDA) captures
     the regular cycle as a CUDA graph the first time it runs."""
 
     def __init__(
@@ -127,6 +131,7 @@ class FastEngine:
         generator: torch.Generator | None = None,
         asd: dict[str, Any] | None = None,
         compile: bool = False,
+        growable: bool = False,
     ) -> None:
         self.model = model
         self.draft = draft
@@ -182,8 +187,11 @@ class FastEngine:
         )  # a sampled cycle's draws: u[:K] the draft's, u[K:] the rule's k + 1
         if fused:
             self._tree_constants(block_size)
+        self.growable = growable
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
-        self._graph: Any = None
+        self._graphs: dict[int, Any] = {}
+        """The regular cycle's CUDA graph for each view (bucket) it ran at: captured once, reused across requests."""
+        self._graph: Any = None  # the last one replayed (``replay_ms`` times it)
         self._regular: Any = self.step
         self.compiled = compile
         """The regular cycle runs through ``torch.compile`` (inductor): compiled on its first call (the capture's
@@ -203,6 +211,7 @@ class FastEngine:
             "draft_passes": 0,
             "verifier_passes": 0,
             "compiles": 0,
+            "grows": 0,
         }
         self.pipeline = self.graphs
         """Launch cycle c + 1 before reading cycle c's record where the budget allows (default: with graphs)."""
@@ -252,7 +261,7 @@ class FastEngine:
         acceptance length (``prove.decode.fused``); the rule's twin picks n, and G_n's rows are the next proposal.
         The first cycle of a request carries nothing (``have`` = 0): n = 0, the pass's first row is an AR step and
         G_0 drafts. No host sync, fixed width."""
-        K, W, S = self.K, self.width, self.capacity
+        K, W, S = self.K, self.width, self.cache.view
         ids = torch.cat([self.last, self.carried, self.mask_fill.repeat(K)])  # (W,) = [c, y, G_0..G_{K−1}]
         slots = self.pos + torch.arange(W, device=self.device)  # chain at slot = position, groups after it
         self.cache.set_slots(slots)
@@ -307,11 +316,11 @@ class FastEngine:
         r, c = idx[:, None], idx[None, :]
         local = torch.where(r < P, c <= r, (c < self.npend) | ((c >= P) & (c <= r)))  # (W, W)
         local = torch.cat([local, local.new_zeros(W, 1)], 1)  # a last column of False: "not in the pass"
-        rel = torch.arange(self.capacity, device=self.device) - start  # (S,) a slot's index within the pass
+        model, cache = self._role(role)
+        rel = torch.arange(cache.view, device=self.device) - start  # (S,) a slot's index within the pass
         see = local.index_select(1, torch.where((rel >= 0) & (rel < W), rel, W)) | (rel < 0)[None, :]
         # the rows that propose: the last pending token's and the placeholders' (the LM head runs on these only)
         rows = torch.cat([(self.npend - 1).view(1), P + torch.arange(k - 1, device=self.device)])  # (k,)
-        model, cache = self._role(role)
         logits = self._logits(model, cache, ids, positions, slots, slot_mask(see, self.dtype), rows)
         return torch.softmax(self._on_target_vocab(logits, role), -1).max(-1)  # (k,), (k,)
 
@@ -429,7 +438,7 @@ class FastEngine:
         model, cache = self._role(role)
         w = ids.shape[0]
         positions = start + torch.arange(w, device=self.device)  # (W,)
-        mask = linear_mask(start, w, cache.capacity, self.dtype)
+        mask = linear_mask(start, w, cache.view, self.dtype)
         logits = self._logits(
             model, cache, ids, positions, positions, mask, rows
         )  # (rows, V or the draft's Vd)
@@ -511,6 +520,7 @@ class FastEngine:
         off. The captured graph is rebuilt."""
         self._inject = None if accepted is None else torch.tensor(list(accepted), device=self.device)
         self._inject_at.zero_()
+        self._graphs.clear()
         self._graph = None
 
     def wrap_step(self, wrapper: Any) -> None:
@@ -518,16 +528,31 @@ class FastEngine:
         ``fullgraph=True``, which fails on a host sync or a graph break, and recompiles made fatal)."""
         self._regular = wrapper(self.step)
 
-    def _launch(self, k: int) -> tuple[torch.Tensor, Any, int]:
-        """Start one cycle (replaying the captured graph for the regular width) and queue its record's copy to the
-        host; returns (host record, CUDA event or None, k). Nothing waits for the device here."""
+    def _caches(self) -> list[SlotCache]:
+        return [self.cache] + [
+            getattr(self, n) for n in ("draft_cache", "verifier_cache") if hasattr(self, n)
+        ]
+
+    def _view(self, used: int) -> None:
+        """Let the next passes attend slots 0..bucket(used)−1 of every cache (``used``: one past the highest slot
+        they read or write)."""
+        for cache in self._caches():
+            cache.view = bucket(min(used, cache.capacity), cache.capacity)
+
+    def _launch(self, k: int, used: int) -> tuple[torch.Tensor, Any, int]:
+        """Start one cycle that reads and writes slots below ``used`` (replaying the captured graph of the regular
+        width at its view) and queue its record's copy to the host; returns (host record, CUDA event or None, k).
+        Nothing waits for the device here."""
+        self._view(used)
         if (
             self.uniforms is not None
         ):  # a sampled cycle's draws, made on the device before the cycle reads them
             self.uniforms.uniform_(generator=self.generator)
         if k == self.K and self.graphs:
-            if self._graph is None:
-                self._graph = self._capture()
+            view = self.cache.view
+            if view not in self._graphs:
+                self._graphs[view] = self._capture()
+            self._graph = self._graphs[view]
             self._graph.replay()
             self.counters["graph_replays"] += 1
             record = self.record
@@ -618,7 +643,7 @@ class FastEngine:
         prefill and passes write every slot before a row may read it; the pending token and position are restored."""
         if self._graph is None:
             return None
-        repeats = min(repeats, (self.capacity - self._widest()) // (self.K + 1))
+        repeats = min(repeats, (self.cache.view - self._widest()) // (self.K + 1))
         saved = self._state()
         self.pos.zero_()
         torch.cuda.synchronize(self.device)
@@ -673,8 +698,21 @@ class FastEngine:
             furthest = max(furthest, last - 1 + ahead)
         return furthest + 1
 
+    def fits(self, prompt_len: int, max_new_tokens: int) -> bool:
+        """Whether this request runs here: its slots fit the caches, or they may grow."""
+        return self.growable or self.slots_needed(prompt_len, max_new_tokens) <= self.capacity
+
     def check_room(self, prompt_len: int, max_new_tokens: int) -> None:
+        """Make room for a request: grow the caches to the power of two that holds it (``growable``), else refuse a
+        request that does not fit with the ``cache_len`` that would."""
         need = self.slots_needed(prompt_len, max_new_tokens)
+        if need > self.capacity and self.growable:
+            self.capacity = max(need, 1 << (need - 1).bit_length())
+            for cache in self._caches():
+                cache.resize(self.capacity)
+            self._graphs.clear()  # new buffer addresses: captured graphs read the old ones
+            self._graph = None
+            self.counters["grows"] += 1
         if need > self.capacity:
             raise ValueError(
                 f"the prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) need {need} KV slots but "
@@ -685,6 +723,7 @@ class FastEngine:
     def prefill(self, prompt: Sequence[int]) -> None:
         """Eager: the prompt less its last token into slots 0..P−2; the last token becomes the pending one."""
         P = len(prompt)
+        self._view(P)
         if P > 1:
             ids = torch.tensor(prompt[:-1], dtype=torch.long, device=self.device)
             self._forward(ids, torch.zeros((), dtype=torch.long, device=self.device), 1)
@@ -728,8 +767,8 @@ class FastEngine:
         other kernels (fp32 is the exactness reference). A fused cycle keeps its tree the same way."""
         if len(prompt_ids) == 0:
             raise ValueError("the prompt is empty: give at least one token")
-        self.check_room(len(prompt_ids), stopper.max_new_tokens)
         start, start_s = dict(self.counters), self.cycle_s
+        self.check_room(len(prompt_ids), stopper.max_new_tokens)
         self._inject_at.zero_()  # an injected acceptance starts over with every request
         t0 = time.perf_counter()
         self.prefill(prompt_ids)
@@ -752,7 +791,9 @@ class FastEngine:
             # a full-width method runs the regular cycle whatever the budget, and the host cuts (see ``run``)
             width = self.K if self.cuts_on_host else k
             c0 = time.perf_counter()
-            launched = ahead if ahead is not None else self._launch(width)
+            pos = len(prompt_ids) - 1 + len(new)  # the pending token's slot, known here
+            fresh, far = self._reach()
+            launched = ahead if ahead is not None else self._launch(width, pos + fresh + 1)
             assert launched[2] == width, "a cycle launched ahead has another width than its turn's"
             # launch the next cycle before reading this one's record where its width is surely the regular one
             # (a full-width method's always; else where the budget leaves K whatever this one commits, ≤ K + 1
@@ -764,7 +805,7 @@ class FastEngine:
                 and width == self.K
                 and (left >= 2 if self.cuts_on_host else left >= 2 * self.K + 2)
             ):
-                ahead = self._launch(self.K)
+                ahead = self._launch(self.K, pos + far + 1)
             tokens = self._read(launched, k)
             self.cycle_s += time.perf_counter() - c0
             before = len(new)
@@ -835,10 +876,11 @@ def self_check(model: Any, *, tokens: int = 6, atol: float | None = None) -> str
     interface between the 5.x releases this project allows; this catches it when a Decoder is built."""
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
-    V = model.get_output_embeddings().weight.shape[0]
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, V, (2 * tokens,), generator=g).to(device)
     try:
+        head = model.get_output_embeddings()
+        V = head.weight.shape[0] if head is not None else int(model.config.vocab_size)
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, V, (2 * tokens,), generator=g).to(device)
         with torch.no_grad():
             dyn = DynamicCache(config=model.config)
             ref_a = model(input_ids=ids[None, :tokens], past_key_values=dyn, use_cache=True).logits[0]
@@ -863,6 +905,7 @@ def self_check(model: Any, *, tokens: int = 6, atol: float | None = None) -> str
                     past_key_values=cache,
                     attention_mask=mask,
                     use_cache=True,
+                    logits_to_keep=chunk.shape[0],  # as the engine calls it
                 ).logits[0]
 
             got_a = run(ids[:tokens], 0)

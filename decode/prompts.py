@@ -127,6 +127,7 @@ def run(cfg: DecodeConfig) -> Path:
         device=cfg.device,
         dtype=cfg.dtype,
         trace=cfg.trace,
+        cache_len=cfg.cache_len,
         **vars(cfg.params()),
     )
     return decode_prompts(

@@ -1,13 +1,13 @@
 """A static KV cache written at explicit slots (docs/design.md §3, "The fast path"): the fast path's cache.
 
 ``SlotCache`` is a ``transformers`` ``Cache`` whose layers preallocate their K/V (zeroed) for ``capacity``
-slots and write each pass's new entries at the slots the engine names (``set_slots``), never growing or
-cropping. The engine owns the valid length: rejecting a draft leaves the length where it was, and the next
-pass simply overwrites the stale slots. Positions come from ``position_ids`` alone, and the engine passes a
-float additive 4D mask over every slot (``slot_mask``), which transformers hands to the attention unchanged
-(``masking_utils`` returns a 4D mask as given), so any Hugging Face causal LM with full attention runs
-unmodified: its attention calls ``cache.update(k, v, layer_idx)``, gets back the whole buffers, and the mask
-hides every slot a row may not see.
+slots and write each pass's new entries at the slots the engine names (``set_slots``), never cropping (``resize`` reallocates it between requests). The engine owns the valid length: rejecting a draft leaves the length where it was, and the next
+pass simply overwrites the stale slots. Positions come from ``position_ids`` alone. A pass attends only the
+slots in use, rounded up to a power of two (``view``, ``bucket``): its attention calls ``cache.update(k, v,
+layer_idx)`` and gets back views of the first ``view`` slots, and the engine passes a float additive 4D mask over
+exactly those (``slot_mask``), which transformers hands to the attention unchanged (``masking_utils`` returns a 4D
+mask as given). So any Hugging Face causal LM with full attention runs unmodified, a pass costs the slots in use,
+not the slots allocated, and the mask hides every slot in the view a row may not see.
 
 Stale slots never poison a pass: the buffers start zeroed and only ever hold K/V a model computed (finite), a
 masked key gets probability exactly 0, and a pass's padding rows write only to scratch slots past the valid
@@ -61,6 +61,11 @@ class SlotLayer(CacheLayerMixin):
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.capacity, 0
 
+    def release(self) -> None:
+        """Drop the buffers (a ``SlotCache.resize``): the next write allocates them at the new capacity."""
+        self.keys = self.values = None
+        self.is_initialized = False
+
     def get_seq_length(self) -> int:
         raise RuntimeError("the engine owns a SlotCache's valid length: read SlotCache.length")
 
@@ -78,8 +83,20 @@ class SlotCache(Cache):
     def __init__(self, num_layers: int, capacity: int) -> None:
         super().__init__(layers=[SlotLayer(capacity) for _ in range(num_layers)])
         self.capacity = capacity
+        self.view = capacity
+        """Slots the next pass attends: 0..view−1 (``bucket``), the slots in use rounded up. A pass reads no slot
+        past it, whatever the buffers hold there, and its mask spans exactly these."""
         self.length = 0
         self.slots: torch.Tensor | None = None
+
+    def resize(self, capacity: int) -> None:
+        """Reallocate every layer for ``capacity`` slots (what they held is dropped: a request's prefill rewrites
+        every slot it reads). New buffer addresses: a CUDA graph captured on the old ones must be captured again."""
+        for layer in self.layers:
+            assert isinstance(layer, SlotLayer)
+            layer.release()
+            layer.capacity = capacity
+        self.capacity = self.view = capacity
 
     @classmethod
     def for_model(cls, model: Any, capacity: int) -> SlotCache:
@@ -97,13 +114,13 @@ class SlotCache(Cache):
         assert isinstance(layer, SlotLayer)
         layer.write(key_states, value_states, self.slots)
         assert layer.keys is not None and layer.values is not None
-        return layer.keys, layer.values
+        return layer.keys[:, :, : self.view], layer.values[:, :, : self.view]  # views: no copy
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.length
 
     def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
-        return self.capacity, 0
+        return self.view, 0
 
     def get_max_length(self) -> int:
         return self.capacity
@@ -136,6 +153,19 @@ class SlotCache(Cache):
                 moved = buf.index_select(2, src)  # (1, H, N, D)
                 kept = buf.index_select(2, dst)
                 buf.index_copy_(2, dst, torch.where(gate[None, None, :, None], moved, kept))
+
+
+MIN_BUCKET = 64
+"""The narrowest view a pass attends (``bucket``): below it a graph per width and bucket would buy nothing."""
+
+
+def bucket(used: int, capacity: int) -> int:
+    """The view of a pass whose highest slot is ``used`` − 1: the smallest power of two ≥ ``used`` (at least
+    ``MIN_BUCKET``), capped at ``capacity``. Powers of two keep the graphs and compiles one per (width, bucket) —
+    log₂(capacity / 64) buckets at most — for at most twice the attention reads of the slots in use."""
+    if used > capacity:
+        raise ValueError(f"a pass needs {used} slots of a {capacity}-slot cache")
+    return min(capacity, max(MIN_BUCKET, 1 << max(used - 1, 0).bit_length()))
 
 
 def slot_mask(

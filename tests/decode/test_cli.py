@@ -113,6 +113,11 @@ def test_the_documented_command_line_composes():
     ]
     with pytest.raises(ValueError, match="fast='yes': give true, false or auto"):
         config("model=M", "prompts=P", "output=O", "fast=yes")
+    # the fast path's cache: grown as needed by default, or fixed
+    assert config("model=M", "prompts=P", "output=O").cache_len is None
+    assert config("model=M", "prompts=P", "output=O", "cache_len=8192").cache_len == 8192
+    with pytest.raises(ValueError, match="cache_len=1 must be ≥ 2"):
+        config("model=M", "prompts=P", "output=O", "cache_len=1")
 
 
 def test_cli_end_to_end_lossless_equals_ar(checkpoints, prompt_file, tmp_path):

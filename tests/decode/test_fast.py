@@ -338,6 +338,36 @@ def test_self_check_refuses_a_model_the_slot_cache_breaks(lm, tokenizer):
         Decoder(broken, tokenizer, method="ar", fast=True)
 
 
+class NoHeadNoKeep(torch.nn.Module):
+    """A causal LM that exposes no output embeddings and takes no ``logits_to_keep`` (a remote-code model may do
+    either): the self-check must name it in one line, not crash the Decoder."""
+
+    def __init__(self, inner, *, head: bool) -> None:
+        super().__init__()
+        self.inner, self.config, self.head = inner, inner.config, head
+
+    def get_output_embeddings(self):
+        return self.inner.get_output_embeddings() if self.head else None
+
+    def get_input_embeddings(self):
+        return self.inner.get_input_embeddings()
+
+    def forward(
+        self, input_ids, past_key_values=None, position_ids=None, attention_mask=None, use_cache=True
+    ):
+        return self.inner(input_ids=input_ids, past_key_values=past_key_values, position_ids=position_ids,
+                          attention_mask=attention_mask, use_cache=use_cache)  # fmt: skip
+
+
+@pytest.mark.parametrize("head", [True, False])
+def test_self_check_names_a_model_without_logits_to_keep_or_a_head(lm, head):
+    from prove.decode.fast import self_check
+
+    reason = self_check(NoHeadNoKeep(lm, head=head))
+    assert reason is not None and reason.startswith("the slot cache failed on this model (TypeError")
+    assert "logits_to_keep" in reason and "\n" not in reason
+
+
 @pytest.mark.parametrize("k", [4, 16])
 @pytest.mark.parametrize("draft_name", ["same", "other"])
 def test_greedy_sd_fast_path_equals_generate_and_the_reference_loop(request, k, draft_name, echo_lm, lm, prompts,
@@ -538,3 +568,27 @@ def test_compile_true_runs_the_compiled_cycle_exactly_and_compiles_once(mode, ec
             compiles.append(out.stats.fast["compiles"])
     assert compiles[0] >= 1 and compiles[1:] == [0] * (len(compiles) - 1), compiles
     assert dec.fast_engine.compile_s > 0
+
+
+def test_a_request_past_the_default_cache_grows_it(make_lm, tokenizer, prompts):
+    """The default cache (cache_len unset) grows to the next power of two for a request that needs more, and the
+    tokens stay transformers' greedy ones; a cache_len the user fixed refuses under fast=true (above) and leaves
+    the request to the reference loop under auto. Fails if a default Decoder refuses a request within the model's
+    context, or if the grown cache keeps a graph or buffer of the old one."""
+    import dataclasses
+
+    model = make_lm(seed=7, std=0.12)
+    model.config.max_position_embeddings = 80  # the default cache: min(80, 4096) slots
+    dec = Decoder(model, tokenizer, method="prove-lossless", block_size=4, fuse=True, fast=True)
+    assert dec.fast_engine.capacity == 80 and dec.fast_engine.growable
+    p = (prompts[3] * 2)[:70]
+    out = dec.generate(p, max_new_tokens=10, eos_token_id=[])  # 80 positions, the tree's scratch past them
+    assert out.token_ids == hf_generate(model, p, 10, suppress=mask_ids(tokenizer))
+    assert out.stats.fast["grows"] == 1 and dec.fast_engine.capacity == 128
+    again = dec.generate(p[:60], max_new_tokens=20, eos_token_id=[])
+    assert again.token_ids == hf_generate(model, p[:60], 20, suppress=mask_ids(tokenizer))
+    assert again.stats.fast["grows"] == 0
+    fixed = Decoder(model, tokenizer, method="ar", fast=True, cache_len=12)
+    fixed.params = dataclasses.replace(fixed.params, fast=None)  # auto (which a CPU never takes on its own)
+    res = fixed.generate(prompts[0][:4], max_new_tokens=10, eos_token_id=[])
+    assert res.stats.fast is None and res.token_ids == hf_generate(model, prompts[0][:4], 10)
