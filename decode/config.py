@@ -263,7 +263,9 @@ class DecodeConfig(DecodeParams):
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens} must be ≥ 1")
         if self.cache_len is not None and self.cache_len < 2:
-            raise ValueError(f"cache_len={self.cache_len} must be ≥ 2 (a prompt token and a new one), or null to grow")
+            raise ValueError(
+                f"cache_len={self.cache_len} must be ≥ 2 (a prompt token and a new one), or null to grow"
+            )
         check_dtype(self.dtype, "dtype")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend={self.backend!r}: pick one of {', '.join(BACKENDS)}")
