@@ -61,7 +61,7 @@ from prove.decode.rules.twins import (
     prove_rule_twin,
     sd_sample_twin,
 )
-from prove.decode.slot_cache import SlotCache, bucket, linear_mask, slot_mask, unsupported_reason
+from prove.decode.slot_cache import SlotCache, bucket, linear_mask, native_gqa, slot_mask, unsupported_reason
 from transformers import DynamicCache
 
 FAST_METHODS = ("ar", "prove-lossless", "sd", "prove", "pard", "asd")
@@ -747,8 +747,14 @@ class FastEngine:
         if self.fused:
             self.have.zero_()
 
-    @torch.no_grad()
     def run(self, prompt_ids: Sequence[int], stopper: Stopper) -> tuple[list[int], Stats]:
+        """Decode one request (``_run``) with an sdpa model's passes under ``slot_cache.grouped_sdpa``: grouped-query
+        attention native, no copy of the cache's view per layer and pass."""
+        models = [m for m in (self.model, self.draft, self.verifier) if m is not None]
+        with torch.no_grad(), native_gqa(*models):
+            return self._run(prompt_ids, stopper)
+
+    def _run(self, prompt_ids: Sequence[int], stopper: Stopper) -> tuple[list[int], Stats]:
         """Decode one request; the new tokens and its stats (``Stats.fast`` holds the path's counters).
 
         The last cycles. The reference loop narrows a cycle's block to what the token budget allows, k = min(K,

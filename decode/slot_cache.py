@@ -18,6 +18,8 @@ only where its gate is set, so the copy has one shape whatever was accepted.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -197,6 +199,68 @@ def tree_mask(
     see = (pos[None, :] < valid).expand(local.shape[0], capacity).clone()
     see[:, slots] |= local
     return slot_mask(see, dtype)
+
+
+GROUPED_SDPA = "prove_grouped_sdpa"
+"""The attention implementation the fast path runs an sdpa model's passes under (``grouped_sdpa``)."""
+
+
+def grouped_sdpa(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """sdpa with grouped-query attention kept native under a mask: the g = H / H_kv query heads that share a K/V
+    head are folded into its rows (query (B, H, W, D) → (B, H_kv, g·W, D), the mask repeated g times along the rows),
+    so one sdpa call reads each K/V head once. transformers' sdpa instead repeats every K/V head g times whenever a
+    mask is given (``repeat_kv``: a copy of the cache's view in every layer, every pass). Exact attention either way;
+    anything else (no mask, a per-head mask, no grouping, dropout) goes to transformers' sdpa unchanged.
+
+    Returns (B, W, H, D), as transformers' attention functions do."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    b, h, w, d = query.shape
+    hkv = key.shape[1]
+    g = h // hkv
+    if attention_mask is None or attention_mask.dim() != 4 or attention_mask.shape[1] != 1 or g == 1 or dropout:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
+    s = key.shape[2]
+    q = query.reshape(b, hkv, g * w, d)  # head i·g + j → K/V head i, rows j·W..j·W+W−1
+    mask = attention_mask[..., :s][:, :, None].expand(attention_mask.shape[0], 1, g, w, s)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, key, value, attn_mask=mask.reshape(-1, 1, g * w, s), scale=scaling
+    )  # (B, H_kv, g·W, D)
+    return out.reshape(b, h, w, d).transpose(1, 2).contiguous(), None
+
+
+def _register_grouped_sdpa() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)
+    AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)
+
+
+@contextmanager
+def native_gqa(*models: Any) -> Iterator[None]:
+    """Run the ``models`` whose attention is sdpa under ``grouped_sdpa`` inside the block (transformers' own hook:
+    a registered attention implementation), and put sdpa back after it. Eager models are left as they are."""
+    _register_grouped_sdpa()
+    switched = [m.config for m in models if getattr(m.config, "_attn_implementation", None) == "sdpa"]
+    for cfg in switched:
+        cfg._attn_implementation = GROUPED_SDPA
+    try:
+        yield
+    finally:
+        for cfg in switched:
+            cfg._attn_implementation = "sdpa"
 
 
 def unsupported_reason(config: Any) -> str | None:

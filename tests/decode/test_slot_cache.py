@@ -10,7 +10,7 @@ from prove.decode.engine import tree_attention_bias
 from prove.decode.slot_cache import SlotCache, linear_mask, tree_mask, unsupported_reason
 from transformers import DynamicCache
 
-from tests.numerics import assert_logits_match
+from tests.numerics import assert_logits_match, assert_same_function
 
 CAP = 48
 
@@ -151,3 +151,41 @@ def test_unsupported_models_are_named():
     assert "flash_attention_2" in (unsupported_reason(flash) or "")
     dyn = LlamaConfig(num_hidden_layers=2, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
     assert "dynamic" in (unsupported_reason(dyn) or "")
+
+
+def test_grouped_sdpa_equals_sdpa_and_copies_no_kv_head(make_lm, monkeypatch):
+    """``grouped_sdpa`` (the query heads of a K/V head folded into its rows) equals transformers' sdpa under a
+    slot mask, and an sdpa model under ``native_gqa`` never repeats its K/V heads (transformers' ``repeat_kv``).
+    Fails if the fold pairs a query head with the wrong K/V head, repeats the mask in the wrong order, or if the
+    switch does not take (or is not undone)."""
+    from prove.decode.slot_cache import GROUPED_SDPA, grouped_sdpa, native_gqa
+    from transformers.integrations import sdpa_attention
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (
+        torch.randn(1, 6, 5, 8, generator=g),
+        torch.randn(1, 2, 20, 8, generator=g),
+        torch.randn(1, 2, 20, 8),
+    )
+    mask = linear_mask(torch.tensor(11), 5, 20, torch.float32)  # (1, 1, 5, 20): 11 valid slots, then the pass
+    layer = torch.nn.Module()
+    layer.num_key_value_groups, layer.is_causal = 3, True
+    got, _ = grouped_sdpa(layer, q, k, v, mask, scaling=0.3)
+    want, _ = sdpa_attention_forward(layer, q, k, v, mask, scaling=0.3)
+    assert got.shape == want.shape == (1, 5, 6, 8)
+    assert_same_function(got, want, reduction=20, depth=2, argmax=False)
+
+    model = make_lm(seed=3, attn="sdpa")
+    repeats = []
+    real = sdpa_attention.repeat_kv
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda h, n: repeats.append(n) or real(h, n))
+    cache = SlotCache.for_model(model, CAP)
+    with torch.no_grad(), native_gqa(model):
+        assert model.config._attn_implementation == GROUPED_SDPA
+        got = _linear(model, cache, [5, 17, 40, 9], 0)
+    assert repeats == [] and model.config._attn_implementation == "sdpa"
+    with torch.no_grad():
+        want = _linear(model, SlotCache.for_model(model, CAP), [5, 17, 40, 9], 0)
+    assert repeats  # plain sdpa under a mask does repeat them
+    assert_logits_match(got, want, model, context=CAP)
