@@ -6,8 +6,8 @@
     .venv/bin/python tools/bench_fast_paths.py --model runs/smollm2-r5/round-5/mars \\
         --prompts runs/data/smollm2-mix/test.jsonl --chat
 
-The fast rows get a cache of ``--cache-len`` slots (a pass attends every slot: the Decoder's default, 4096, makes a
-CPU pass attend 4096 keys). The first prompt is a warm-up (and the compile) and is not timed. A benchmark, not a
+The fast rows get the Decoder's default cache (min(max_position_embeddings, 4096) slots, grown as needed), or
+``--cache-len`` slots fixed; a pass attends the slots in use either way. The first prompt is a warm-up (and the compile) and is not timed. A benchmark, not a
 test: the times depend on the machine and its load; run it alone.
 """
 
@@ -34,7 +34,7 @@ def measure(
     *,
     methods: Sequence[str],
     paths: Sequence[str],
-    cache_len: int,
+    cache_len: int | None,
     max_new_tokens: int,
     repeats: int,
 ) -> list[dict[str, Any]]:
@@ -44,7 +44,7 @@ def measure(
         ref: list[list[int]] | None = None
         for path in paths:
             kw = dict(PATHS[path], method=method)
-            if kw["fast"]:
+            if kw["fast"] and cache_len:
                 kw["cache_len"] = cache_len
             t0 = time.perf_counter()
             dec = build(**kw)
@@ -101,7 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--methods", default="ar,prove-lossless")
     ap.add_argument("--paths", default="reference,fast,compiled", help=f"of {','.join(PATHS)}")
-    ap.add_argument("--cache-len", type=int, default=512, help="the fast rows' KV slots (512)")
+    ap.add_argument(
+        "--cache-len", type=int, default=0, help="the fast rows' KV slots, fixed (0: the Decoder's default, grown)"
+    )
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2, help="passes over the prompts; the fastest counts (2)")
     ap.add_argument("--chat", action="store_true", help="wrap raw prompts in the chat template")

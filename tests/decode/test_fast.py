@@ -549,7 +549,8 @@ def test_greedy_asd_fast_path_equals_the_reference_loop(k, echo_lm, prompts, tok
 def test_compile_true_runs_the_compiled_cycle_exactly_and_compiles_once(mode, echo_lm, tokenizer, prompts):
     """``compile=true``: the regular cycle through inductor (C++ kernels on the CPU). Fails if the flag does not
     reach the engine (nothing compiled), if a later request recompiles the cycle (a guard on something that
-    changes per request: the prompt's length, the pending token, a Python int), or if the compiled cycle commits
+    changes per request: the prompt's length, the pending token, a Python int) or a view (bucket) compiles twice, or
+    if the compiled cycle commits
     other tokens than the reference loop, EOS inside a block included (fp32: fused kernels round alike here)."""
     kw = (
         {"method": "ar"}
@@ -568,6 +569,12 @@ def test_compile_true_runs_the_compiled_cycle_exactly_and_compiles_once(mode, ec
             compiles.append(out.stats.fast["compiles"])
     assert compiles[0] >= 1 and compiles[1:] == [0] * (len(compiles) - 1), compiles
     assert dec.fast_engine.compile_s > 0
+    # a request whose slots in use cross from the 64-slot view to the 128-slot one: one compile for the new view,
+    # none when a request crosses it again (one compile per width and view)
+    long = (prompts[3] * 2)[:60]
+    crossed = [dec.generate(long, max_new_tokens=N, eos_token_id=[]) for _ in range(2)]
+    assert crossed[0].token_ids == ref.generate(long, max_new_tokens=N, eos_token_id=[]).token_ids
+    assert [c.stats.fast["compiles"] for c in crossed] == [1, 0] and dec.fast_engine.cache.view == 128
 
 
 def test_a_request_past_the_default_cache_grows_it(make_lm, tokenizer, prompts):
