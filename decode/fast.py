@@ -61,7 +61,15 @@ from prove.decode.rules.twins import (
     prove_rule_twin,
     sd_sample_twin,
 )
-from prove.decode.slot_cache import SlotCache, bucket, linear_mask, native_gqa, slot_mask, unsupported_reason
+from prove.decode.slot_cache import (
+    SlotCache,
+    attention_window,
+    bucket,
+    linear_see,
+    native_gqa,
+    pass_mask,
+    unsupported_reason,
+)
 from transformers import DynamicCache
 
 FAST_METHODS = ("ar", "prove-lossless", "sd", "prove", "pard", "asd")
@@ -92,10 +100,18 @@ def why_not(method: Any, params: Any, model: Any, second: Any = None) -> str | N
         return f"{method.name} runs its own draft model only"
     if params.draft_threshold:
         return "draft_threshold cuts proposals to varying widths (draft_threshold=0)"
+    K = params.block_size or params.k or 0
+    span = K * K + K if params.fuse else 2 * K + 2  # the furthest a pass's entries lie from one of its rows
     for role, m in (("model", model), ("verifier" if method.name == "prove" else "draft", second)):
         reason = None if m is None else unsupported_reason(m.config)
         if reason is not None:
             return f"the {role} cannot use the slot cache: {reason}"
+        window = None if m is None else attention_window(m.config)[0]
+        if window is not None and window <= span:
+            return (
+                f"the {role}'s sliding window ({window}) is not wider than a pass's span ({span} positions at "
+                f"K = {K}); a smaller block_size"
+            )
     return None
 
 
@@ -270,11 +286,12 @@ class FastEngine:
         see = (
             torch.index_select(self.tree_local, 1, torch.where(inside, rel, W)) | (rel < 0)[None, :]
         )  # (W, S)
+        positions = self.pos + self.tree_pos  # (W,)
         out = self.model(
             input_ids=ids[None],
-            position_ids=(self.pos + self.tree_pos)[None],
+            position_ids=positions[None],
             past_key_values=self.cache,
-            attention_mask=slot_mask(see, self.dtype),
+            attention_mask=pass_mask(self.model.config, see, positions, self.dtype),
             use_cache=True,
             logits_to_keep=W,
         )
@@ -321,7 +338,8 @@ class FastEngine:
         see = local.index_select(1, torch.where((rel >= 0) & (rel < W), rel, W)) | (rel < 0)[None, :]
         # the rows that propose: the last pending token's and the placeholders' (the LM head runs on these only)
         rows = torch.cat([(self.npend - 1).view(1), P + torch.arange(k - 1, device=self.device)])  # (k,)
-        logits = self._logits(model, cache, ids, positions, slots, slot_mask(see, self.dtype), rows)
+        mask = pass_mask(model.config, see, positions, self.dtype)
+        logits = self._logits(model, cache, ids, positions, slots, mask, rows)
         return torch.softmax(self._on_target_vocab(logits, role), -1).max(-1)  # (k,), (k,)
 
     def prove_step(self, k: int) -> torch.Tensor:
@@ -438,7 +456,7 @@ class FastEngine:
         model, cache = self._role(role)
         w = ids.shape[0]
         positions = start + torch.arange(w, device=self.device)  # (W,)
-        mask = linear_mask(start, w, cache.view, self.dtype)
+        mask = pass_mask(model.config, linear_see(start, w, cache.view), positions, self.dtype)
         logits = self._logits(
             model, cache, ids, positions, positions, mask, rows
         )  # (rows, V or the draft's Vd)
@@ -904,7 +922,7 @@ def self_check(model: Any, *, tokens: int = 6, atol: float | None = None) -> str
             def run(chunk: torch.Tensor, start: int) -> torch.Tensor:
                 pos = torch.arange(start, start + chunk.shape[0], device=device)
                 cache.set_slots(pos)
-                mask = linear_mask(torch.tensor(start, device=device), chunk.shape[0], cache.capacity, dtype)
+                mask = pass_mask(model.config, linear_see(pos[0], chunk.shape[0], cache.capacity), pos, dtype)
                 return model(
                     input_ids=chunk[None],
                     position_ids=pos[None],

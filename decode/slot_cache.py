@@ -181,13 +181,48 @@ def slot_mask(
     return torch.where(rows_see, zero, low)[None, None]
 
 
-def linear_mask(start: torch.Tensor, width: int, capacity: int, dtype: torch.dtype) -> torch.Tensor:
-    """Mask of a causal pass of ``width`` rows written at slots start..start+width−1 (slot = position): row r sees
-    slots 0..start+r, i.e. the valid prefix and the pass's own rows up to itself. ``start`` is a 0-d long tensor
-    (a device value: no host sync, no recompile as it moves)."""
+def linear_see(start: torch.Tensor, width: int, capacity: int) -> torch.Tensor:
+    """(W, capacity) bool of a causal pass of ``width`` rows written at slots start..start+width−1 (slot = position):
+    row r sees slots 0..start+r, i.e. the valid prefix and the pass's own rows up to itself. ``start`` is a 0-d long
+    tensor (a device value: no host sync, no recompile as it moves)."""
     slots = torch.arange(capacity, device=start.device)  # (S,)
     last = start + torch.arange(width, device=start.device)  # (W,)
-    return slot_mask(slots[None, :] <= last[:, None], dtype)
+    return slots[None, :] <= last[:, None]
+
+
+def linear_mask(start: torch.Tensor, width: int, capacity: int, dtype: torch.dtype) -> torch.Tensor:
+    """The float mask of ``linear_see``."""
+    return slot_mask(linear_see(start, width, capacity), dtype)
+
+
+def attention_window(config: Any) -> tuple[int | None, bool]:
+    """(the sliding window, whether only some layers slide) of a model: (W, True) for a model with ``layer_types``
+    that has sliding layers (Qwen2 past ``max_window_layers``, Gemma), (W, False) for one whose every layer slides
+    (Mistral: ``sliding_window`` and no ``layer_types``), (None, False) for full attention."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return (window, True) if window and "sliding_attention" in layer_types else (None, False)
+    if window and getattr(config, "use_sliding_window", True):
+        return window, False
+    return None, False
+
+
+def pass_mask(config: Any, see: torch.Tensor, rows_pos: torch.Tensor, dtype: torch.dtype) -> Any:
+    """The ``attention_mask`` to pass a model of ``config`` for a pass whose (W, S) ``see`` says which slot each row
+    may read and whose rows sit at positions ``rows_pos`` (W,): the float mask of ``see``, and for a sliding model
+    the same with each row's window applied (a row at position p reads slot s only if p − s < W) — for every layer
+    (Mistral), or as transformers' per-layer-type mapping ``{"full_attention": …, "sliding_attention": …}`` (Qwen2,
+    Gemma). The window is applied in slot space: the valid prefix sits at slot = position, and an entry a pass writes
+    past its position (a tree's or a block pass's scratch) lies within the pass's span of the row, which the fast
+    path keeps below the window (``FastEngine``'s refusal)."""
+    full = slot_mask(see, dtype)
+    window, per_layer = attention_window(config)
+    if window is None:
+        return full
+    slots = torch.arange(see.shape[1], device=see.device)
+    near = slot_mask(see & (rows_pos[:, None] - slots[None, :] < window), dtype)
+    return {"full_attention": full, "sliding_attention": near} if per_layer else near
 
 
 def tree_mask(
@@ -264,25 +299,18 @@ def native_gqa(*models: Any) -> Iterator[None]:
 
 
 def unsupported_reason(config: Any) -> str | None:
-    """Why the slot cache cannot serve a model with this config, or None if it can: it serves full attention under
-    eager or sdpa attention (which apply a float 4D mask) with RoPE (or no positional scaling) read from
-    ``position_ids``; sliding windows, hybrid / linear attention, dynamic RoPE scaling and attention kernels that take
-    no such mask (flash attention) take today's path."""
+    """Why the slot cache cannot serve a model with this config, or None if it can: it serves full and sliding-window
+    attention (the window in the mask, ``pass_mask``) under eager or sdpa attention (which apply a float 4D mask)
+    with RoPE (or no positional scaling) read from ``position_ids``; hybrid / linear attention, dynamic RoPE scaling
+    and attention kernels that take no such mask (flash attention) take today's path."""
     impl = getattr(config, "_attn_implementation", None)
     if impl not in (None, "eager", "sdpa"):
         return f"its attention implementation ({impl}) takes no float mask over the slots (use eager or sdpa)"
     layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None and any(t != "full_attention" for t in layer_types):
-        kinds = sorted({t for t in layer_types if t != "full_attention"})
-        return f"it has {', '.join(kinds)} layers (the slot cache serves full attention only)"
-    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
-        return "it uses a sliding attention window"
-    if (
-        layer_types is None
-        and getattr(config, "sliding_window", None)
-        and not hasattr(config, "use_sliding_window")
-    ):
-        return "it uses a sliding attention window"
+    served = ("full_attention", "sliding_attention")
+    if layer_types is not None and any(t not in served for t in layer_types):
+        kinds = sorted({t for t in layer_types if t not in served})
+        return f"it has {', '.join(kinds)} layers (the slot cache serves full and sliding-window attention only)"
     for key in ("rope_scaling", "rope_parameters"):
         rope = getattr(config, key, None)
         if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) in ("dynamic", "longrope"):

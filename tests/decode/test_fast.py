@@ -181,9 +181,11 @@ def test_fast_true_refuses_what_it_cannot_serve(make_lm, lm, small, tokenizer, p
     with pytest.raises(ValueError, match="on_cycle watches the reference loop: pass fast=false"):
         Decoder(lm, tokenizer, method="ar", fast=True).generate(prompts[0], max_new_tokens=2, on_cycle=print)
     sliding = make_lm(seed=2)
-    sliding.config.use_sliding_window, sliding.config.sliding_window = True, 4
-    with pytest.raises(ValueError, match="sliding attention window; pass fast=auto or fast=false"):
-        Decoder(sliding, tokenizer, method="ar", fast=True)
+    sliding.config.sliding_window, sliding.config.layer_types = 4, ["full_attention", "sliding_attention"]
+    with pytest.raises(
+        ValueError, match=r"sliding window \(4\) is not wider than a pass's span \(10 .*fast=false"
+    ):
+        Decoder(sliding, tokenizer, method="prove-lossless", block_size=4, fast=True)
     # auto on the CPU: the reference path (the demo's speed is unchanged)
     assert Decoder(lm, tokenizer, method="ar").fast_engine is None
     dec = Decoder(lm, tokenizer, method="ar", fast=True, cache_len=12)

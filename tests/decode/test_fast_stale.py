@@ -160,6 +160,44 @@ def test_stale_slots_change_no_token(family, method, K, models, tokenizer, promp
             assert got == want, (family, method, K, end)
 
 
+def build_sliding(kind: str, vocab: int, window: int):
+    """A tiny random model whose attention slides: Qwen2 with its second layer sliding (``layer_types``, a mask per
+    layer type) or Mistral with every layer sliding (one mask)."""
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(7)
+    shape = dict(
+        vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, max_position_embeddings=1024, attn_implementation="sdpa", sliding_window=window,
+    )  # fmt: skip
+    if kind == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(use_sliding_window=True, max_window_layers=1, **shape)).eval()
+    else:
+        model = MistralForCausalLM(MistralConfig(**shape)).eval()
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.12, generator=g)
+    return model
+
+
+@pytest.mark.parametrize("method", ["ar", "prove-lossless", "fused", "sd", "pard"])
+@pytest.mark.parametrize("kind", ["qwen2", "mistral"])
+def test_sliding_window_models_are_served_with_the_window_in_the_mask(kind, method, tokenizer, prompts):
+    """A context three times the window (24): the fast path's tokens equal transformers' greedy ``generate`` (which
+    applies the window itself), stale slots and all. Fails if the window is dropped (the rows read the whole
+    prefix), applied to the full-attention layers of a mixed model, or off by one."""
+    target = build_sliding(kind, len(tokenizer), window=24)
+    models = {"sliding": (target, target)}
+    dec = poisoned(_decoder(models, "sliding", method, 4, tokenizer, fast=True))
+    p = prompts[3]  # 70 tokens
+    want = hf_generate(target, p, N, suppress=mask_ids(tokenizer))
+    assert dec.generate(p, max_new_tokens=N, eos_token_id=[]).token_ids == want
+    full = build_sliding(kind, len(tokenizer), window=4096)  # the same weights, a window that never bites
+    assert hf_generate(full, p, N, suppress=mask_ids(tokenizer)) != want  # so the window matters here
+
+
 # -- the check fails on each mistake it is for ---------------------------------------------------------------------
 
 
@@ -190,10 +228,10 @@ def test_a_view_one_slot_short_fails(models, tokenizer, prompts, monkeypatch):
 def test_a_mask_one_slot_too_wide_fails(models, tokenizer, prompts, monkeypatch):
     from prove.decode import slot_cache
 
-    def wide(start, width, view, dtype):  # each row also sees the slot after its own
-        return slot_cache.linear_mask(start + 1, width, view, dtype)
+    def wide(start, width, view):  # each row also sees the slot after its own
+        return slot_cache.linear_see(start + 1, width, view)
 
-    assert _fails(models, tokenizer, prompts, lambda: monkeypatch.setattr(fast, "linear_mask", wide))
+    assert _fails(models, tokenizer, prompts, lambda: monkeypatch.setattr(fast, "linear_see", wide))
 
 
 def test_a_read_past_the_view_fails(models, tokenizer, prompts, monkeypatch):
@@ -208,6 +246,6 @@ def test_a_read_past_the_view_fails(models, tokenizer, prompts, monkeypatch):
 
     def mutate():
         monkeypatch.setattr(fast.SlotCache, "update", whole)
-        monkeypatch.setattr(fast, "linear_mask", lambda s, w, _view, d: slot_cache.linear_mask(s, w, 1024, d))
+        monkeypatch.setattr(fast, "linear_see", lambda s, w, _view: slot_cache.linear_see(s, w, 1024))
 
     assert _fails(models, tokenizer, prompts, mutate)

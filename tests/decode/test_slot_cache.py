@@ -137,15 +137,23 @@ def test_gated_copy_moves_only_gated_pairs():
 
 
 def test_unsupported_models_are_named():
-    """Fails if a sliding-window, dynamic-RoPE or flash-attention model is let onto the slot cache (it would decode
-    wrong: flash attention ignores the float mask over the slots)."""
-    from transformers import LlamaConfig, Qwen2Config
+    """Fails if a hybrid (linear-attention), dynamic-RoPE or flash-attention model is let onto the slot cache (it
+    would decode wrong: flash attention ignores the float mask over the slots), or a sliding-window one is refused or
+    given the wrong window kind."""
+    from prove.decode.slot_cache import attention_window
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
     assert unsupported_reason(Qwen2Config(num_hidden_layers=2)) is None
     assert unsupported_reason(LlamaConfig(num_hidden_layers=2)) is None
-    assert "sliding" in unsupported_reason(
-        Qwen2Config(num_hidden_layers=2, use_sliding_window=True, sliding_window=8)
-    )
+    mixed = Qwen2Config(num_hidden_layers=2, use_sliding_window=True, sliding_window=8, max_window_layers=1)
+    assert unsupported_reason(mixed) is None and attention_window(mixed) == (8, True)
+    everywhere = MistralConfig(num_hidden_layers=2, sliding_window=8)
+    assert unsupported_reason(everywhere) is None and attention_window(everywhere) == (8, False)
+    unused = Qwen2Config(num_hidden_layers=2, use_sliding_window=False, sliding_window=8)
+    assert attention_window(unused) == (None, False)
+    hybrid = Qwen2Config(num_hidden_layers=2)
+    hybrid.layer_types = ["full_attention", "linear_attention"]
+    assert "linear_attention layers" in (unsupported_reason(hybrid) or "")
     flash = Qwen2Config(num_hidden_layers=2)
     flash._attn_implementation = "flash_attention_2"
     assert "flash_attention_2" in (unsupported_reason(flash) or "")
