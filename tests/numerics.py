@@ -28,6 +28,7 @@ with the same batch) are compared exactly or at a few ulps, and say so where the
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 U = torch.finfo(torch.float32).eps / 2  # 2**-24
@@ -118,3 +119,11 @@ def logit_scale(model, input_ids: torch.Tensor) -> float:
     """max |logits| of ``model`` on ``input_ids``: the scale a loss comparison's bound takes."""
     with torch.no_grad():
         return float(model(input_ids=input_ids).logits.abs().max())
+
+
+needs_vector_isa = pytest.mark.skipif(
+    torch.backends.cpu.get_cpu_capability() == "DEFAULT",
+    reason="inductor's CPU FlexAttention template needs a vectorized ISA (AVX2 or AVX-512); ATen runs DEFAULT",
+)
+"""For the FlexAttention tests on the CPU: under ``ATEN_CPU_CAPABILITY=default`` inductor refuses to lower
+``flex_attention`` ("torch.compile on current platform is not supported for CPU"). FlexAttention is the GPU path."""

@@ -16,6 +16,8 @@ import torch
 from prove.recipes import gpu_check as gc
 from prove.recipes.gpu_check import curve as gc_curve
 
+from tests.numerics import needs_vector_isa
+
 # What the GPU machine may lack: the check must never import these (matplotlib: it degrades to no plot).
 BLOCKED = (
     "hydra",
@@ -113,6 +115,7 @@ def test_tiny_run_needs_only_torch_and_transformers(tmp_path):
 
 
 @pytest.mark.slow
+@needs_vector_isa
 def test_tiny_run_with_flex_attention_matches_dense_mask(tmp_path):
     """--tiny --flex: the FlexAttention BlockMask path (compiled; forward only on CPU) gives the dense mask's loss."""
     pytest.importorskip("torch.nn.attention.flex_attention")

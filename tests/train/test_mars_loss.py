@@ -9,7 +9,7 @@ from prove.train.collate import Collator
 from prove.train.losses import mars_loss
 from prove.train.masks import block_attention_bias, block_inputs
 
-from tests.numerics import assert_losses_match, logit_scale
+from tests.numerics import assert_losses_match, logit_scale, needs_vector_isa
 
 VOCAB, MASK, EOS, PAD = 40, 39, 2, 0
 
@@ -97,13 +97,10 @@ def _trainer_loss(model, batch, k, tmp_path):
 
 
 @pytest.mark.slow
+@needs_vector_isa
 def test_trainer_flex_attention_block_mask_matches_dense_mask(qwen2_factory, tmp_path):
     """MarsTrainer's FlexAttention path (a sparse BlockMask from block_mask_mod) gives the dense-mask loss."""
     pytest.importorskip("torch.nn.attention.flex_attention")
-    if torch.backends.cpu.get_cpu_capability() == "DEFAULT":
-        pytest.skip(
-            "inductor's CPU FlexAttention template needs a vectorized ISA (AVX2 or AVX-512); ATen runs DEFAULT"
-        )
     # compile from a clean cache: after another test's shapes torch recompiles flex_attention with dynamic shapes,
     # and inductor's dynamic CPU template fails on a mask_mod that reads a captured tensor (torch 2.13; the GPU
     # path is Triton's)
