@@ -99,11 +99,17 @@ def make_qwen2(
     )
     model = Qwen2ForCausalLM(cfg).eval()
     if init_std is not None:
-        g = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.dim() == 2:
-                    p.normal_(0.0, init_std, generator=g)
+        redraw(model, init_std, seed)
+    return model
+
+
+def redraw(model, std: float, seed: int):
+    """Every weight matrix of ``model`` drawn anew from N(0, std²), deterministically for ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, std, generator=g)
     return model
 
 

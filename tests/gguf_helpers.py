@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from tests.conftest import redraw
+
 
 def tiny_llama(tokenizer: Any, *, layers: int = 2, hidden: int = 32, heads: int = 4, kv_heads: int = 2,
                intermediate: int = 64, tie: bool = True, seed: int = 0, init_std: float = 0.3):  # fmt: skip
@@ -41,11 +43,7 @@ def tiny_llama(tokenizer: Any, *, layers: int = 2, hidden: int = 32, heads: int 
         pad_token_id=tokenizer.pad_token_id,
     )
     model = LlamaForCausalLM(config).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, init_std, generator=g)
+    redraw(model, init_std, seed)
     return model
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from prove.decode import Decoder, fast
 
-from tests.conftest import make_qwen2
+from tests.conftest import make_qwen2, redraw
 from tests.decode.decode_helpers import hf_generate, mask_ids
 
 FAMILIES = ["qwen2-eager", "qwen2-sdpa", "llama-tied", "qwen3", "qwen2-untied"]
@@ -39,11 +39,7 @@ def build(family: str, vocab: int, seed: int, std: float):
         model = LlamaForCausalLM(LlamaConfig(**shape)).eval()
     else:  # qwen3: RMSNorm on q and k per head
         model = Qwen3ForCausalLM(Qwen3Config(head_dim=16, **shape)).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, std, generator=g)
+    redraw(model, std, seed)
     return model
 
 
@@ -174,11 +170,7 @@ def build_sliding(kind: str, vocab: int, window: int):
         model = Qwen2ForCausalLM(Qwen2Config(use_sliding_window=True, max_window_layers=1, **shape)).eval()
     else:
         model = MistralForCausalLM(MistralConfig(**shape)).eval()
-    g = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.12, generator=g)
+    redraw(model, 0.12, 7)
     return model
 
 
