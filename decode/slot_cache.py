@@ -262,7 +262,13 @@ def grouped_sdpa(
     b, h, w, d = query.shape
     hkv = key.shape[1]
     g = h // hkv
-    if attention_mask is None or attention_mask.dim() != 4 or attention_mask.shape[1] != 1 or g == 1 or dropout:
+    if (
+        attention_mask is None
+        or attention_mask.dim() != 4
+        or attention_mask.shape[1] != 1
+        or g == 1
+        or dropout
+    ):
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
         )
@@ -310,7 +316,9 @@ def unsupported_reason(config: Any) -> str | None:
     served = ("full_attention", "sliding_attention")
     if layer_types is not None and any(t not in served for t in layer_types):
         kinds = sorted({t for t in layer_types if t not in served})
-        return f"it has {', '.join(kinds)} layers (the slot cache serves full and sliding-window attention only)"
+        return (
+            f"it has {', '.join(kinds)} layers (the slot cache serves full and sliding-window attention only)"
+        )
     for key in ("rope_scaling", "rope_parameters"):
         rope = getattr(config, key, None)
         if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) in ("dynamic", "longrope"):

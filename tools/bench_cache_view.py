@@ -34,7 +34,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     kw = {} if args.cache == "default" else {"cache_len": int(args.cache)}
     dec = Decoder.from_pretrained(args.model, method="ar", fast=True, **kw)
     vocab = dec.model.config.vocab_size
-    prompt = torch.randint(100, min(vocab, 30000), (args.context,), generator=torch.Generator().manual_seed(0))
+    prompt = torch.randint(
+        100, min(vocab, 30000), (args.context,), generator=torch.Generator().manual_seed(0)
+    )
     ids = prompt.tolist()
     dec.generate(ids[:32], max_new_tokens=8, eos_token_id=[])  # warm-up
     t0 = time.perf_counter()

@@ -102,7 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--methods", default="ar,prove-lossless")
     ap.add_argument("--paths", default="reference,fast,compiled", help=f"of {','.join(PATHS)}")
     ap.add_argument(
-        "--cache-len", type=int, default=0, help="the fast rows' KV slots, fixed (0: the Decoder's default, grown)"
+        "--cache-len",
+        type=int,
+        default=0,
+        help="the fast rows' KV slots, fixed (0: the Decoder's default, grown)",
     )
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2, help="passes over the prompts; the fastest counts (2)")

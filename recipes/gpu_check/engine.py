@@ -189,7 +189,9 @@ def run_shape(shape: str, cfg: CheckConfig, checks: list[dict[str, Any]]) -> dic
             row["vs_transformers_compiled_ar"] = row["tok_s"] / base
     fast_ar = rows.get("ours fast ar", {})
     sized = rows.get("ours fast ar, request-sized cache", {})
-    if fast_ar.get("tok_s") and sized.get("tok_s"):  # the default cache's cost: the same passes, if views work
+    if fast_ar.get("tok_s") and sized.get(
+        "tok_s"
+    ):  # the default cache's cost: the same passes, if views work
         fast_ar["default_cache_over_request_sized"] = sized["tok_s"] / fast_ar["tok_s"]
     if "agree_with_transformers" in fast_ar:
         what = f"engine {shape}: fast ar = transformers greedy ({cfg.engine_dtype}; bf16 may flip near-ties)"
