@@ -124,7 +124,7 @@ class SlotCache(Cache):
     def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
         return self.view, 0
 
-    def get_max_length(self) -> int:
+    def get_max_length(self, layer_idx: int | None = None) -> int:
         return self.capacity
 
     @property
