@@ -1,7 +1,7 @@
 """Prompt files: what ``prove-decode``, ``prove-bench`` and distillation read, and the resume rule of output files.
 
 Input: JSONL whose lines carry a ``prompt`` (raw text, fed as given) or ``messages`` (chat turns, rendered
-with the model's chat template) field and optionally an ``id`` and an ``answer``, or a plain-text file with
+with the model's chat template) field and optionally an ``id``, an ``answer`` and a ``category``, or a plain-text file with
 one raw-text prompt per non-empty line. ``chat=True`` wraps raw text as one user turn (the same rule as
 ``Decoder.generate``). An output JSONL file that already holds records is resumed (:func:`finished_ids`):
 finished ids are skipped and a half-written last line (a killed run) is dropped.
@@ -24,6 +24,9 @@ class PromptRecord:
     """The JSONL row's ``answer`` field, where the set carries one (the bench scores accuracy with it)."""
     line: int | None = field(default=None, compare=False)
     """The 1-based line of the prompt file it was read from (errors about the prompt name it); None: not from a file."""
+    category: str | None = None
+    """The JSONL row's ``category`` field, or the category a named suite gives it (``prove.data.suites``): the bench
+    reports every number per category too."""
 
 
 def read_prompts(path: str | Path) -> list[PromptRecord]:
@@ -60,10 +63,14 @@ def read_prompts(path: str | Path) -> list[PromptRecord]:
             raise ValueError(f"{path}:{lineno}: 'messages' must be a list of {{'role', 'content'}} objects")
         if "prompt" in row and not isinstance(prompt, str):
             raise ValueError(f"{path}:{lineno}: 'prompt' must be a string (use 'messages' for chat turns)")
-        answer = row.get("answer")
+        answer, category = row.get("answer"), row.get("category")
         records.append(
             PromptRecord(
-                row.get("id", len(records)), prompt, None if answer is None else str(answer), line=lineno
+                row.get("id", len(records)),
+                prompt,
+                None if answer is None else str(answer),
+                line=lineno,
+                category=None if category is None else str(category),
             )
         )
     ids = [r.id for r in records]
