@@ -229,9 +229,22 @@ class DecodeConfig(DecodeParams):
     proposer: str | None = None
     """Run the method's rule on another proposer (``block`` or ``draft``); e.g. ``method=nsd proposer=block``
     is NSD's nucleus gate on the block proposer, self-verified. ``None`` = the method's own."""
-    prompts: str = "???"
+    prompts: str | None = None
     """JSONL with a ``prompt`` (raw text) or ``messages`` (chat turns) field per line, or a plain-text file (one raw-text
-    prompt a line). See ``chat``."""
+    prompt a line). See ``chat``. Or ``suite``."""
+    suite: Any = None
+    """Named public prompt sets instead of ``prompts`` (``prove.data.suites``): ``mt-bench``, ``mt-bench-2`` (second
+    turns after the model's cached AR greedy first answers), ``humaneval``, ``arithmetic`` (generated), or a list.
+    Each output record carries its ``suite`` and ``category``."""
+    per_category: int | None = None
+    """With ``suite``: the first N prompts of each category (null = all)."""
+    suite_files: Any = None
+    """With ``suite``: a local copy of a suite's file instead of its package's, e.g. ``suite_files={mt-bench:FILE}``."""
+    first_answer_tokens: int = 256
+    """``mt-bench-2``: max_new_tokens of the AR greedy first answers (decoded once per model, cached in
+    ``suite_cache``)."""
+    suite_cache: str = "outputs/suites"
+    """Where ``mt-bench-2``'s first answers are cached."""
     output: str = "???"
     """JSONL written one record per prompt as each finishes; an existing file is resumed (finished ids are skipped)."""
     max_new_tokens: int = 256
@@ -269,6 +282,23 @@ class DecodeConfig(DecodeParams):
         check_dtype(self.dtype, "dtype")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend={self.backend!r}: pick one of {', '.join(BACKENDS)}")
+        if (self.prompts is None) == (not self.suite):
+            raise ValueError(
+                "pass prompts=FILE (JSONL or plain text) or suite=NAME (mt-bench, mt-bench-2, humaneval, arithmetic), "
+                "one of the two"
+            )
+        if self.suite:
+            from prove.decode.suites import suite_names
+
+            names = suite_names(self.suite)
+            if "mt-bench-2" in names and self.backend != "engine":
+                raise ValueError(
+                    "suite mt-bench-2 decodes its first answers with our engine: use backend=engine"
+                )
+        if self.per_category is not None and self.per_category < 1:
+            raise ValueError(f"per_category={self.per_category} must be ≥ 1 (or null for all)")
+        if self.first_answer_tokens < 1:
+            raise ValueError(f"first_answer_tokens={self.first_answer_tokens} must be ≥ 1")
 
 
 def parse_fuse_groups(value: Any) -> int | str | None:

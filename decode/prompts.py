@@ -100,6 +100,7 @@ def output_record(rec: PromptRecord, result: Any, method: str) -> dict[str, Any]
     return {
         "id": rec.id,
         "prompt": rec.prompt,
+        **({"category": rec.category} if rec.category is not None else {}),
         "completion": result.text,
         "token_ids": result.token_ids,
         "method": method,
@@ -115,7 +116,7 @@ def run(cfg: DecodeConfig) -> Path:
     resolve_params(
         cfg.method, cfg.proposer, **vars(cfg.params())
     )  # every parameter checked before any file or model
-    records = read_prompts(cfg.prompts)
+    records = read_prompts(cfg.prompts) if cfg.prompts is not None else suite_records(cfg)
     if cfg.backend == "vllm":
         return _run_vllm(cfg, records)
     decoder = Decoder(
@@ -130,6 +131,8 @@ def run(cfg: DecodeConfig) -> Path:
         cache_len=cfg.cache_len,
         **vars(cfg.params()),
     )
+    if records is None:  # mt-bench-2: the second turns follow this model's own AR first answers
+        records = suite_records(cfg, decoder.model, decoder.tokenizer)
     return decode_prompts(
         decoder,
         records,
@@ -141,8 +144,42 @@ def run(cfg: DecodeConfig) -> Path:
     )
 
 
-def _run_vllm(cfg: DecodeConfig, records: list[PromptRecord]) -> Path:
+def suite_records(cfg: DecodeConfig, model: Any = None, tokenizer: Any = None) -> list[PromptRecord] | None:
+    """``suite=``'s records (``prove.decode.suites``); without ``model``, None when a suite needs it (``mt-bench-2``)
+    after every suite's file has been read (a missing package fails before any model loads)."""
+    import dataclasses
+
+    from prove.data.suites import get_suite
+    from prove.decode.suites import check_suites, load_suites, suite_names
+
+    names = suite_names(cfg.suite)
+    files = {str(k): str(v) for k, v in (cfg.suite_files or {}).items()}
+    if model is None:
+        check_suites(names, files)
+        if any(get_suite(n).needs_answers for n in names):
+            return None
+    loaded = load_suites(
+        names,
+        model=model,
+        tokenizer=tokenizer,
+        device=cfg.device,
+        dtype=cfg.dtype,
+        per_category=cfg.per_category,
+        sources=files,
+        first_answer_tokens=cfg.first_answer_tokens,
+        cache_dir=cfg.suite_cache,
+    )
+    return [
+        dataclasses.replace(r, category=f"{s}/{r.category}")
+        for r, s in zip(loaded.records, loaded.suites, strict=True)
+    ]
+
+
+def _run_vllm(cfg: DecodeConfig, records: list[PromptRecord] | None) -> Path:
     """``backend=vllm``: every prompt to vLLM at once (``prove.decode.vllm.backend``), the same records."""
+    assert records is not None, (
+        "DecodeConfig refuses mt-bench-2 (our engine's first answers) with backend=vllm"
+    )
     import warnings
 
     from prove.decode.vllm.backend import VllmDecoder

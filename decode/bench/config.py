@@ -53,8 +53,27 @@ class BenchConfig:
     draft: str | None = None
     """The SD family's small AR proposer (sd / nsd / asd, and transformers' assisted generation)."""
     prompts: str | None = None
-    """JSONL (``prompt`` or ``messages`` per line, optional ``answer``) or plain text, one prompt a line
-    (required unless ``hf_compare`` draws random ones)."""
+    """JSONL (``prompt`` or ``messages`` per line, optional ``answer`` and ``category``) or plain text, one prompt a
+    line (required unless ``suite`` names public sets or ``hf_compare`` draws random ones)."""
+    suite: Any = None
+    """Named prompt suites instead of ``prompts`` (``prove.data.suites``): ``mt-bench`` (first turns), ``mt-bench-2``
+    (second turns after the model's AR greedy first answer), ``humaneval``, ``arithmetic`` (generated), or a list,
+    e.g. ``suite=[mt-bench,humaneval]``. bench.md reports every row per category too."""
+    per_category: int | None = None
+    """The first N prompts of each category of each suite (null = all), e.g. ``per_category=2`` for a quick pass
+    over MT-bench's 8 categories."""
+    suite_files: Any = None
+    """A local copy of a suite's file instead of its package's, e.g. ``suite_files={mt-bench:FILE}``."""
+    first_answer_tokens: int = 256
+    """``mt-bench-2``: max_new_tokens of the AR greedy first answers the second turns follow (decoded once per model
+    and cached in ``suite_cache``; the same for every row)."""
+    suite_cache: str = "outputs/suites"
+    """Where ``mt-bench-2``'s first answers are cached (one JSONL per model fingerprint, dtype and token limit)."""
+    run_code: bool = False
+    """``suite=humaneval``: score pass@1 by running every row's code with the problem's tests, in a fresh Python
+    process per program (model-written code on this machine: hence opt-in). false: accuracy n/a."""
+    position_bin: int = 64
+    """Response positions per bin of bench.md's tokens-per-cycle-by-position tables (first 64 tokens, next 64, ...)."""
     methods: list[str] = field(default_factory=lambda: list(DEFAULT_METHODS))
     """Methods to run (``prove.decode.methods``); ``ar`` is always run first, as the reference."""
     theta: Any = None
@@ -178,9 +197,9 @@ class BenchConfig:
                 raise ValueError(
                     f"hf_compare={self.hf_compare!r} is not a known shape; pick one of: {', '.join(SHAPES)}"
                 )
-            if self.model is not None or self.draft is not None or self.prompts is not None:
+            if self.model is not None or self.draft is not None or self.prompts is not None or self.suite:
                 raise ValueError(
-                    "hf_compare builds its own models and prompts: drop model=, draft= and prompts="
+                    "hf_compare builds its own models and prompts: drop model=, draft=, prompts= and suite="
                 )
             if list(self.methods) == list(DEFAULT_METHODS):
                 self.methods = list(HF_COMPARE_METHODS)
@@ -198,8 +217,23 @@ class BenchConfig:
         else:
             if self.model is None:
                 raise ValueError("pass model=PATH (the model being accelerated), or hf_compare=SHAPE")
-            if self.prompts is None:
-                raise ValueError("pass prompts=FILE (JSONL or plain text), or hf_compare=SHAPE")
+            if (self.prompts is None) == (not self.suite):
+                raise ValueError(
+                    "pass prompts=FILE (JSONL or plain text) or suite=NAME (mt-bench, mt-bench-2, humaneval, "
+                    "arithmetic), one of the two (or hf_compare=SHAPE)"
+                )
+            if self.suite:
+                from prove.decode.suites import suite_names
+
+                suite_names(self.suite)
+            elif self.suite_files:
+                raise ValueError("suite_files replaces a suite's file: add suite=NAME, or drop suite_files")
+        if self.per_category is not None and self.per_category < 1:
+            raise ValueError(f"per_category={self.per_category} must be ≥ 1 (or null for all)")
+        if self.first_answer_tokens < 1 or self.position_bin < 1:
+            raise ValueError(
+                f"first_answer_tokens={self.first_answer_tokens} and position_bin={self.position_bin} must be ≥ 1"
+            )
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens} must be ≥ 1")
         if self.n_prompts is not None and self.n_prompts < 1:

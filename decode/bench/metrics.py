@@ -140,6 +140,7 @@ def summarize(
     answers: Sequence[str | None] | None = None,
     *,
     scorer: Callable[[str, str], bool] | None = None,
+    checks: Sequence[Callable[[str], bool] | None] | None = None,
     bin_size: int = 8,
 ) -> dict[str, Any]:
     """The numbers of one row, from its per-prompt runs and AR's on the same prompts (same order).
@@ -155,7 +156,8 @@ def summarize(
     - ``agreement`` = share of prompts whose output equals AR's token for token; ``first_divergence``
       the position where it first differs (``None`` = identical), per prompt.
     - ``accuracy`` = share of prompts with an answer that ``scorer(text, answer)`` accepts (``None``
-      when no prompt has an answer).
+      when no prompt has an answer); or, given ``checks`` (one per prompt, None where a prompt is not scored: a
+      named suite's), the share of the checked prompts whose ``check(text)`` holds.
     """
     if len(runs) != len(reference):
         raise ValueError(f"{len(runs)} runs but {len(reference)} reference runs: give both the same prompts")
@@ -176,7 +178,11 @@ def summarize(
     divergence = [first_divergence(r.token_ids, a.token_ids) for r, a in zip(runs, reference, strict=True)]
     diverged = [d for d in divergence if d is not None]
     correct: list[bool] = []
-    if answers is not None:
+    if checks is not None:
+        if len(checks) != len(runs):
+            raise ValueError(f"{len(checks)} checks for {len(runs)} prompts")
+        correct = [bool(c(r.text)) for r, c in zip(runs, checks, strict=True) if c is not None]
+    elif answers is not None:
         if len(answers) != len(runs):
             raise ValueError(f"{len(answers)} answers for {len(runs)} prompts")
         if scorer is None:
@@ -212,6 +218,47 @@ def summarize(
             "cycles": counts,
         },
     }
+
+
+GROUP_KEYS = (
+    "n_prompts", "new_tokens", "cycles", "tokens_per_cycle", "speedup_median", "speedup_total", "agreement",
+    "accuracy", "acceptance_by_depth", "tokens_per_cycle_by_position",
+)  # fmt: skip
+"""What a category's entry of a row keeps of :func:`summarize`."""
+
+
+def group_key(suite: str | None, category: str | None) -> str:
+    """A category's name in bench.json: ``suite/category`` (``mt-bench/writing``), or the category alone."""
+    return f"{suite}/{category}" if suite else str(category)
+
+
+def summarize_groups(
+    runs: Sequence[PromptRun],
+    reference: Sequence[PromptRun],
+    groups: Sequence[str | None],
+    *,
+    checks: Sequence[Callable[[str], bool] | None] | None = None,
+    bin_size: int = 64,
+) -> dict[str, dict[str, Any]]:
+    """:func:`summarize` over each group's prompts (``groups[i]``: prompt i's category, None = in none), in the
+    order groups first appear; tokens per cycle along the response in bins of ``bin_size`` (first 64 tokens,
+    next 64, ...: a cycle counts in the bin where it starts)."""
+    if not (len(runs) == len(reference) == len(groups)) or (checks is not None and len(checks) != len(runs)):
+        raise ValueError(f"{len(runs)} runs, {len(reference)} reference runs and {len(groups)} groups")
+    members: dict[str, list[int]] = {}
+    for i, g in enumerate(groups):
+        if g is not None:
+            members.setdefault(g, []).append(i)
+    out: dict[str, dict[str, Any]] = {}
+    for g, idx in members.items():
+        s = summarize(
+            [runs[i] for i in idx],
+            [reference[i] for i in idx],
+            checks=None if checks is None else [checks[i] for i in idx],
+            bin_size=bin_size,
+        )
+        out[g] = {k: s[k] for k in GROUP_KEYS}
+    return out
 
 
 def paired_speedup(ours: Sequence[PromptRun], theirs: Sequence[PromptRun]) -> dict[str, Any]:

@@ -2,7 +2,12 @@
 
 - ``acceptance_by_position.png``: per block position i, the share of cycles in which the rule accepted
   position i (a leading run, so it decays with i); with the trace, the share of cycles whose position i
-  matched the target's greedy token (ProVe's decay curve).
+  matched the target's greedy token (ProVe's decay curve); ProVe's published 32B points as markers (depths 1–8
+  joined, 16 alone: nothing drawn where the paper states nothing).
+- ``acceptance_by_category.png`` (prompts with categories: a named suite): one panel per row that proposes blocks,
+  one curve per category, ProVe's published points in each.
+- ``tokens_per_cycle_by_category.png`` (the same): tokens per cycle by position in the response (bins of
+  ``position_bin``), one panel per row, one curve per category.
 - ``tokens_per_cycle.png``: mean tokens committed per cycle along the response.
 - ``roc.png``: ROC curves and AUC of p̃, q and p̃·q for predicting "matches greedy".
 - ``speed_accuracy.png``: speedup over AR against accuracy (or agreement with AR), sweeps joined by lines.
@@ -20,6 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from prove.decode.bench.published import PROVE_32B_BY_DEPTH, PROVE_32B_LABEL
 from prove.decode.bench.rows import param_label
 
 LABELS = {"p_tilde": "p̃ (proposer)", "q": "q (verifier)", "p_tilde_q": "p̃·q"}
@@ -73,6 +79,9 @@ def plot_acceptance(report: Mapping[str, Any], path: Path) -> Path:
             range(1, len(match) + 1), _finite(match), "k--", marker="s", ms=3,
             label=f"position i matched greedy (trace, K={trace.get('block_size')})",
         )  # fmt: skip
+    if ax.lines:
+        depths = max(len(line.get_xdata()) for line in ax.lines)
+        _draw_published(ax, depths)
     ax.set_xlabel("position in the proposed block (1 = next token)")
     ax.set_ylabel("share of cycles")
     ax.set_ylim(-0.02, 1.02)
@@ -81,6 +90,89 @@ def plot_acceptance(report: Mapping[str, Any], path: Path) -> Path:
         _legend(ax)
     else:
         ax.text(0.5, 0.5, "no method proposed blocks", ha="center", va="center", transform=ax.transAxes)
+    return _save(fig, path)
+
+
+def _draw_published(ax: Any, depths: int) -> None:
+    """ProVe's published 32B points up to ``depths``: a line through the consecutive ones it states (1–8), the
+    others as markers alone; no line over depths it does not state."""
+    pts = sorted((d, v) for d, v in PROVE_32B_BY_DEPTH.items() if d <= max(depths, 1))
+    run = [(d, v) for d, v in pts if d <= 8]
+    (line,) = ax.plot([d for d, _ in run], [v for _, v in run], color="0.35", lw=1.2, ls="-.", marker="D", ms=4,
+                      label=PROVE_32B_LABEL)  # fmt: skip
+    alone = [(d, v) for d, v in pts if d > 8]
+    if alone:
+        ax.plot(
+            [d for d, _ in alone], [v for _, v in alone], ls="none", marker="D", ms=4, color=line.get_color()
+        )
+
+
+def _panels(n: int, title: str) -> tuple[Any, list[Any]]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(n, 3)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.8 * rows), dpi=110, squeeze=False)
+    fig.suptitle(title, fontsize=11)
+    flat = [a for line in axes for a in line]
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    for ax in flat[:n]:
+        ax.grid(alpha=0.3)
+    return fig, flat[:n]
+
+
+MAX_PANELS = 9
+"""Rows drawn at most in a per-category figure (the first ones of bench.md's table)."""
+
+
+def plot_acceptance_by_category(report: Mapping[str, Any], path: Path) -> Path:
+    cats = [c["name"] for c in report.get("categories") or []]
+    rows = [r for r in report["rows"] if r.get("acceptance_by_depth") and r.get("by_category")][:MAX_PANELS]
+    fig, axes = _panels(max(len(rows), 1), "Accepted at block position i, by category")
+    for ax, row in zip(axes, rows, strict=False):
+        for c in cats:
+            acc = (row["by_category"].get(c) or {}).get("acceptance_by_depth") or []
+            if acc:
+                ax.plot(range(1, len(acc) + 1), _finite(acc), marker="o", ms=3, label=c)
+        _draw_published(ax, len(row["acceptance_by_depth"]))
+        ax.set_title(row["name"], fontsize=9)
+        ax.set_xlabel("block position i")
+        ax.set_ylabel("share of cycles")
+        ax.set_ylim(-0.02, 1.02)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    if rows:
+        axes[0].legend(fontsize=6, loc="lower left")
+    else:
+        axes[0].text(
+            0.5, 0.5, "no method proposed blocks", ha="center", va="center", transform=axes[0].transAxes
+        )
+    return _save(fig, path)
+
+
+def plot_tokens_per_cycle_by_category(report: Mapping[str, Any], path: Path) -> Path:
+    cats = [c["name"] for c in report.get("categories") or []]
+    rows = [r for r in report["rows"] if r["method"] != "ar" and (r.get("by_position") or {}).get("start")][
+        :MAX_PANELS
+    ]
+    fig, axes = _panels(max(len(rows), 1), "Tokens per cycle by position in the response, by category")
+    for ax, row in zip(axes, rows, strict=False):
+        size = row["by_position"]["bin_size"]
+        for c in cats:
+            curve = (row.get("by_category", {}).get(c) or {}).get("tokens_per_cycle_by_position") or {}
+            if curve.get("start"):
+                ax.plot(
+                    [s + size / 2 for s in curve["start"]], _finite(curve["mean"]), marker="o", ms=3, label=c
+                )
+        ax.set_title(row["name"], fontsize=9)
+        ax.set_xlabel(f"response position (bins of {size} tokens)")
+        ax.set_ylabel("tokens per cycle")
+        ax.set_ylim(bottom=0)
+    if rows and axes[0].lines:
+        axes[0].legend(fontsize=6, loc="lower right")
     return _save(fig, path)
 
 
@@ -263,6 +355,13 @@ def write_plots(report: Mapping[str, Any], output_dir: str | Path) -> dict[str, 
     plots = {name: fn(report, out / f"{name}.png") for name, fn in PLOTS.items()}
     if any(r.get("quality") for r in report["rows"]):
         plots["speed_quality"] = plot_speed_quality(report, out / "speed_quality.png")
+    if report.get("categories"):
+        plots["acceptance_by_category"] = plot_acceptance_by_category(
+            report, out / "acceptance_by_category.png"
+        )
+        plots["tokens_per_cycle_by_category"] = plot_tokens_per_cycle_by_category(
+            report, out / "tokens_per_cycle_by_category.png"
+        )
     if report.get("vllm"):
         plots["vllm_concurrency"] = plot_vllm_concurrency(report, out / "vllm_concurrency.png")
     return plots

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from prove.decode.bench.published import PROVE_32B_BY_DEPTH, PROVE_32B_LABEL
 from prove.decode.bench.rows import param_label
 
 SCHEMA = "prove-bench/1"
@@ -101,6 +102,166 @@ def render_quality_table(rows: Sequence[Mapping[str, Any]]) -> str:
         "prompts; < 0: text that model finds less likely). Length in tokens; distinct-n: unique n-grams / n-grams.",
         "",
     ]
+    return "\n".join(lines) + "\n"
+
+
+def _pct(v: Any) -> str:
+    return _num(None if v is None else 100 * v, ".0f") + ("%" if v is not None and not _nan(v) else "")
+
+
+def _nan(v: Any) -> bool:
+    return isinstance(v, float) and math.isnan(v)
+
+
+def _params(r: Mapping[str, Any]) -> str:
+    return " ".join(param_label(k, v) for k, v in (r.get("params") or {}).items()) or "–"
+
+
+def render_suites(report: Mapping[str, Any]) -> str:
+    """bench.md's lines on the named suites: what each is, where its file came from, how many prompts of which
+    categories, and (``mt-bench-2``) the first answers the second turns follow."""
+    suites = report.get("suites") or {}
+    if not suites:
+        return ""
+    lines = ["", "Suites:"]
+    for name, info in suites.items():
+        where = f"{info['package']} {info['version']}" if info.get("version") else "a local file"
+        src = "generated here, not a public set" if info.get("generated") else f"{where}: `{info['source']}`"
+        cats = ", ".join(f"{c} {n}" for c, n in info["categories"].items())
+        line = f"- `{name}`: {info['title']}; {info['n']} prompts ({cats}); {src}"
+        first = info.get("first_answer")
+        if first:
+            line += (
+                f"; second turns follow the model's own {first['method']} first answers of at most "
+                f"{first['max_new_tokens']} new tokens, the same for every row (cached: `{first['cache']}`)"
+            )
+        if not info.get("scored", True):
+            line += "; accuracy not scored (pass@1 runs the rows' code: add run_code=true)"
+        lines.append(line)
+    return "\n".join(lines) + "\n\n"
+
+
+def render_categories(report: Mapping[str, Any]) -> str:
+    """bench.md's per-category table: every row's tokens per cycle, speedups, agreement with AR and accuracy over
+    each category's prompts; empty when no prompt has a category."""
+    cats = report.get("categories") or []
+    if not cats:
+        return ""
+    head = ["category", "prompts", "method", "params", "tok/cycle¹", "speedup (total)", "speedup (median)", "= AR²",
+            "accuracy"]  # fmt: skip
+    lines = [
+        "",
+        "## By category",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join(["---", "---:", "---", "---"] + ["---:"] * (len(head) - 4)) + "|",
+    ]
+    for cat in cats:
+        for r in report["rows"]:
+            g = (r.get("by_category") or {}).get(cat["name"])
+            if g is None:
+                continue
+            cells = [
+                cat["name"], str(g["n_prompts"]), r["name"], _params(r), _num(g["tokens_per_cycle"]),
+                _num(g["speedup_total"]) + "×", _num(g["speedup_median"]) + "×", f"{100 * g['agreement']:.0f}%",
+                _num(None if g["accuracy"] is None else 100 * g["accuracy"], ".1f", "n/a")
+                + ("%" if g["accuracy"] is not None else ""),
+            ]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _depth_table(first: str, lines_in: Sequence[tuple[str, Sequence[Any]]], depths: int) -> list[str]:
+    head = [first] + [str(d) for d in range(1, depths + 1)]
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * depths) + "|"]
+    for label, values in lines_in:
+        cells = [_pct(values[i]) if i < len(values) else "" for i in range(depths)]
+        out.append("| " + " | ".join([label, *cells]) + " |")
+    return out
+
+
+def _published(depths: int) -> list[float | None]:
+    return [PROVE_32B_BY_DEPTH.get(d) for d in range(1, depths + 1)]
+
+
+def render_acceptance(report: Mapping[str, Any]) -> str:
+    """bench.md's acceptance by block position beside ProVe's published 32B curve (only the depths it states;
+    – elsewhere), with the trace's "position i matched greedy"; then, with categories, each row's curve by category."""
+    rows = [r for r in report["rows"] if r.get("acceptance_by_depth")]
+    trace = report.get("trace") or {}
+    match = trace.get("match_by_depth") or []
+    if not rows and not match:
+        return ""
+    depths = max([len(r["acceptance_by_depth"]) for r in rows] + [len(match)])
+    body: list[tuple[str, Sequence[Any]]] = [(PROVE_32B_LABEL, _published(depths))]
+    if match:
+        body.append((f"position i matched greedy (trace, K={trace.get('block_size')})", match))
+    body += [(f"{r['name']}: accepted", r["acceptance_by_depth"]) for r in rows]
+    lines = [
+        "",
+        "## Acceptance by block position, beside ProVe's published 32B curve",
+        "",
+        "Accepted: the share of cycles that proposed position i in which the rule accepted it (a leading run). "
+        "Matched: the share of proposed positions i whose token equals the target's greedy token after the same "
+        "prefix. ProVe's row holds only the points its paper states (depths 1–8 and 16); – = not published."
+        + (f" Its depth 16: {100 * PROVE_32B_BY_DEPTH[16]:.0f}%." if depths < 16 else ""),
+        "",
+        *_depth_table("depth i →", body, depths),
+    ]
+    cats = [c["name"] for c in report.get("categories") or []]
+    for r in rows if cats else []:
+        by = r.get("by_category") or {}
+        k = len(r["acceptance_by_depth"])
+        body = [(PROVE_32B_LABEL, _published(k)), ("all", r["acceptance_by_depth"])]
+        body += [(c, by[c]["acceptance_by_depth"]) for c in cats if c in by]
+        lines += [
+            "",
+            f"### {r['name']}: accepted at depth i, by category",
+            "",
+            *_depth_table("category", body, k),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _span(start: int, size: int) -> str:
+    return f"{start}–{start + size - 1}"
+
+
+def render_positions(report: Mapping[str, Any]) -> str:
+    """bench.md's tokens per cycle by position in the response (first ``position_bin`` tokens, the next, ...): per
+    row that commits more than one token a cycle, overall and by category. A cycle counts where it starts."""
+    rows = [r for r in report["rows"] if (r.get("by_position") or {}).get("start") and r["method"] != "ar"]
+    if not rows:
+        return ""
+    cats = [c["name"] for c in report.get("categories") or []]
+    size = rows[0]["by_position"]["bin_size"]
+    lines = [
+        "",
+        f"## Tokens per cycle by position in the response (bins of {size} tokens)",
+        "",
+        "A cycle counts in the bin of the response position where it starts; the cell is the mean tokens it "
+        "committed (correction / bonus token included).",
+    ]
+    for r in rows:
+        entries = [("all", r["by_position"])]
+        entries += [
+            (c, r["by_category"][c]["tokens_per_cycle_by_position"])
+            for c in cats
+            if c in (r.get("by_category") or {})
+        ]
+        n_bins = max(max(e["start"], default=-size) // size + 1 for _, e in entries)
+        head = ["category"] + [_span(b * size, size) for b in range(n_bins)]
+        lines += [
+            "",
+            f"### {r['name']}",
+            "",
+            "| " + " | ".join(head) + " |",
+            "|" + "|".join(["---"] + ["---:"] * n_bins) + "|",
+        ]
+        for label, e in entries:
+            means = dict(zip(e["start"], e["mean"], strict=True))
+            cells = [_num(means.get(b * size), ".2f", "") for b in range(n_bins)]
+            lines.append("| " + " | ".join([label, *cells]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -269,7 +430,11 @@ def write_report(report: dict[str, Any], output_dir: str | Path, *, plots: bool 
     vllm = report.get("vllm")
     (out / "bench.md").write_text(
         header
+        + render_suites(report)
         + table
+        + render_categories(report)
+        + render_acceptance(report)
+        + render_positions(report)
         + render_quality_table(report["rows"])
         + (render_vllm_table(vllm) if vllm else "")
         + (render_pass_cost(cost) if cost else "")
@@ -281,7 +446,7 @@ def write_report(report: dict[str, Any], output_dir: str | Path, *, plots: bool 
 def _md_header(report: Mapping[str, Any]) -> str:
     env = report["env"]
     lines = [
-        f"# prove-bench — {report['prompts']['n']} prompts, {env['device']} ({env['device_name']}), {env['dtype']}",
+        f"# prove-bench — {report['prompts']['n']} prompts{_suite_title(report)}, {env['device']} ({env['device_name']}), {env['dtype']}",
         "",
         f"model `{report['models']['model']}`, verifier `{report['models']['verifier']}`, "
         f"draft `{report['models']['draft']}`; torch {env['torch']}, transformers {env['transformers']}, "
@@ -308,6 +473,11 @@ def _md_header(report: Mapping[str, Any]) -> str:
             "",
         ]
     return "\n".join(lines)
+
+
+def _suite_title(report: Mapping[str, Any]) -> str:
+    names = (report.get("prompts") or {}).get("suite")
+    return f" of {', '.join(names)}" if names else ""
 
 
 def _jsonable(x: Any) -> Any:

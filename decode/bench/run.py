@@ -32,9 +32,12 @@ from prove.decode.bench.config import BenchConfig
 from prove.decode.bench.hf_compare import check_identical, hf_compare_report, hf_compare_setup
 from prove.decode.bench.metrics import (
     PromptRun,
+    group_key,
     rate_by_depth,
     roc_table,
     summarize,
+    summarize_groups,
+    tokens_per_cycle_by_position,
     trace_points,
 )
 from prove.decode.bench.quality import TokenScores, quality_summary, score_output
@@ -147,6 +150,13 @@ class Inputs:
     """Token ids once ``run_bench`` has encoded them (text or chat messages before)."""
     answers: list[str | None]
     models: dict[str, Any]
+    groups: list[str | None] = dataclasses.field(default_factory=list)
+    """Each prompt's category (``suite/category`` for a named suite's; :func:`group_key`), None = none."""
+    checks: list[Callable[[str], bool] | None] | None = None
+    """Each prompt's accuracy check (a named suite's: pass@1, the answer), None where not scored; None: the
+    prompt file's ``answer`` fields with the default scorer."""
+    suites: dict[str, dict[str, Any]] | None = None
+    """Where each named suite came from (bench.json's ``suites``)."""
 
 
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
@@ -189,7 +199,9 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     if cfg.backend == "vllm":  # vLLM's rows over the concurrency sweep, checked against our ar
         from prove.decode.bench.vllm_rows import run_vllm_rows
 
-        has_answers = any(a is not None for a in inputs.answers)
+        has_answers = inputs.checks is None and any(
+            a is not None for a in inputs.answers
+        )  # suites: ours only
         vllm = run_vllm_rows(cfg, inputs.prompts, runs[REFERENCE], inputs.answers if has_answers else None)
     report = build_report(cfg, specs, decoders, runs, inputs, trace, cost, hf_rows, vllm, quality)
     write_report(report, cfg.output_dir, plots=cfg.plots)
@@ -220,6 +232,8 @@ def load_inputs(cfg: BenchConfig) -> Inputs:
         models, prompt_ids = hf_compare_setup(cfg)
         n = len(prompt_ids)
         return Inputs(keys=list(range(n)), prompts=prompt_ids, answers=[None] * n, models=models)
+    if cfg.suite:
+        return load_suite_inputs(cfg)
     assert cfg.prompts is not None, "BenchConfig checks prompts="
     records = read_prompts(cfg.prompts)[: cfg.n_prompts]
     return Inputs(
@@ -227,6 +241,43 @@ def load_inputs(cfg: BenchConfig) -> Inputs:
         prompts=[render(r, cfg.chat) for r in records],  # encoded once the reference Decoder exists
         answers=[r.answer for r in records],
         models=load_models(cfg),
+        groups=[r.category for r in records],
+    )
+
+
+def load_suite_inputs(cfg: BenchConfig) -> Inputs:
+    """The named suites' prompts (``prove.decode.suites``; MT-bench's second turns after the model's cached AR
+    first answers), the first ``n_prompts`` of them, each with its category and check."""
+    from prove.data.prompts import render
+    from prove.decode.suites import check_suites, load_suites, suite_names
+
+    names = suite_names(cfg.suite)
+    files = {str(k): str(v) for k, v in (cfg.suite_files or {}).items()}
+    check_suites(names, files)  # a missing package fails here, before any model loads
+    models = load_models(cfg)
+    loaded = load_suites(
+        names,
+        model=models["model"],
+        tokenizer=models["tokenizer"],
+        device=cfg.device,
+        dtype=cfg.dtype,
+        per_category=cfg.per_category,
+        sources=files,
+        first_answer_tokens=cfg.first_answer_tokens,
+        cache_dir=cfg.suite_cache,
+        run_code=cfg.run_code,
+        progress=cfg.progress,
+    )
+    n = cfg.n_prompts
+    records, suites, checks = loaded.records[:n], loaded.suites[:n], loaded.checks[:n]
+    return Inputs(
+        keys=[r.id for r in records],
+        prompts=[render(r, cfg.chat) for r in records],
+        answers=[r.answer for r in records],
+        models=models,
+        groups=[group_key(s, r.category) for s, r in zip(suites, records, strict=True)],
+        checks=checks,
+        suites=loaded.info,
     )
 
 
@@ -360,13 +411,25 @@ def build_report(
 ) -> dict[str, Any]:
     """bench.json's content: one summary per row (with its per-prompt records and, with ``quality``, its
     :func:`quality_summary` against AR), the environment, the inputs, and vLLM's rows (``vllm``, ``backend=vllm``)."""
-    has_answers = any(a is not None for a in inputs.answers)
+    checks = accuracy_checks(inputs)
+    grouped = any(g is not None for g in inputs.groups)
     spec_by_name = {s.name: s for s in specs}
     rows = []
     for name, row_runs in runs.items():
-        summary = summarize(
-            row_runs, runs[REFERENCE], inputs.answers if has_answers else None, bin_size=cfg.bin_size
+        summary = summarize(row_runs, runs[REFERENCE], checks=checks, bin_size=cfg.bin_size)
+        starts, means, counts = tokens_per_cycle_by_position(
+            (r.committed_per_cycle for r in row_runs), cfg.position_bin
         )
+        summary["by_position"] = {
+            "bin_size": cfg.position_bin,
+            "start": starts,
+            "mean": means,
+            "cycles": counts,
+        }
+        if grouped:
+            summary["by_category"] = summarize_groups(
+                row_runs, runs[REFERENCE], inputs.groups, checks=checks, bin_size=cfg.position_bin
+            )
         spec = spec_by_name.get(name)
         if spec:
             params = _resolved_params(decoders[name])
@@ -420,10 +483,13 @@ def build_report(
         "config": dataclasses.asdict(cfg),
         "models": {"model": cfg.model, "verifier": cfg.verifier, "draft": cfg.draft},
         "prompts": {
-            "path": str(cfg.prompts),
+            "path": None if cfg.prompts is None else str(cfg.prompts),
+            "suite": None if not cfg.suite else list(inputs.suites or {}),
             "n": len(inputs.prompts),
-            "with_answers": sum(a is not None for a in inputs.answers),
+            "with_answers": sum(c is not None for c in checks) if checks is not None else 0,
         },
+        "suites": inputs.suites,
+        "categories": _categories(inputs.groups),
         "reference": REFERENCE,
         "rows": rows,
         "lossless_violations": [r["name"] for r in rows if r["lossless"] and r["agreement"] < 1]
@@ -436,6 +502,27 @@ def build_report(
     if cfg.hf_compare is not None:
         report.update(hf_compare_report(cfg, runs, len(inputs.prompts), specs))
     return report
+
+
+def accuracy_checks(inputs: Inputs) -> list[Callable[[str], bool] | None] | None:
+    """Each prompt's accuracy check: a named suite's own, else the prompt file's ``answer`` under the default
+    scorer (``prove.data.synthetic.score``); None when no prompt has one."""
+    if inputs.checks is not None:
+        return inputs.checks if any(c is not None for c in inputs.checks) else None
+    if all(a is None for a in inputs.answers):
+        return None
+    from prove.data.synthetic import score
+
+    return [None if a is None else (lambda text, a=a: bool(score(text, a))) for a in inputs.answers]
+
+
+def _categories(groups: Sequence[str | None]) -> list[dict[str, Any]]:
+    """bench.json's ``categories``: each category's name and prompt count, in the order they first appear."""
+    counts: dict[str, int] = {}
+    for g in groups:
+        if g is not None:
+            counts[g] = counts.get(g, 0) + 1
+    return [{"name": g, "n": n} for g, n in counts.items()]
 
 
 def _now() -> float:

@@ -53,7 +53,8 @@ def test_bench_end_to_end(bench_dir):
     )
     assert report["schema"] == "prove-bench/1"
     assert {"device", "dtype", "torch", "transformers", "git_commit"} <= report["env"].keys()
-    assert report["prompts"] == {"path": cfg.prompts, "n": 2, "with_answers": 2}
+    assert report["prompts"] == {"path": cfg.prompts, "suite": None, "n": 2, "with_answers": 2}
+    assert report["suites"] is None and report["categories"] == []  # a prompt file without categories
     names = [r["name"] for r in report["rows"]]
     fused = "prove-lossless fused"  # (fuse_groups=auto, the one J: no J in the name)
     assert names == [
