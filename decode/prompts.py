@@ -133,6 +133,7 @@ def run(cfg: DecodeConfig) -> Path:
     )
     if records is None:  # mt-bench-2: the second turns follow this model's own AR first answers
         records = suite_records(cfg, decoder.model, decoder.tokenizer)
+        assert records is not None, "given the model, every suite loads"
     return decode_prompts(
         decoder,
         records,

@@ -513,7 +513,10 @@ def accuracy_checks(inputs: Inputs) -> list[Callable[[str], bool] | None] | None
         return None
     from prove.data.synthetic import score
 
-    return [None if a is None else (lambda text, a=a: bool(score(text, a))) for a in inputs.answers]
+    def check(answer: str) -> Callable[[str], bool]:
+        return lambda text: bool(score(text, answer))
+
+    return [None if a is None else check(a) for a in inputs.answers]
 
 
 def _categories(groups: Sequence[str | None]) -> list[dict[str, Any]]:
