@@ -45,6 +45,28 @@ NEVER = frozenset({"CUDA_VISIBLE_DEVICES"})
 _SAFE_VALUE = re.compile(r'[^"$`\\\n\r]*')
 
 
+def one_process_rendezvous(environ: dict[str, str] | None = None, port: int | None = None) -> dict[str, str]:
+    """The rendezvous variables of a one-process run that no launcher started (``prove-train`` on one CPU or one
+    GPU, as ``make train-proposer`` runs it there): rank 0 of 1 on 127.0.0.1, a free port unless ``MASTER_PORT`` is
+    set. Without them ``deepspeed=...`` fails at start: DeepSpeed, finding no ``RANK``, asks MPI for one (``No module
+    named 'mpi4py'``). A launch that set ``RANK`` or ``WORLD_SIZE`` (torchrun, the deepspeed launcher) is left alone.
+    Sets them in ``environ`` (default ``os.environ``); returns the ones it set."""
+    env = os.environ if environ is None else environ
+    if "RANK" in env or "WORLD_SIZE" in env:
+        return {}
+    if port is None and "MASTER_PORT" not in env:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    wanted = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+    added = {k: v for k, v in wanted.items() if k not in env}
+    env.update(added)
+    return added
+
+
 def forwarded_env(environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
     """``(variables to write, names left out with the reason)`` from ``environ``."""
     keep: dict[str, str] = {}

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from prove.train.config import PeftKind, TrainConfig, run_label
+from prove.train.launch import one_process_rendezvous
 from prove.train.modeling import apply_lora, build_model_and_tokenizer, mask_token_id
 from prove.train.rerun import StagePlan, check_inputs_finished, plan_stage, record_start, world_size
 from prove.train.rounds import for_round
@@ -155,6 +156,8 @@ def training_arguments(cfg: TrainConfig, report_to: list[str]) -> TrainingArgume
     """``TrainingArguments`` from ``cfg.trainer`` (+ ``cfg.deepspeed``); built before the model on purpose."""
     t = cfg.trainer
     use_cpu = not torch.cuda.is_available()
+    if cfg.deepspeed is not None:
+        one_process_rendezvous()  # prove-train started alone (one CPU or GPU): rank 0 of 1, not MPI's discovery
     if cfg.deepspeed is not None and use_cpu:
         import deepspeed  # an optional dependency (prove[deepspeed]): imported only when a run asks for it
 

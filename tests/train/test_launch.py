@@ -326,3 +326,22 @@ def test_one_node_32b_launch_as_written():
         assert cfg.deepspeed["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
         assert t.per_device_train_batch_size * t.gradient_accumulation_steps * 8 == 384
         assert cfg.cpu_threads is None  # sized per rank at start: the node's cores / 8, not torchrun's 1
+
+
+def test_a_one_process_launch_gets_rank_0_of_1_not_mpi():
+    """`make train-proposer` on one CPU or GPU starts prove-train alone: with deepspeed=... DeepSpeed, finding no RANK,
+    asked MPI (No module named 'mpi4py') until the run set the one-process rendezvous itself. A launcher's own
+    variables (torchrun, the deepspeed launcher) are never touched, and a MASTER_PORT given is kept."""
+    from prove.train.launch import one_process_rendezvous
+
+    env: dict[str, str] = {"PATH": "/bin"}
+    added = one_process_rendezvous(env)
+    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR")} == {
+        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"
+    }  # fmt: skip
+    assert 0 < int(env["MASTER_PORT"]) < 65536 and added["MASTER_PORT"] == env["MASTER_PORT"]
+    launched = {"RANK": "3", "WORLD_SIZE": "8", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    assert one_process_rendezvous(launched) == {} and launched["RANK"] == "3"
+    kept = {"MASTER_PORT": "29999"}
+    one_process_rendezvous(kept)
+    assert kept["MASTER_PORT"] == "29999" and kept["WORLD_SIZE"] == "1"
