@@ -18,8 +18,9 @@
 =================  ==========================================================================================
 
 A suite whose package is missing raises :class:`SuiteUnavailable`, one line naming the command that installs it.
-:func:`shared_ngrams` reports the suite prompts that share a 13-gram with a list of training prompts (a training set
-meant to be disjoint from every suite is checked with it).
+:func:`shared_ngrams` reports the suite prompts that share a 13-gram with a list of training prompts; with
+:func:`suite_prompts` (every user turn of every suite) a training set meant to be disjoint from the suites is checked:
+``shared_ngrams(suite_prompts(), training_prompts) == []``.
 """
 
 from __future__ import annotations
@@ -341,6 +342,26 @@ def user_text(prompt: str | Sequence[Mapping[str, str]]) -> str:
     if isinstance(prompt, str):
         return prompt
     return "\n".join(m["content"] for m in prompt if m.get("role") == "user")
+
+
+def suite_prompts(
+    names: Iterable[str] | None = None, sources: Mapping[str, str | Path] | None = None
+) -> list[PromptRecord]:
+    """Every prompt a user writes in the suites ``names`` (None: all), for a disjointness check
+    (:func:`shared_ngrams`): MT-bench's questions with both user turns (the model's answer between them left empty),
+    HumanEval's requests, the generated problems. Needs every named suite's package (:class:`SuiteUnavailable`)."""
+    sources = dict(sources or {})
+    records: list[PromptRecord] = []
+    mt_bench_read = False
+    for name in dict.fromkeys(names if names is not None else SUITES):
+        if name in ("mt-bench", "mt-bench-2"):
+            if not mt_bench_read:  # one record per question, holding both user turns
+                questions = mt_bench_questions(sources.get(name))
+                records += mt_bench_second_turns(questions, {q.id: "" for q in questions})
+                mt_bench_read = True
+        else:
+            records += load_suite(name, source=sources.get(name)).records
+    return records
 
 
 @dataclass(frozen=True)

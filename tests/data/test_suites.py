@@ -205,3 +205,17 @@ def test_make_install_real_pins_the_versions_the_suites_name():
     for s in suites.SUITES.values():
         if s.package is not None:
             assert f'"{s.package}=={s.version}"' in line, s.name
+
+
+def test_suite_prompts_hold_both_mt_bench_turns_and_every_other_suite():
+    """A training set is checked against every user turn: a second-turn question shared with training is found."""
+    records = suites.suite_prompts(
+        ["mt-bench", "mt-bench-2", "humaneval", "arithmetic"],
+        {"mt-bench": MT, "mt-bench-2": MT, "humaneval": HE},
+    )
+    ids = [r.id for r in records]
+    assert ids[:6] == [f"mt-bench/{i}/turn-2" for i in range(1, 7)]  # MT-bench once, though named twice
+    assert ids[6:8] == ["Mini/0", "Mini/1"] and len(ids) == 8 + suites.ARITHMETIC_SIZE
+    training = ["Quick question: if each pen costs 3 dollars, what was the revenue? I wonder, thanks a lot."]
+    assert [o.id for o in suites.shared_ngrams(records, training, n=8)] == ["mt-bench/3/turn-2"]
+    assert [r.id for r in suites.suite_prompts(["mt-bench"], {"mt-bench": MT})][0] == "mt-bench/1/turn-2"
