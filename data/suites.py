@@ -21,12 +21,17 @@ A suite whose package is missing raises :class:`SuiteUnavailable`, one line nami
 :func:`shared_ngrams` reports the suite prompts that share a 13-gram with a list of training prompts; with
 :func:`suite_prompts` (every user turn of every suite) a training set meant to be disjoint from the suites is checked:
 ``shared_ngrams(suite_prompts(), training_prompts) == []``.
+
+    python -m prove.data.suites list                                   # each suite: installed? version, file
+    python -m prove.data.suites overlap --train runs/data/x/train.jsonl [--suite mt-bench humaneval] [--n 13]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -393,3 +398,48 @@ def shared_ngrams(
                 found.append(Overlap(rec.id, index[g], " ".join(g)))
                 break
     return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m prove.data.suites", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list", help="each suite, whether its package is installed, its version and file")
+    ov = sub.add_parser(
+        "overlap", help="suite prompts sharing an n-gram with a training file (exit 1 if any)"
+    )
+    ov.add_argument(
+        "--train", required=True, nargs="+", help="prompt / training JSONL files (or text, a line each)"
+    )
+    ov.add_argument(
+        "--suite", nargs="+", default=None, help=f"suites to check (default: all of {', '.join(SUITES)})"
+    )
+    ov.add_argument("--n", type=int, default=13, help="words per n-gram")
+    args = parser.parse_args(argv)
+    if args.cmd == "list":
+        for s in SUITES.values():
+            try:
+                where = (
+                    load_suite(s.name, first_answers={}).source
+                    if not s.needs_answers
+                    else str(mt_bench_path())
+                )
+                state = f"{s.package} {metadata.version(s.package)}" if s.package else "generated"
+            except SuiteUnavailable as e:
+                where, state = str(e), "missing"
+            print(f"{s.name:11s} {state:32s} {where}")
+        return 0
+    from prove.data.prompts import read_prompts
+
+    training = [r.prompt for path in args.train for r in read_prompts(path)]
+    found = shared_ngrams(suite_prompts(args.suite), training, args.n)
+    for o in found:
+        print(f"{o.id}: shares {args.n}-gram '{o.ngram}' with training prompt {o.training_index}")
+    print(
+        f"{len(found)} suite prompt(s) share a {args.n}-gram with {len(training)} training prompts",
+        file=sys.stderr,
+    )
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

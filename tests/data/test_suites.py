@@ -219,3 +219,20 @@ def test_suite_prompts_hold_both_mt_bench_turns_and_every_other_suite():
     training = ["Quick question: if each pen costs 3 dollars, what was the revenue? I wonder, thanks a lot."]
     assert [o.id for o in suites.shared_ngrams(records, training, n=8)] == ["mt-bench/3/turn-2"]
     assert [r.id for r in suites.suite_prompts(["mt-bench"], {"mt-bench": MT})][0] == "mt-bench/1/turn-2"
+
+
+def test_overlap_command_exits_1_and_names_the_prompt(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(suites, "mt_bench_path", lambda: MT)
+    train = tmp_path / "train.jsonl"
+    rows = [{"messages": [{"role": "user", "content": "Describe a rainy morning at a train station in three sentences "
+                                                      "please, and keep it short."}, {"role": "assistant", "content": "ok"}]},
+            {"messages": [{"role": "user", "content": "something else entirely"}]}]  # fmt: skip
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert suites.main(["overlap", "--train", str(train), "--suite", "mt-bench", "--n", "9"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "mt-bench/2/turn-2: shares 9-gram 'describe a rainy morning at a train station in' with training prompt 0"
+    ]
+    assert (
+        suites.main(["overlap", "--train", str(train), "--suite", "mt-bench"]) == 0
+    )  # no 13 words in common
