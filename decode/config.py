@@ -235,7 +235,7 @@ class DecodeConfig(DecodeParams):
     suite: Any = None
     """Named public prompt sets instead of ``prompts`` (``prove.data.suites``): ``mt-bench``, ``mt-bench-2`` (second
     turns after the model's cached AR greedy first answers), ``humaneval``, ``arithmetic`` (generated), or a list.
-    Each output record carries its ``suite`` and ``category``."""
+    Each output record carries its ``category`` (``suite/category``, e.g. ``mt-bench/writing``)."""
     per_category: int | None = None
     """With ``suite``: the first N prompts of each category (null = all)."""
     suite_files: Any = None
