@@ -304,3 +304,67 @@ def test_a_shape_that_does_not_fit_is_skipped_and_reported(tmp_path, monkeypatch
     assert all(c["ok"] for c in checks) and len(checks) == 2
     path, note = gc.write_plot(curve, tmp_path)
     assert note is None and path is not None and os.path.getsize(path) > 0
+
+
+@pytest.mark.slow
+def test_tiny_pipeline_runs_the_whole_job_through_make(tmp_path):
+    """--parts pipeline --tiny: make train-proposer (sft, then mars killed after its first checkpoint and resumed
+    there), make train-verifier, the offload optimizer, prove-decode and prove-bench, on CPU with gloo and zero3 —
+    hydra and deepspeed in the launches only, never in this process. Then --from-stage bench reruns the last stage
+    alone and reads the earlier ones back."""
+    out = tmp_path / "gc"
+    proc = _run_blocked(["--tiny", "--parts", "pipeline", "--out", str(out)], tmp_path)
+    report = json.loads((out / "gpu-check.json").read_text())
+    assert proc.returncode == 0, [c for c in report["checks"] if not c["ok"]]
+    stages = report["pipeline"]["stages"]
+    assert list(stages) == list(gc.PIPELINE_STAGES) and all(s["ok"] for s in stages.values())
+    for name in ("sft", "verifier"):
+        assert stages[name]["s_per_step"] > 0 and stages[name]["tokens_per_s"] > 0, stages[name]
+        assert stages[name]["peak_rss_gib"] > 0.1
+    assert stages["sft"]["steps_logged"] == report["config"]["pipeline"]["sft_steps"]
+    mars = stages["mars"]
+    # killed after checkpoint 3 (save_steps=3), resumed there, 8 steps in all: the rerun ran only the 5 left
+    assert mars["resumed_from_step"] in mars["first_launch"]["killed_after_checkpoints"]
+    assert mars["final_step"] == 8 and mars["steps_logged"] == 8 - mars["resumed_from_step"]
+    assert stages["cpu-adam"]["rc"] == 0 and stages["decode"]["records"] > 0
+    rows = stages["bench"]["float32"]["rows"]
+    assert {"ar", "hf-greedy", "prove", "prove-lossless unfused", "prove-lossless fused"} <= set(rows)
+    assert all(r["agreement"] == 1.0 for r in rows.values() if r["lossless"])
+    md = (out / "gpu-check.md").read_text()
+    assert "## 5. Pipeline" in md and "resumed at step" in md and "❌" not in md
+    sft_wall = stages["sft"]["wall_s"]
+
+    proc = _run_blocked(
+        ["--tiny", "--parts", "pipeline", "--from-stage", "bench", "--out", str(out)], tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    again = json.loads((out / "gpu-check.json").read_text())["pipeline"]
+    assert (
+        again["from_stage"] == "bench" and again["stages"]["sft"]["wall_s"] == sft_wall
+    )  # read back, not rerun
+    log = (out / "pipeline" / "pipeline.log").read_text()
+    assert log.count("prove-bench model=") == 2 and log.count("STAGES=sft") == 1
+
+
+def test_pipeline_numbers_and_from_stage_errors(tmp_path):
+    """The Trainer's log lines (after a progress bar's carriage return) give s/step and tokens/s; a step log carrying
+    train_runtime is not the final one. --from-stage without an earlier run's state is one error, and an unknown
+    stage is refused."""
+    from prove.recipes.gpu_check.pipeline import training_numbers
+
+    out = "\n".join(
+        [
+            " 50%|█| 1/2 [00:00<00:00] {'loss': '5.7', 'num_input_tokens_seen': 1000, 'train_runtime': '0.1'}",
+            "\r 100%|█| 2/2 {'loss': '5.5', 'num_input_tokens_seen': 2000, 'train_runtime': '0.2'}",
+            "{'train_runtime': '0.5', 'train_steps_per_second': '4', 'train_loss': '5.6'}",
+            "gpu-check-peak-rss-kib 1048576",
+        ]
+    )
+    got = training_numbers(out)
+    assert got["steps_logged"] == 2 and got["s_per_step"] == pytest.approx(0.25)
+    assert got["tokens_per_s"] == pytest.approx(1000 / 0.25) and got["peak_rss_gib"] == pytest.approx(1.0)
+    cfg = gc.tiny_config(out=str(tmp_path), parts=("pipeline",), pipeline_from="mars")
+    with pytest.raises(ValueError, match="has no result of install, sft: run from an earlier stage"):
+        gc.run_pipeline(cfg, [])
+    with pytest.raises(ValueError, match="--from-stage nope: pick from install,sft,mars"):
+        gc.tiny_config(parts=("pipeline",), pipeline_from="nope")

@@ -37,9 +37,10 @@ deepspeed, datasets, accelerate. So a GPU machine with torch and transformers ru
 """
 
 from prove.recipes.gpu_check.cli import main, parse_args, run
-from prove.recipes.gpu_check.config import PARTS, SHAPES, CheckConfig, tiny_config
+from prove.recipes.gpu_check.config import ALL_PARTS, PARTS, PIPELINE_STAGES, SHAPES, CheckConfig, tiny_config
 from prove.recipes.gpu_check.curve import fits, run_curve, time_widths
 from prove.recipes.gpu_check.decoding import DecodeSpec, decode_specs, run_decode
+from prove.recipes.gpu_check.pipeline import run_pipeline
 from prove.recipes.gpu_check.predict import (
     block_sizes_for,
     curve_widths,
@@ -54,7 +55,9 @@ from prove.recipes.gpu_check.report import render_md, write_plot
 from prove.recipes.gpu_check.training import run_train
 
 __all__ = [
+    "ALL_PARTS",
     "PARTS",
+    "PIPELINE_STAGES",
     "SHAPES",
     "CheckConfig",
     "DecodeSpec",
@@ -74,6 +77,7 @@ __all__ = [
     "run",
     "run_curve",
     "run_decode",
+    "run_pipeline",
     "run_train",
     "time_widths",
     "tiny_config",

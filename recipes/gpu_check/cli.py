@@ -11,10 +11,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from prove.recipes.gpu_check.config import PARTS, SCHEMA, SHAPES, CheckConfig, tiny_config
+from prove.recipes.gpu_check.config import (
+    ALL_PARTS,
+    PARTS,
+    PIPELINE_STAGES,
+    SCHEMA,
+    SHAPES,
+    CheckConfig,
+    tiny_config,
+)
 from prove.recipes.gpu_check.curve import run_curve
 from prove.recipes.gpu_check.decoding import run_decode
 from prove.recipes.gpu_check.engine import run_engine
+from prove.recipes.gpu_check.pipeline import run_pipeline
 from prove.recipes.gpu_check.predict import (
     curve_widths,
     load_acceptance,
@@ -56,6 +65,7 @@ def run(cfg: CheckConfig) -> dict[str, Any]:
         ("decode", run_decode),
         ("curve", run_curve),
         ("engine", run_engine),
+        ("pipeline", run_pipeline),
     ):
         if part not in cfg.parts:
             continue
@@ -121,7 +131,10 @@ def parse_args(argv: Sequence[str] | None) -> CheckConfig:
     )
     ap.add_argument("--device", default=None, help="torch device (default cuda; cpu with --tiny)")
     ap.add_argument("--out", default="outputs/gpu-check", help="output folder (default outputs/gpu-check)")
-    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(ALL_PARTS)} "
+                    f"(default {','.join(PARTS)}; pipeline: the whole job through make)")  # fmt: skip
+    ap.add_argument("--from-stage", default=None, help=f"pipeline: rerun from this stage of {','.join(PIPELINE_STAGES)}"
+                    " (the earlier ones read back from the last run's state.json)")  # fmt: skip
     ap.add_argument(
         "--shapes", default=None, help=f"cost-curve shapes, comma-separated, of {', '.join(SHAPES)}"
     )
@@ -169,6 +182,8 @@ def parse_args(argv: Sequence[str] | None) -> CheckConfig:
         kw["engine_hf_compile_shapes"] = tuple(s for s in args.engine_hf_compile.split(",") if s)
     if args.engine_compile is not None:
         kw["engine_compile_shapes"] = tuple(s for s in args.engine_compile.split(",") if s)
+    if args.from_stage:
+        kw["pipeline_from"] = args.from_stage
     if args.no_flex:
         kw["flex"] = False
     if args.tiny and args.flex:

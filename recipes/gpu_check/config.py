@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,10 @@ SHAPES: dict[str, dict[str, Any]] = {
                    num_key_value_heads=2, vocab_size=256, tie_word_embeddings=False),
 }  # fmt: skip
 PARTS = ("train", "decode", "curve", "engine")
+"""The parts a plain run does: torch and transformers are all they need."""
+ALL_PARTS = (*PARTS, "pipeline")
+"""``--parts pipeline`` too: the whole job through ``make`` (hydra and DeepSpeed, in its subprocesses)."""
+PIPELINE_STAGES = ("install", "sft", "mars", "verifier", "cpu-adam", "decode", "bench")
 
 
 @dataclass
@@ -85,11 +89,24 @@ class CheckConfig:
     42 s, so 32B's 64 layers may take minutes a row; add it with --engine-compile."""
     engine_injected: tuple[float, ...] = (2.0, 3.0, 4.5)
     """Tokens per cycle the injected-acceptance rows run at (each ≤ block_size + 1)."""
+    # 5. pipeline (prove.recipes.gpu_check.pipeline): the whole job through make
+    pipeline_from: str | None = None
+    """``--from-stage``: the first stage to run; the earlier ones are read back from the last run's state.json."""
+    pipeline_timeout: float = 600.0
+    """Seconds one launch of a stage may take before it is killed and fails."""
+    pipeline: dict[str, Any] = field(default_factory=dict)
+    """The run's sizes (:func:`~prove.recipes.gpu_check.pipeline.pipeline_settings`; filled from ``tiny``)."""
 
     def __post_init__(self) -> None:
-        unknown = set(self.parts) - set(PARTS)
+        unknown = set(self.parts) - set(ALL_PARTS)
         if unknown or not self.parts:
-            raise ValueError(f"--parts {','.join(self.parts)}: pick from {','.join(PARTS)}")
+            raise ValueError(f"--parts {','.join(self.parts)}: pick from {','.join(ALL_PARTS)}")
+        if self.pipeline_from is not None and self.pipeline_from not in PIPELINE_STAGES:
+            raise ValueError(f"--from-stage {self.pipeline_from}: pick from {','.join(PIPELINE_STAGES)}")
+        if not self.pipeline:
+            from prove.recipes.gpu_check.pipeline import pipeline_settings
+
+            self.pipeline = pipeline_settings(self.tiny)
         for name in {
             self.train_shape,
             self.decode_shape,

@@ -123,6 +123,7 @@ def render_md(report: Mapping[str, Any]) -> str:
                       f"{pc['predicted']:.2f}×, measured {pc['measured']:.2f}× over ar (the gap is the engine's "
                       "per-cycle host work, which t(w) leaves out)."]  # fmt: skip
     lines += render_engine(report.get("engine"), report.get("curve"))
+    lines += render_pipeline(report.get("pipeline"))
     if report.get("plot_note"):
         lines += ["", report["plot_note"]]
     return "\n".join(lines) + "\n"
@@ -164,6 +165,44 @@ def render_engine(engine: Mapping[str, Any] | None, curve: Mapping[str, Any] | N
                   "", "| w | slot cache | part 3 |", "|---:|---:|---:|"]  # fmt: skip
         for w in sorted(int(k) for k in g):
             lines.append(f"| {w} | {_f(g.get(w, g.get(str(w))))} | {_f(eager.get(str(w), eager.get(w)))} |")
+    return lines
+
+
+def render_pipeline(pipeline: Mapping[str, Any] | None) -> list[str]:
+    """Part 5's section: one row per stage (wall time, s/step, tokens/s, peak memory), MARS's resume, the bench."""
+    if not pipeline:
+        return []
+    stages = pipeline["stages"]
+    shape = pipeline["settings"]["shape"]
+    lines = ["", f"## 5. Pipeline: the whole job through make (a {shape['layers']}-layer, hidden {shape['hidden']} "
+                 "body with random weights, the tiny recipe's tokenizer, deepspeed=zero3)"
+             + (f", from stage {pipeline['from_stage']}" if pipeline.get("from_stage") else ""), "",
+             "| stage | ok | wall s | s/step | tokens/s | peak GPU GiB | peak RSS GiB | note |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    for name, s in stages.items():
+        note = s.get("error") or ""
+        if name == "mars" and s.get("resumed_from_step") is not None:
+            note = f"killed after checkpoint {s['first_launch']['killed_after_checkpoints']}, resumed at step " \
+                   f"{s['resumed_from_step']}, finished at {s['final_step']}"  # fmt: skip
+        if name == "cpu-adam" and not s.get("error"):
+            note = (
+                "torch AdamW on the offload path (--tiny)"
+                if s.get("torch_adam")
+                else "DeepSpeed CPU Adam built"
+            )
+        lines.append(
+            f"| {name} | {'✅' if s['ok'] else '❌'} | {_f(s.get('wall_s'), '.0f')} | {_f(s.get('s_per_step'), '.3f')} | "
+            f"{_f(s.get('tokens_per_s'), '.0f')} | {_f(s.get('peak_gib'))} | {_f(s.get('peak_rss_gib'))} | {note} |"
+        )
+    for dtype, b in (stages.get("bench") or {}).items():
+        if not isinstance(b, dict) or "rows" not in b:
+            continue
+        lines += ["", f"prove-bench, {dtype}:", "", "| row | = ar | tokens/s | tokens/cycle | speedup |",
+                  "|---|---:|---:|---:|---:|"]  # fmt: skip
+        for name, r in b["rows"].items():
+            lines.append(f"| {name} | {_f(r.get('agreement'), '.0%')} | {_f(r.get('tokens_per_s'), '.0f')} | "
+                         f"{_f(r.get('tokens_per_cycle'))} | {_f(r.get('speedup_total'))}× |")  # fmt: skip
+    lines += ["", f"Every launch's output: `{pipeline['log']}`."]
     return lines
 
 
