@@ -259,6 +259,8 @@ bench-step: install ## a MARS step's s/step and peak RSS vs a plain causal-LM st
 # static cache) with the fast path's rows (--parts engine) -> outputs/gpu-check/{gpu-check.json,gpu-check.md,cost_curve.png}.
 # Needs only torch + transformers: it runs without `make install` (a python with both, GPU_CHECK_PY) through a
 # symlinked `prove` package path. GPU_CHECK_ARGS, e.g. "--acceptance outputs/bench/bench.json" or "--tiny" (CPU).
+# GPU_CHECK_ARGS="--parts pipeline [--from-stage mars]": the whole job through make train-proposer / train-verifier,
+# prove-decode and prove-bench (make install first, from wheelhouse/ beside the checkout when there is one).
 GPU_CHECK_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 GPU_CHECK_ARGS ?=
 GPU_CHECK_PKG := outputs/.gpu-check-pkg
