@@ -301,3 +301,45 @@ def test_the_requirements_are_the_projects_less_the_node_stack_and_without():
     assert {"hydra-core", "deepspeed", "datasets", "transformers"} <= names
     assert "torch" not in names and "wandb" not in names and "matplotlib" in names
     assert any(r.startswith("setuptools") for r in wh.build_requirements(ROOT / "pyproject.toml"))
+
+
+def test_a_rebuild_keeps_what_it_holds_and_drops_stale_wheels(tmp_path, monkeypatch):
+    """build's bookkeeping, with pip's resolution and download stood in: a wheel already held at the resolved version
+    (a built DeepSpeed) is not fetched again, an older one of another build is removed, the rest is fetched; the
+    manifest and requirements.txt say what the node installs. Catches a rebuild that re-downloads or keeps stale files."""
+    out = tmp_path / "wh"
+    out.mkdir()
+    (out / "deepspeed-0.19.8-py3-none-any.whl").write_bytes(b"built once")
+    (out / "hjson-3.0.0-py3-none-any.whl").write_bytes(b"stale")
+    install = [
+        _entry("deepspeed", "0.19.8", "hjson"),
+        _entry("hjson", "3.1.0"),
+        _entry("setuptools", "84.2.1"),
+    ]
+    monkeypatch.setattr(wh, "resolve", lambda roots, *a: install)
+    monkeypatch.setattr(wh, "project_requirements", lambda *a: ["deepspeed>=0.16"])
+    monkeypatch.setattr(wh, "build_requirements", lambda *a: ["setuptools>=77"])
+    fetched: list[str] = []
+
+    def pip(*args, env=None):
+        assert args[0] == "download" and "--no-deps" in args and "--only-binary=:all:" in args
+        for pin in args[args.index(str(out)) + 1 :]:
+            fetched.append(pin)
+            name, version = pin.split("==")
+            (out / f"{name}-{version}-py3-none-any.whl").write_bytes(b"x" * 10)
+        return subprocess.CompletedProcess(args, 0, "", "")
+
+    monkeypatch.setattr(wh, "pip", pip)
+    assert wh.main(["build", "--out", str(out), "--python-version", "3.12"]) == 0
+    assert sorted(fetched) == ["hjson==3.1.0", "setuptools==84.2.1"]
+    assert sorted(p.name for p in out.glob("*.whl")) == [
+        "deepspeed-0.19.8-py3-none-any.whl", "hjson-3.1.0-py3-none-any.whl", "setuptools-84.2.1-py3-none-any.whl"
+    ]  # fmt: skip
+    manifest = json.loads((out / wh.MANIFEST).read_text())
+    assert manifest["python_version"] == "3.12" and set(manifest["files"]) == {
+        "deepspeed",
+        "hjson",
+        "setuptools",
+    }
+    assert manifest["total_bytes"] == len(b"built once") + 20
+    assert (out / wh.REQUIREMENTS).read_text() == "deepspeed>=0.16\n"

@@ -48,10 +48,10 @@ try:
     from packaging.utils import canonicalize_name, parse_wheel_filename
     from packaging.version import InvalidVersion, Version
 except ImportError:  # a bare interpreter: pip's vendored copy
-    from pip._vendor.packaging.requirements import Requirement  # type: ignore[no-redef]
-    from pip._vendor.packaging.tags import sys_tags  # type: ignore[no-redef]
-    from pip._vendor.packaging.utils import canonicalize_name, parse_wheel_filename  # type: ignore[no-redef]
-    from pip._vendor.packaging.version import InvalidVersion, Version  # type: ignore[no-redef]
+    from pip._vendor.packaging.requirements import Requirement  # type: ignore[no-redef,assignment]
+    from pip._vendor.packaging.tags import sys_tags  # type: ignore[no-redef,assignment]
+    from pip._vendor.packaging.utils import canonicalize_name, parse_wheel_filename  # type: ignore[no-redef,assignment]
+    from pip._vendor.packaging.version import InvalidVersion, Version  # type: ignore[no-redef,assignment]
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON_VERSION = "3.12"
@@ -285,19 +285,22 @@ def build(args: argparse.Namespace) -> int:
         # the build backend of `pip install -e .` (its own resolution: the node's setuptools may be older)
         build_install = resolve(build_requirements(pyproject), target, [out], Path(os.devnull))
         keep.update(needed(build_install, build_requirements(pyproject), {}))
-    pins = sorted(f"{e['metadata']['name']}=={e['metadata']['version']}" for e in keep.values())
-    local = {canonicalize_name(parse_wheel_filename(p.name)[0]): p for p in out.glob("*.whl")}
-    fetch = [p for p in pins if canonicalize_name(p.split("==")[0]) not in local
-             or str(parse_wheel_filename(local[canonicalize_name(p.split("==")[0])].name)[1]) != p.split("==")[1]]  # fmt: skip
+    wanted = {n: Version(e["metadata"]["version"]) for n, e in keep.items()}
+
+    def held(p: Path) -> tuple[str, Version]:
+        name, version = parse_wheel_filename(p.name)[:2]
+        return canonicalize_name(name), version
+
+    have = {held(p) for p in out.glob("*.whl")}
+    fetch = sorted(f"{keep[n]['metadata']['name']}=={v}" for n, v in wanted.items() if (n, v) not in have)
     if fetch:
         r = pip("download", "--no-deps", *target, "-d", str(out), *fetch)
         if r.returncode:
             raise SystemExit(f"wheelhouse: pip download failed:\n{r.stderr[-3000:]}")
     files = {}
     for p in sorted(out.glob("*.whl")):
-        name, version = parse_wheel_filename(p.name)[:2]
-        name = canonicalize_name(name)
-        if name in keep and str(version) == keep[name]["metadata"]["version"]:
+        name, got = held(p)
+        if wanted.get(name) == got:
             files[name] = p
         else:
             p.unlink()  # a stale wheel of an earlier build (another node, another target)

@@ -201,9 +201,9 @@ def training_numbers(out: str) -> dict[str, Any]:
             per_step = (seen[-1] - seen[0]) / (len(seen) - 1)
             res["tokens_per_s"] = per_step / res["s_per_step"]
         res["loss_first"], res["loss_last"] = float(steps[0]["loss"]), float(steps[-1]["loss"])
-    m = re.findall(r"gpu-check-peak-rss-kib (\d+)", out)
-    if m:
-        res["peak_rss_gib"] = int(m[-1]) / 2**20
+    rss = re.findall(r"gpu-check-peak-rss-kib (\d+)", out)
+    if rss:
+        res["peak_rss_gib"] = int(rss[-1]) / 2**20
     return res
 
 
@@ -300,7 +300,7 @@ def stage_decode(cfg: CheckConfig, run: Path, log: Path) -> tuple[bool, dict[str
     t0 = time.perf_counter()
     rc, out = run_logged(cmd, cfg, log, cfg.pipeline_timeout)
     rows = [json.loads(x) for x in out_file.read_text().splitlines()] if out_file.exists() else []
-    res = {"rc": rc, "wall_s": time.perf_counter() - t0, "records": len(rows)}
+    res: dict[str, Any] = {"rc": rc, "wall_s": time.perf_counter() - t0, "records": len(rows)}
     if rc:
         res["error"] = last_line(out)
     return rc == 0 and len(rows) > 0, res
