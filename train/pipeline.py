@@ -34,7 +34,7 @@ from prove.train.rerun import StagePlan, check_inputs_finished, plan_stage, reco
 from prove.train.rounds import for_round
 from prove.train.saving import barrier, prove_meta, save_checkpoint
 from prove.train.stages import stage_unit
-from prove.train.threads import set_cpu_threads
+from prove.train.threads import require_cpu_adam, set_cpu_threads
 from prove.train.tracking import open_logger
 from prove.train.trainer import CadenceCallback, WallClockCallback
 from prove.train.universal import UniversalResumeCallback, prepare_resume
@@ -76,6 +76,7 @@ def train(cfg: TrainConfig) -> StageResult:
         )  # fmt: skip
     check_inputs_finished(cfg)  # a capped stage's successor does not start on its under-trained model
     set_cpu_threads(cfg)  # before DeepSpeed builds a CPU optimizer
+    require_cpu_adam(cfg.deepspeed)  # built now, or refused in one line
     tracker = open_logger(cfg, resuming=plan.resume_from is not None)  # the same wandb run when it resumes
     try:
         return _run(cfg, tracker, plan)

@@ -71,3 +71,30 @@ def set_cpu_threads(cfg: Any) -> int | None:
     os.environ["OMP_NUM_THREADS"] = str(n)
     log.info("CPU threads per process: %d (cpu_threads=%s)", n, cfg.cpu_threads)
     return n
+
+
+def require_cpu_adam(ds: dict[str, Any] | None, load: Any = None) -> None:
+    """With the optimizer offloaded to DeepSpeed's CPU Adam (``torch_adam`` false): build it now (a JIT C++ build with
+    ninja, once, cached in ``~/.cache/torch_extensions``; ``load`` stands in for ``CPUAdamBuilder().load`` in tests),
+    so a node that cannot build it is refused in one line at start — not with a compiler's traceback once the model
+    is sharded. Nothing happens for torch's AdamW or an optimizer that stays on the GPU."""
+    if not offloads_optimizer(ds):
+        return
+    params = ((ds or {}).get("optimizer") or {}).get("params") or {}
+    if params.get("torch_adam"):
+        return
+    try:
+        if load is None:
+            from deepspeed.ops.op_builder import CPUAdamBuilder
+
+            load = CPUAdamBuilder().load
+        load()
+    except (
+        Exception
+    ) as e:  # ImportError, a compiler's CalledProcessError, RuntimeError from torch's cpp_extension
+        first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise ValueError(
+            f"the DeepSpeed config offloads the optimizer to DeepSpeed's CPU Adam, which does not build here "
+            f"({type(e).__name__}: {first[:200]}): install a C++ compiler and ninja (the build needs torch's headers), "
+            "or set deepspeed.optimizer.params.torch_adam=true to step with torch's AdamW on the CPU (slower)"
+        ) from e

@@ -98,3 +98,30 @@ def test_cpu_threads_per_process_from_the_nodes_cores():
     )
     with pytest.raises(ValueError, match="cpu_threads=-1"):
         train_config(["cpu_threads=-1"])
+
+
+def test_an_offloaded_cpu_adam_that_cannot_build_is_refused_in_one_line():
+    """zero3_offload_optimizer (the 32B recipe's) builds DeepSpeed's CPU Adam at start: a node without a compiler gets
+    one ValueError (prove-train prints it as one line) naming both ways out, not a compiler's traceback once the
+    model is sharded; torch_adam=true and an optimizer on the GPU never build it."""
+    import subprocess
+
+    from prove.train.threads import require_cpu_adam
+
+    def cannot_build():
+        raise subprocess.CalledProcessError(1, ["ninja", "-v"], output="c++: command not found")
+
+    calls: list[int] = []
+    offload = train_config(["deepspeed=zero3_offload_optimizer"]).deepspeed
+    with pytest.raises(
+        ValueError, match=r"CPU Adam, which does not build here \(CalledProcessError: .*ninja"
+    ) as e:
+        require_cpu_adam(offload, load=cannot_build)
+    assert "torch_adam=true" in str(e.value) and "\n" not in str(e.value)
+    require_cpu_adam(offload, load=lambda: calls.append(1))  # builds: no error
+    assert calls == [1]
+    torch_adam = train_config(
+        ["deepspeed=zero3_offload_optimizer", "deepspeed.optimizer.params.torch_adam=true"]
+    )
+    require_cpu_adam(torch_adam.deepspeed, load=cannot_build)
+    require_cpu_adam(train_config(["deepspeed=zero3"]).deepspeed, load=cannot_build)
