@@ -350,7 +350,7 @@ def test_pipeline_numbers_and_from_stage_errors(tmp_path):
     """The Trainer's log lines (after a progress bar's carriage return) give s/step and tokens/s; a step log carrying
     train_runtime is not the final one. --from-stage without an earlier run's state is one error, and an unknown
     stage is refused."""
-    from prove.recipes.gpu_check.pipeline import training_numbers
+    from prove.recipes.gpu_check.pipeline import last_line, training_numbers
 
     out = "\n".join(
         [
@@ -363,6 +363,17 @@ def test_pipeline_numbers_and_from_stage_errors(tmp_path):
     got = training_numbers(out)
     assert got["steps_logged"] == 2 and got["s_per_step"] == pytest.approx(0.25)
     assert got["tokens_per_s"] == pytest.approx(1000 / 0.25) and got["peak_rss_gib"] == pytest.approx(1.0)
+    # a refusal's line is the CLI's own error, not Hydra's or make's closing lines
+    refused = (
+        "noise\nprove-train: error: no CPU Adam here\nprove-train: (HYDRA_FULL_ERROR=1 shows the traceback)\n"
+    )
+    assert (
+        last_line(refused + "make: *** [Makefile:1: x] Error 2\n") == "prove-train: error: no CPU Adam here"
+    )
+    assert (
+        last_line("ok\nModuleNotFoundError: x\nmake: *** [Makefile:1: x] Error 1\n")
+        == "ModuleNotFoundError: x"
+    )
     cfg = gc.tiny_config(out=str(tmp_path), parts=("pipeline",), pipeline_from="mars")
     with pytest.raises(ValueError, match="has no result of install, sft: run from an earlier stage"):
         gc.run_pipeline(cfg, [])

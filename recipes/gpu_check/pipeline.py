@@ -217,11 +217,21 @@ def stage_install(cfg: CheckConfig, run: Path, log: Path) -> tuple[bool, dict[st
                      **({"error": last_line(out)} if rc else {})}  # fmt: skip
 
 
-NOISE = ("gpu-check-peak-rss", "make: ***", "Set the environment variable HYDRA_FULL_ERROR", "make[")
+NOISE = (
+    "gpu-check-peak-rss",
+    "make: ***",
+    "Set the environment variable HYDRA_FULL_ERROR",
+    "make[",
+    "prove-",
+)
 
 
 def last_line(out: str) -> str:
-    """The launch's last line that says something (not make's or Hydra's closing lines): its error, usually."""
+    """The launch's last line that says something (not make's or Hydra's closing lines): its error, usually; a CLI's
+    own one-line error (``prove-train: error: …``) first."""
+    own = [x.strip() for x in out.splitlines() if re.match(r"prove-[a-z]+: error: ", x.strip())]
+    if own:
+        return own[-1][:400]
     lines = [x.strip() for x in out.splitlines() if x.strip() and not x.strip().startswith(NOISE)]
     return lines[-1][:400] if lines else ""
 
@@ -287,7 +297,7 @@ def stage_cpu_adam(cfg: CheckConfig, run: Path, log: Path) -> tuple[bool, dict[s
         return True, res
     # refused: prove-train's own one-line error (no traceback) names what is missing
     res["error"] = last_line(out)
-    res["refused_in_one_line"] = "Traceback" not in out
+    res["refused_in_one_line"] = "Traceback" not in out and "CPU Adam" in res["error"]
     return res["refused_in_one_line"], res
 
 
