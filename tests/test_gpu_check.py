@@ -347,22 +347,29 @@ def test_tiny_pipeline_runs_the_whole_job_through_make(tmp_path):
 
 
 def test_pipeline_numbers_and_from_stage_errors(tmp_path):
-    """The Trainer's log lines (after a progress bar's carriage return) give s/step and tokens/s; a step log carrying
-    train_runtime is not the final one. --from-stage without an earlier run's state is one error, and an unknown
+    """The Trainer's log lines (after a progress bar's carriage return) give s/step and tokens/s of the launch's last
+    run, its first step apart; a step log carrying train_runtime is not the closing one. --from-stage without an earlier run's state is one error, and an unknown
     stage is refused."""
     from prove.recipes.gpu_check.pipeline import last_line, training_numbers
 
     out = "\n".join(
-        [
-            " 50%|█| 1/2 [00:00<00:00] {'loss': '5.7', 'num_input_tokens_seen': 1000, 'train_runtime': '0.1'}",
-            "\r 100%|█| 2/2 {'loss': '5.5', 'num_input_tokens_seen': 2000, 'train_runtime': '0.2'}",
-            "{'train_runtime': '0.5', 'train_steps_per_second': '4', 'train_loss': '5.6'}",
+        [  # verifier SFT (2 steps), then distill (3 steps): the last run's numbers count
+            "{'loss': '9.0', 'num_input_tokens_seen': 10, 'train_runtime': '9.0'}",
+            "{'loss': '8.0', 'num_input_tokens_seen': 20, 'train_runtime': '9.1'}",
+            "{'train_runtime': '9.1', 'train_steps_per_second': '0.2', 'train_loss': '8.5'}",
+            " 33%|█| 1/3 [00:00<00:00] {'loss': '5.7', 'num_input_tokens_seen': 1000, 'train_runtime': '2.0'}",
+            "\r 67%|█| 2/3 {'loss': '5.6', 'num_input_tokens_seen': 2000, 'train_runtime': '2.25'}",
+            "\r 100%|█| 3/3 {'loss': '5.5', 'num_input_tokens_seen': 3000, 'train_runtime': '2.5'}",
+            "{'train_runtime': '2.5', 'train_steps_per_second': '1.2', 'train_loss': '5.6'}",
             "gpu-check-peak-rss-kib 1048576",
         ]
     )
     got = training_numbers(out)
-    assert got["steps_logged"] == 2 and got["s_per_step"] == pytest.approx(0.25)
-    assert got["tokens_per_s"] == pytest.approx(1000 / 0.25) and got["peak_rss_gib"] == pytest.approx(1.0)
+    # the first step (compile, warm-up: 2.0 s) apart; then 0.25 s a step and 1000 tokens a step
+    assert got["steps_logged"] == 3 and got["first_step_s"] == pytest.approx(2.0)
+    assert got["s_per_step"] == pytest.approx(0.25) and got["tokens_per_s"] == pytest.approx(4000)
+    assert got["loss_first"] == 5.7 and len(got["runs"]) == 2 and got["runs"][0]["steps_logged"] == 2
+    assert got["peak_rss_gib"] == pytest.approx(1.0)
     # a refusal's line is the CLI's own error, not Hydra's or make's closing lines
     refused = (
         "noise\nprove-train: error: no CPU Adam here\nprove-train: (HYDRA_FULL_ERROR=1 shows the traceback)\n"

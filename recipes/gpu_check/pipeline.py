@@ -176,10 +176,33 @@ def make_cmd(
 LOG_DICT = re.compile(r"\{'.*\}")
 
 
+def run_numbers(steps: list[dict[str, Any]], final: dict[str, Any]) -> dict[str, Any]:
+    """One Trainer run's numbers from its step logs (each carries the cumulative ``train_runtime`` and
+    ``num_input_tokens_seen``): s/step and tokens/s after the first step (which compiles and warms up), the first
+    step's seconds, the first and last loss."""
+    res: dict[str, Any] = {"steps_logged": len(steps)}
+    if not steps:
+        return res
+    res["loss_first"], res["loss_last"] = float(steps[0]["loss"]), float(steps[-1]["loss"])
+    rt = [float(s["train_runtime"]) for s in steps if "train_runtime" in s]
+    seen = [float(s["num_input_tokens_seen"]) for s in steps if "num_input_tokens_seen" in s]
+    if len(rt) == len(steps) >= 2 and rt[-1] > rt[0]:
+        res["first_step_s"] = rt[0]
+        res["s_per_step"] = (rt[-1] - rt[0]) / (len(rt) - 1)
+        if len(seen) == len(rt):
+            res["tokens_per_s"] = (seen[-1] - seen[0]) / (rt[-1] - rt[0])
+    elif final:  # older transformers: the run's mean, first step included
+        res["s_per_step"] = float(final["train_runtime"]) / len(steps)
+        if len(seen) >= 2:
+            res["tokens_per_s"] = (seen[-1] - seen[0]) / (len(seen) - 1) / res["s_per_step"]
+    return res
+
+
 def training_numbers(out: str) -> dict[str, Any]:
-    """From a launch's output: its Trainer's final metrics, the step logs (tokens seen), the peak RSS."""
+    """From a launch's output: the numbers of its last Trainer run (``make train-verifier`` runs two: the verifier's
+    SFT, then distill; each one's are in ``runs``) and the launch's peak RSS."""
+    runs: list[dict[str, Any]] = []
     steps: list[dict[str, Any]] = []
-    final: dict[str, Any] = {}
     for line in out.splitlines():
         m = LOG_DICT.search(line)  # after a progress bar's carriage returns, on the same line
         if not m:
@@ -188,19 +211,16 @@ def training_numbers(out: str) -> dict[str, Any]:
             d = ast.literal_eval(m.group(0))
         except (ValueError, SyntaxError):
             continue
-        if "train_steps_per_second" in d:
-            final = d
+        if "train_steps_per_second" in d:  # the run's closing metrics
+            runs.append(run_numbers(steps, d))
+            steps = []
         elif "loss" in d:
             steps.append(d)
-    res: dict[str, Any] = {"steps_logged": len(steps)}
-    if final and steps:
-        runtime = float(final["train_runtime"])
-        res["s_per_step"] = runtime / len(steps)
-        seen = [float(s["num_input_tokens_seen"]) for s in steps if "num_input_tokens_seen" in s]
-        if len(seen) >= 2:
-            per_step = (seen[-1] - seen[0]) / (len(seen) - 1)
-            res["tokens_per_s"] = per_step / res["s_per_step"]
-        res["loss_first"], res["loss_last"] = float(steps[0]["loss"]), float(steps[-1]["loss"])
+    if steps:  # a run cut short
+        runs.append(run_numbers(steps, {}))
+    res: dict[str, Any] = dict(runs[-1]) if runs else {"steps_logged": 0}
+    if len(runs) > 1:
+        res["runs"] = runs
     rss = re.findall(r"gpu-check-peak-rss-kib (\d+)", out)
     if rss:
         res["peak_rss_gib"] = int(rss[-1]) / 2**20
@@ -330,6 +350,7 @@ def stage_bench(cfg: CheckConfig, run: Path, log: Path) -> tuple[bool, dict[str,
     only): the speeds."""
     res: dict[str, Any] = {}
     ok = True
+    t0 = time.perf_counter()
     for dtype in ("float32",) if cfg.tiny else ("float32", "bfloat16"):
         rc, out = run_logged(bench_cmd(cfg, run, dtype), cfg, log, cfg.pipeline_timeout)
         path = run / f"bench-{dtype}" / "bench.json"
@@ -345,6 +366,7 @@ def stage_bench(cfg: CheckConfig, run: Path, log: Path) -> tuple[bool, dict[str,
         if dtype == "float32":
             lossless = [n for n, r in rows.items() if r["lossless"]]
             ok = ok and len(lossless) >= 4 and not report["lossless_violations"] and "hf-greedy" in rows
+    res["wall_s"] = time.perf_counter() - t0
     return ok, res
 
 

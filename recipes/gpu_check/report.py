@@ -177,8 +177,8 @@ def render_pipeline(pipeline: Mapping[str, Any] | None) -> list[str]:
     lines = ["", f"## 5. Pipeline: the whole job through make (a {shape['layers']}-layer, hidden {shape['hidden']} "
                  "body with random weights, the tiny recipe's tokenizer, deepspeed=zero3)"
              + (f", from stage {pipeline['from_stage']}" if pipeline.get("from_stage") else ""), "",
-             "| stage | ok | wall s | s/step | tokens/s | peak GPU GiB | peak RSS GiB | note |",
-             "|---|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+             "| stage | ok | wall s | first step s | s/step after it | tokens/s | peak GPU GiB | peak RSS GiB | note |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
     for name, s in stages.items():
         note = s.get("error") or ""
         if name == "mars" and s.get("resumed_from_step") is not None:
@@ -191,10 +191,11 @@ def render_pipeline(pipeline: Mapping[str, Any] | None) -> list[str]:
                 else "DeepSpeed CPU Adam built"
             )
         lines.append(
-            f"| {name} | {'✅' if s['ok'] else '❌'} | {_f(s.get('wall_s'), '.0f')} | {_f(s.get('s_per_step'), '.3f')} | "
+            f"| {name} | {'✅' if s['ok'] else '❌'} | {_f(s.get('wall_s'), '.0f')} | {_f(s.get('first_step_s'))} | "
+            f"{_f(s.get('s_per_step'), '.3f')} | "
             f"{_f(s.get('tokens_per_s'), '.0f')} | {_f(s.get('peak_gib'))} | {_f(s.get('peak_rss_gib'))} | {note} |"
         )
-    for dtype, b in (stages.get("bench") or {}).items():
+    for dtype, b in (stages.get("bench") or {}).items():  # float32, bfloat16 (and its wall_s, a number)
         if not isinstance(b, dict) or "rows" not in b:
             continue
         lines += ["", f"prove-bench, {dtype}:", "", "| row | = ar | tokens/s | tokens/cycle | speedup |",
