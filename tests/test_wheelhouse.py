@@ -118,6 +118,16 @@ def test_a_missing_package_is_one_line_naming_it_and_the_fix(house, tmp_path):
     # an extra pulls its own requirements: alpha[fast] needs gamma, which no one has
     (line,) = wh.check(house, requirements=["alpha[fast]"], installed={})
     assert "no gamma (needed by alpha)" in line and "beta" not in line.split(":")[0]
+    # many gaps (a wheelhouse for another node): still one line, the first spelled out, the rest named
+    (line,) = wh.check(lacking, requirements=["alpha", "d1", "d2", "d3", "d4"], installed={})
+    assert (
+        "holds no d1 (needed by prove); no d2 (needed by prove); no d3 (needed by prove); and 2 more: d4, beta:"
+        in line
+    )
+    assert line.count("\n") == 0
+    # a node without torch: that gap is the node's to fix, and said first
+    (line,) = wh.check(house, requirements=["alpha", "d1", "torch>=2.4"], installed={})
+    assert "holds no torch>=2.4 (needed by prove) — the torch / CUDA stack is the node's own" in line
     # a folder that is no wheelhouse at all
     (line,) = wh.check(tmp_path, installed={})
     assert "holds no wheelhouse.json" in line and "make wheelhouse" in line

@@ -61,6 +61,8 @@ NODE_STACK = ("torch", "torchvision", "torchaudio", "triton", "pytorch-triton")
 SDIST_ENV = {"DS_BUILD_OPS": "0"}
 """While a wheel is built from an sdist: DeepSpeed builds none of its CUDA ops ahead of time (JIT on the node)."""
 MANIFEST = "wheelhouse.json"
+SHOWN = 3
+"""Gaps the check's line spells out; the others it names only (a wheelhouse for another Python lacks them all)."""
 REQUIREMENTS = "requirements.txt"
 
 
@@ -384,7 +386,7 @@ def check(
     for p in folder.glob("*.whl"):
         name, version, _, wtags = parse_wheel_filename(p.name)
         wheels.setdefault(canonicalize_name(name), []).append((version, p, wtags))
-    gaps: list[str] = []
+    gaps: list[tuple[str, str]] = []
     seen: set[tuple[str, frozenset[str]]] = set()
     todo = [(Requirement(r), "prove") for r in reqs]
     while todo:
@@ -413,7 +415,9 @@ def check(
             )
             if name in have:
                 gap += f", and {name} {have[name]} installed here does not satisfy it"
-            gaps.append(gap)
+            if node_stack(name):
+                gap += " — the torch / CUDA stack is the node's own: install its build here first"
+            gaps.append((name, gap))
             continue
         for dep in wheel_metadata(usable[0][1]):
             d = Requirement(dep)
@@ -424,7 +428,11 @@ def check(
             todo.append((d, name))
     if not gaps:
         return []
-    return [f"wheelhouse: {folder} holds {'; '.join(gaps)}: rebuild it with {fix_call(folder, manifest)}"]
+    gaps.sort(key=lambda g: not node_stack(g[0]))  # torch missing is the node's to fix: said first
+    shown = "; ".join(gap for _, gap in gaps[:SHOWN])
+    if len(gaps) > SHOWN:  # still one line: the rest by name
+        shown += f"; and {len(gaps) - SHOWN} more: {', '.join(name for name, _ in gaps[SHOWN:])}"
+    return [f"wheelhouse: {folder} holds {shown}: rebuild it with {fix_call(folder, manifest)}"]
 
 
 def install(folder: Path, project: Path) -> int:

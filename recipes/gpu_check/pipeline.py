@@ -228,13 +228,24 @@ def training_numbers(out: str) -> dict[str, Any]:
 
 
 def stage_install(cfg: CheckConfig, run: Path, log: Path) -> tuple[bool, dict[str, Any]]:
-    if (ROOT / STAMP).exists():
-        return True, {"note": f"{STAMP} exists: installed"}
+    """hydra and DeepSpeed importable by the checkout's venv; else ``make install``, from ``wheelhouse/`` beside the
+    checkout when one is there (no index), and the probe again."""
+    probe = [str(ROOT / ".venv" / "bin" / "python"), "-c", "import hydra, omegaconf, deepspeed, datasets"]
+    if (ROOT / STAMP).exists() and run_logged(probe, cfg, log, 300)[0] == 0:
+        return True, {"note": "installed: hydra, omegaconf, deepspeed, datasets import"}
     wheelhouse = ROOT / "wheelhouse"
     extra = [f"WHEELHOUSE={wheelhouse}"] if (wheelhouse / "wheelhouse.json").exists() else []
+    t0 = time.perf_counter()
     rc, out = run_logged(["make", "--no-print-directory", "install", *extra], cfg, log, cfg.pipeline_timeout)
-    return rc == 0, {"wheelhouse": str(wheelhouse) if extra else None, "rc": rc,
-                     **({"error": last_line(out)} if rc else {})}  # fmt: skip
+    res: dict[str, Any] = {"wheelhouse": str(wheelhouse) if extra else None, "rc": rc,
+                           "wall_s": time.perf_counter() - t0}  # fmt: skip
+    if rc:
+        res["error"] = last_line(out)
+        return False, res
+    rc, out = run_logged(probe, cfg, log, 300)
+    if rc:
+        res["error"] = last_line(out)
+    return rc == 0, res
 
 
 NOISE = (
