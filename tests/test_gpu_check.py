@@ -386,3 +386,25 @@ def test_pipeline_numbers_and_from_stage_errors(tmp_path):
         gc.run_pipeline(cfg, [])
     with pytest.raises(ValueError, match="--from-stage nope: pick from install,sft,mars"):
         gc.tiny_config(parts=("pipeline",), pipeline_from="nope")
+
+
+def test_the_gpu_pipelines_overrides_compose_for_every_stage(tmp_path):
+    """The real (GPU) pipeline's prove-train overrides — bf16, FlexAttention, the Qwen2.5-0.5B body — compose and
+    validate for every launch it makes, so a typo in the settings the CPU never runs fails here, not on the device."""
+    from prove.recipes.gpu_check.pipeline import train_overrides
+
+    from tests.train.helpers import train_config
+
+    cfg = gc.CheckConfig(parts=("pipeline",))
+    base = ["recipe=tiny", *train_overrides(cfg, tmp_path)]
+    for stage in (["stage=sft"], ["stage=mars"], ["stage=sft", "stage.role=verifier"], ["stage=distill"]):
+        c = train_config([*base, *stage])
+        assert c.trainer.bf16 and c.model.attn_implementation == "flex_attention", stage
+        assert c.trainer.extra["include_num_input_tokens_seen"] == "all"
+        assert c.deepspeed["zero_optimization"]["stage"] == 3
+    mars = train_config([*base, "stage=mars"])
+    assert (
+        mars.model.scratch.hidden == 896 and mars.model.scratch.layers == 24 and mars.trainer.max_steps == 30
+    )
+    offload = train_config([*base, "stage=sft", "deepspeed=zero3_offload_optimizer", "max_steps=2"])
+    assert not offload.deepspeed["optimizer"]["params"]["torch_adam"]  # the GPU run builds CPU Adam
