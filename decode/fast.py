@@ -62,6 +62,7 @@ from prove.decode.rules.twins import (
     sd_sample_twin,
 )
 from prove.decode.slot_cache import (
+    GROUPED_SDPA,
     SlotCache,
     attention_window,
     bucket,
@@ -229,6 +230,15 @@ class FastEngine:
             "compiles": 0,
             "grows": 0,
         }
+        self.exact_views = not self.graphs and not compile
+        """Nothing is captured or compiled: each pass attends exactly the slots in use (``_view``), a one-row pass
+        that sees them all runs unmasked on a CPU (``_unmasked``), and the prompt rides on the first pass of each
+        model whose cycle starts with a linear pass (``prefill``). With graphs or ``compile`` views are buckets and the
+        prompt has a pass of its own, so that every cycle keeps the one shape its graph was made for."""
+        self._prefix: dict[str, torch.Tensor] = {}
+        """Per role, the prompt tokens its model's first pass of the request prepends (``prefill``, ``_forward``)."""
+        self._prefilled = 0
+        """1 if the request's prompt had a target pass of its own (``prefill``): ``Stats.model_passes`` leaves it out."""
         self.pipeline = self.graphs
         """Launch cycle c + 1 before reading cycle c's record where the budget allows (default: with graphs)."""
         self.cuts_on_host = fused or (temperature == 0 and asd is None)
@@ -454,13 +464,32 @@ class FastEngine:
         or padded with −inf to the target's, as ``DraftProposer`` does); the verifier's are its own, unrestricted
         (ProVe's q, as ``ModelVerifier`` gives it)."""
         model, cache = self._role(role)
+        prefix = self._prefix.pop(role, None)
+        if prefix is not None:  # the request's first pass of this model: the prompt rides on it (``prefill``)
+            ids, start = torch.cat([prefix, ids]), start - prefix.shape[0]
         w = ids.shape[0]
         positions = start + torch.arange(w, device=self.device)  # (W,)
-        mask = pass_mask(model.config, linear_see(start, w, cache.view), positions, self.dtype)
+        if w == 1 and self._unmasked(model, cache, start):
+            mask = None
+        else:
+            mask = pass_mask(model.config, linear_see(start, w, cache.view), positions, self.dtype)
         logits = self._logits(
             model, cache, ids, positions, positions, mask, rows
         )  # (rows, V or the draft's Vd)
         return logits if role == "verifier" else self._on_target_vocab(logits, role)
+
+    def _unmasked(self, model: Any, cache: SlotCache, start: torch.Tensor) -> bool:
+        """Whether a one-row pass at slot ``start`` runs without a mask: on an eager CPU engine (exact views, where
+        reading ``start`` is no sync), under sdpa with full attention, when the row is the view's last slot, so it
+        sees every slot of the view, which is what sdpa does with no mask for one query (transformers passes none
+        either). The masked kernel costs more on a CPU than the unmasked one (docs/benchmarks.md)."""
+        return (
+            self.exact_views
+            and self.device.type == "cpu"
+            and getattr(model.config, "_attn_implementation", None) in ("sdpa", GROUPED_SDPA)
+            and attention_window(model.config)[0] is None
+            and int(start) + 1 == cache.view
+        )
 
     def draft_step(self, k: int) -> torch.Tensor:
         """One speculative-decoding cycle (``sd`` greedy or sampled, greedy ``asd``): the draft's k passes — the first over [prev, last] at
@@ -514,11 +543,16 @@ class FastEngine:
             # 1) propose: the block pass [last, M×(k−1)]; y_i = argmax of the softmax (ties: first index, as the
             # reference BlockProposer)
             block = torch.cat([self.last, self.mask_fill[: k - 1]])  # (k,)
-            y = torch.softmax(self._forward(block, self.pos, k), -1).argmax(-1)  # (k,)
+            proposal = self._forward(block, self.pos, k)  # (k, V)
+            y = torch.softmax(proposal, -1).argmax(-1)  # (k,)
+            # 2) verify: [y_1..y_k] at pos + 1.. (the placeholders' K/V overwritten). g_1, the greedy token after
+            # last, is the block pass's row 0: the same token at the same slot over the same prefix, the row the
+            # verify pass would recompute (the reference loop's narrower verification, ``ModelRunner._known_row``):
+            # k rows, not k + 1, so both passes of a cycle have the block's width
+            greedy = torch.cat([proposal[:1].argmax(-1), self._forward(y, self.pos + 1, k).argmax(-1)])
         else:
             y = self.last[:0]
-        # 2) verify: [last, y_1..y_k] over the same slots (the placeholders' K/V overwritten)
-        greedy = self._forward(torch.cat([self.last, y]), self.pos, k + 1).argmax(-1)  # (k+1,)
+            greedy = self._forward(self.last, self.pos, 1).argmax(-1)  # (1,): the last token's AR step
         # 3) accept: the rule's sync-free twin; 4) commit on the device: the new pending token and its position
         n, extra = greedy_match_twin(y, greedy)
         if self._inject is not None:  # a benchmark's preset acceptance, after the rule's full computation
@@ -545,6 +579,7 @@ class FastEngine:
         """Run the regular-width cycle through ``wrapper(self.step)`` (the tests: ``torch.compile`` with
         ``fullgraph=True``, which fails on a host sync or a graph break, and recompiles made fatal)."""
         self._regular = wrapper(self.step)
+        self.exact_views = False  # a wrapped (compiled) cycle keeps the bucketed shapes
 
     def _caches(self) -> list[SlotCache]:
         return [self.cache] + [
@@ -553,9 +588,14 @@ class FastEngine:
 
     def _view(self, used: int) -> None:
         """Let the next passes attend slots 0..bucket(used)−1 of every cache (``used``: one past the highest slot
-        they read or write)."""
+        they read or write); an engine that neither captures nor compiles (``exact_views``) attends exactly the
+        slots 0..used−1 (a bucket exists to bound how many graphs and compiles there are)."""
         for cache in self._caches():
-            cache.view = bucket(min(used, cache.capacity), cache.capacity)
+            used_here = min(used, cache.capacity)
+            cache.view = used_here if self.exact_views else bucket(used_here, cache.capacity)
+            cache.compileable = (
+                not self.exact_views
+            )  # transformers may skip an unmasked row's mask (``_unmasked``)
 
     def _launch(self, k: int, used: int) -> tuple[torch.Tensor, Any, int]:
         """Start one cycle that reads and writes slots below ``used`` (replaying the captured graph of the regular
@@ -739,26 +779,39 @@ class FastEngine:
             )
 
     def prefill(self, prompt: Sequence[int]) -> None:
-        """Eager: the prompt less its last token into slots 0..P−2; the last token becomes the pending one."""
+        """The prompt less its last token into slots 0..P−2 of each model (sd's draft: less its last two, which its
+        first pass re-feeds); the last token becomes the pending one. Where views are exact and the model's cycle
+        starts with a linear pass (``_forward``: the target's verify or AR pass, sd's draft, prove's verifier) the
+        prompt is queued instead and that pass prepends it, as the reference loop's first pass feeds the whole
+        prompt: one pass a request fewer. A block pass (prove's target, pard's draft) or a tree pass (fused) gets a
+        pass of its own."""
         P = len(prompt)
         self._view(P)
-        if P > 1:
-            ids = torch.tensor(prompt[:-1], dtype=torch.long, device=self.device)
-            self._forward(ids, torch.zeros((), dtype=torch.long, device=self.device), 1)
-            self.counters["passes"] += 1
-        if self.draft is not None and not self.block_draft:  # sd's draft: all but the last two (re-fed first)
-            if P > 2:
-                ids = torch.tensor(prompt[:-2], dtype=torch.long, device=self.device)
-                self._forward(ids, torch.zeros((), dtype=torch.long, device=self.device), 1, role="draft")
+        self._prefix.clear()
+        linear_first = {
+            "model": not self.fused and self.verifier is None,
+            "draft": not self.block_draft,
+            "verifier": True,
+        }
+        skip = {"draft": 2 if self.draft is not None and not self.block_draft else 1}
+        roles = ["model"] + ["draft"] * (self.draft is not None) + ["verifier"] * (self.verifier is not None)
+        self._prefilled = 0
+        for role in roles:
+            keep = P - skip.get(role, 1)
+            if keep < 1:
+                continue
+            ids = torch.tensor(prompt[:keep], dtype=torch.long, device=self.device)
+            if self.exact_views and linear_first[role]:
+                self._prefix[role] = ids
+                continue
+            self._forward(ids, torch.zeros((), dtype=torch.long, device=self.device), 1, role=role)
+            if role == "model":
+                self._prefilled = 1
+                self.counters["passes"] += 1
+        if self.draft is not None and not self.block_draft:
             self.prev.fill_(int(prompt[-2]))
-        second = "verifier" if self.verifier is not None else "draft" if self.block_draft else None
-        if second is not None:  # prove's verifier, pard's draft: the same prompt; the last token is pending
-            if P > 1:
-                ids = torch.tensor(prompt[:-1], dtype=torch.long, device=self.device)
-                self._forward(ids, torch.zeros((), dtype=torch.long, device=self.device), 1, role=second)
         if self.pends:
             self.pend[0] = int(prompt[-1])
-
             self.npend.fill_(1)
         self.last.fill_(int(prompt[-1]))
         self.pos.fill_(P - 1)
@@ -852,7 +905,7 @@ class FastEngine:
             new_tokens=len(new),
             cycles=cycles,
             tokens_per_cycle=len(new) / max(cycles, 1),
-            model_passes=fast["passes"] - (len(prompt_ids) > 1),
+            model_passes=fast["passes"] - self._prefilled,
             verifier_passes=fast["verifier_passes"],
             draft_passes=fast["draft_passes"],
             accepted_by_depth=tally.accepted_by_depth,

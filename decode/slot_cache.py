@@ -90,6 +90,7 @@ class SlotCache(Cache):
         past it, whatever the buffers hold there, and its mask spans exactly these."""
         self.length = 0
         self.slots: torch.Tensor | None = None
+        self.compileable = True
 
     def resize(self, capacity: int) -> None:
         """Reallocate every layer for ``capacity`` slots (what they held is dropped: a request's prefill rewrites
@@ -129,7 +130,10 @@ class SlotCache(Cache):
 
     @property
     def is_compileable(self) -> bool:  # type: ignore[override]
-        return True
+        """What transformers reads to decide whether a one-row pass given no mask may run sdpa unmasked: not
+        while compiling or capturing (``compileable``, the default), where the pass must keep one shape; yes on an
+        eager engine (``FastEngine.exact_views``), whose unmasked row sees every slot of its view."""
+        return self.compileable
 
     def fill(self, value: float | torch.Tensor) -> None:
         """Overwrite every allocated slot with ``value`` (tests fill stale slots with finite garbage)."""

@@ -75,10 +75,15 @@ def poison(engine, seed: int, prefill: bool = False) -> None:
                 buf[:, :, cache.view :] = float("nan")
 
 
-def poisoned(dec: Decoder) -> Decoder:
-    """``dec`` whose fast engine poisons its caches before every cycle (regular or narrowed) and every prefill."""
+def poisoned(dec: Decoder, views: str = "bucket") -> Decoder:
+    """``dec`` whose fast engine poisons its caches before every cycle (regular or narrowed) and every prefill.
+    ``views``: "bucket" (the shapes a GPU's graphs and compiles run: views rounded up to a power of two, the most
+    masked slots, a prompt pass of its own) or "exact" (an eager CPU engine's: the slots in use, an unmasked last
+    row, the prompt riding on each model's first linear pass)."""
     engine = dec.fast_engine
     assert engine is not None
+    assert engine.exact_views, "a Decoder on the CPU builds an eager engine"
+    engine.exact_views = views == "exact"
     step, calls = engine.step, [0]
 
     def cycle(k):
@@ -138,11 +143,12 @@ def _endings(ref: list[int], tokenizer) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("views", ["bucket", "exact"])
 @pytest.mark.parametrize("K", [4, 16])
 @pytest.mark.parametrize("method", list(METHODS))
 @pytest.mark.parametrize("family", FAMILIES)
-def test_stale_slots_change_no_token(family, method, K, models, tokenizer, prompts):
-    dec = poisoned(_decoder(models, family, method, K, tokenizer, fast=True))
+def test_stale_slots_change_no_token(family, method, K, views, models, tokenizer, prompts):
+    dec = poisoned(_decoder(models, family, method, K, tokenizer, fast=True), views)
     # sampled sd: the same engine with clean caches (the reference loop draws otherwise); else the reference loop
     ref = _decoder(models, family, method, K, tokenizer, fast=method == "sd-sampled")
     target = models[family][0]
@@ -174,15 +180,18 @@ def build_sliding(kind: str, vocab: int, window: int):
     return model
 
 
+@pytest.mark.parametrize("views", ["bucket", "exact"])
 @pytest.mark.parametrize("method", ["ar", "prove-lossless", "fused", "sd", "pard"])
 @pytest.mark.parametrize("kind", ["qwen2", "mistral"])
-def test_sliding_window_models_are_served_with_the_window_in_the_mask(kind, method, tokenizer, prompts):
+def test_sliding_window_models_are_served_with_the_window_in_the_mask(
+    kind, method, views, tokenizer, prompts
+):
     """A context three times the window (24): the fast path's tokens equal transformers' greedy ``generate`` (which
     applies the window itself), stale slots and all. Fails if the window is dropped (the rows read the whole
     prefix), applied to the full-attention layers of a mixed model, or off by one."""
     target = build_sliding(kind, len(tokenizer), window=24)
     models = {"sliding": (target, target)}
-    dec = poisoned(_decoder(models, "sliding", method, 4, tokenizer, fast=True))
+    dec = poisoned(_decoder(models, "sliding", method, 4, tokenizer, fast=True), views)
     p = prompts[3]  # 70 tokens
     want = hf_generate(target, p, N, suppress=mask_ids(tokenizer))
     assert dec.generate(p, max_new_tokens=N, eos_token_id=[]).token_ids == want
@@ -193,10 +202,10 @@ def test_sliding_window_models_are_served_with_the_window_in_the_mask(kind, meth
 # -- the check fails on each mistake it is for ---------------------------------------------------------------------
 
 
-def _fails(models, tokenizer, prompts, mutate, method: str = "prove-lossless") -> bool:
+def _fails(models, tokenizer, prompts, mutate, method: str = "prove-lossless", views: str = "bucket") -> bool:
     """Whether the stale-slot check fails (on qwen2-sdpa, K = 4) once ``mutate()`` has run (after the Decoder is
     built: its self-check would refuse most mutants first)."""
-    dec = poisoned(_decoder(models, "qwen2-sdpa", method, 4, tokenizer, fast=True))
+    dec = poisoned(_decoder(models, "qwen2-sdpa", method, 4, tokenizer, fast=True), views)
     target = models["qwen2-sdpa"][0]
     want = hf_generate(target, prompts[3], N, suppress=mask_ids(tokenizer))
     mutate()
@@ -206,8 +215,10 @@ def _fails(models, tokenizer, prompts, mutate, method: str = "prove-lossless") -
     return got != want
 
 
-def test_the_check_passes_unmutated(models, tokenizer, prompts):
-    assert not _fails(models, tokenizer, prompts, lambda: None)
+@pytest.mark.parametrize("views", ["bucket", "exact"])
+@pytest.mark.parametrize("method", ["ar", "prove-lossless", "sd"])
+def test_the_check_passes_unmutated(method, views, models, tokenizer, prompts):
+    assert not _fails(models, tokenizer, prompts, lambda: None, method=method, views=views)
 
 
 def test_a_view_one_slot_short_fails(models, tokenizer, prompts, monkeypatch):
@@ -215,6 +226,37 @@ def test_a_view_one_slot_short_fails(models, tokenizer, prompts, monkeypatch):
     # whole block is accepted)
     mutate = lambda: monkeypatch.setattr(fast, "bucket", lambda used, capacity: used - 1)  # noqa: E731
     assert _fails(models, tokenizer, prompts, mutate, method="ar")
+
+
+def test_an_exact_view_one_slot_short_fails(models, tokenizer, prompts, monkeypatch):
+    real = fast.FastEngine._view
+    mutate = lambda: monkeypatch.setattr(fast.FastEngine, "_view", lambda self, used: real(self, used - 1))  # noqa: E731
+    assert _fails(models, tokenizer, prompts, mutate, method="ar", views="exact")
+
+
+def test_an_unmasked_row_that_is_not_the_views_last_is_caught(models, tokenizer, prompts, monkeypatch):
+    """sd's draft passes are one row each, below the slots its verify pass writes: unmasked, they read junk. sd is
+    lossless, so the tokens stay; what the draft proposed (the acceptance by depth) changes."""
+    dec = poisoned(_decoder(models, "qwen2-sdpa", "sd", 4, tokenizer, fast=True), "exact")
+    run = lambda: dec.generate(prompts[3], max_new_tokens=N, eos_token_id=[])  # noqa: E731
+    clean = run()
+    monkeypatch.setattr(fast.FastEngine, "_unmasked", lambda self, model, cache, start: True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # NaN logits
+        mutated = run()
+    assert mutated.stats.accepted_by_depth != clean.stats.accepted_by_depth
+
+
+def test_a_prompt_riding_one_slot_off_fails(models, tokenizer, prompts, monkeypatch):
+    real = fast.FastEngine._forward
+
+    def forward(self, ids, start, rows, *, role="model"):
+        if role in self._prefix:  # the prompt's first token lost: the rest one slot early
+            self._prefix[role] = self._prefix[role][1:]
+        return real(self, ids, start, rows, role=role)
+
+    mutate = lambda: monkeypatch.setattr(fast.FastEngine, "_forward", forward)  # noqa: E731
+    assert _fails(models, tokenizer, prompts, mutate, method="ar", views="exact")
 
 
 def test_a_mask_one_slot_too_wide_fails(models, tokenizer, prompts, monkeypatch):
