@@ -379,10 +379,11 @@ class FastEngine:
         ids: torch.Tensor,
         positions: torch.Tensor,
         slots: torch.Tensor,
-        mask: torch.Tensor,
+        mask: Any,
         rows: int | torch.Tensor,
     ) -> torch.Tensor:
-        """``model`` over ``ids`` (W,) at ``positions``, written at ``slots`` of ``cache``, under the float ``mask``:
+        """``model`` over ``ids`` (W,) at ``positions``, written at ``slots`` of ``cache``, under the float ``mask``
+        (``pass_mask``'s tensor or per-layer-type mapping; None: no mask, ``_unmasked``):
         the logits of its last ``rows`` rows, or of the rows a (R,) long tensor names (transformers' ``logits_to_keep``
         takes either), in float32, as the model gives them: (rows or R, its V)."""
         cache.set_slots(slots)

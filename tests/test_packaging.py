@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MAPPING = {

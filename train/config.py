@@ -41,7 +41,7 @@ MARS_ATTENTION = ("sdpa", "flex_attention", "eager")
 flash_attention_2/3 and paged kernels take only a padding mask."""
 
 
-class _Choice(str, Enum):
+class _Choice(str, Enum):  # noqa: UP042 - StrEnum formats and reprs otherwise; OmegaConf reads these
     def __str__(self) -> str:  # "sft", not "Stage.sft", inside interpolated strings such as output_dir
         return self.value
 

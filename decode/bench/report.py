@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -347,7 +348,7 @@ def environment(device: Any, dtype: str) -> dict[str, Any]:
     import os
     import platform
     import subprocess
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     import torch
     import transformers
@@ -379,7 +380,7 @@ def environment(device: Any, dtype: str) -> dict[str, Any]:
         "python": platform.python_version(),
         "git_commit": git("rev-parse", "HEAD"),
         "git_dirty": None if status is None else bool(status),
-        "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "time_utc": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 
 
