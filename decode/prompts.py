@@ -151,25 +151,14 @@ def suite_records(cfg: DecodeConfig, model: Any = None, tokenizer: Any = None) -
     import dataclasses
 
     from prove.data.suites import get_suite
-    from prove.decode.suites import check_suites, load_suites, suite_names
+    from prove.decode.suites import check_suites, configured_sources, load_configured, suite_names
 
     names = suite_names(cfg.suite)
-    files = {str(k): str(v) for k, v in (cfg.suite_files or {}).items()}
     if model is None:
-        check_suites(names, files)
+        check_suites(names, configured_sources(cfg))
         if any(get_suite(n).needs_answers for n in names):
             return None
-    loaded = load_suites(
-        names,
-        model=model,
-        tokenizer=tokenizer,
-        device=cfg.device,
-        dtype=cfg.dtype,
-        per_category=cfg.per_category,
-        sources=files,
-        first_answer_tokens=cfg.first_answer_tokens,
-        cache_dir=cfg.suite_cache,
-    )
+    loaded = load_configured(cfg, model=model, tokenizer=tokenizer)
     return [
         dataclasses.replace(r, category=f"{s}/{r.category}")
         for r, s in zip(loaded.records, loaded.suites, strict=True)

@@ -181,6 +181,28 @@ def load_suites(
     return out
 
 
+def configured_sources(cfg: Any) -> dict[str, str]:
+    """``suite_files=`` of a prove-bench / prove-decode config: suite name → a local copy of its file."""
+    return {str(k): str(v) for k, v in (getattr(cfg, "suite_files", None) or {}).items()}
+
+
+def load_configured(cfg: Any, *, model: Any, tokenizer: Any, **extra: Any) -> SuiteInputs:
+    """``load_suites`` on what a prove-bench / prove-decode config names (``suite``, ``suite_files``, ``device``,
+    ``dtype``, ``per_category``, ``first_answer_tokens``, ``suite_cache``); ``extra``: ``run_code``, ``progress``."""
+    return load_suites(
+        suite_names(cfg.suite),
+        model=model,
+        tokenizer=tokenizer,
+        device=cfg.device,
+        dtype=cfg.dtype,
+        per_category=cfg.per_category,
+        sources=configured_sources(cfg),
+        first_answer_tokens=cfg.first_answer_tokens,
+        cache_dir=cfg.suite_cache,
+        **extra,
+    )
+
+
 def _bind(check: Callable[[str, str], bool] | None, answer: str | None) -> Callable[[str], bool] | None:
     if check is None or answer is None:
         return None

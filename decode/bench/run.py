@@ -249,22 +249,16 @@ def load_suite_inputs(cfg: BenchConfig) -> Inputs:
     """The named suites' prompts (``prove.decode.suites``; MT-bench's second turns after the model's cached AR
     first answers), the first ``n_prompts`` of them, each with its category and check."""
     from prove.data.prompts import render
-    from prove.decode.suites import check_suites, load_suites, suite_names
+    from prove.decode.suites import check_suites, configured_sources, load_configured, suite_names
 
-    names = suite_names(cfg.suite)
-    files = {str(k): str(v) for k, v in (cfg.suite_files or {}).items()}
-    check_suites(names, files)  # a missing package fails here, before any model loads
+    check_suites(
+        suite_names(cfg.suite), configured_sources(cfg)
+    )  # a missing package fails before a model loads
     models = load_models(cfg)
-    loaded = load_suites(
-        names,
+    loaded = load_configured(
+        cfg,
         model=models["model"],
         tokenizer=models["tokenizer"],
-        device=cfg.device,
-        dtype=cfg.dtype,
-        per_category=cfg.per_category,
-        sources=files,
-        first_answer_tokens=cfg.first_answer_tokens,
-        cache_dir=cfg.suite_cache,
         run_code=cfg.run_code,
         progress=cfg.progress,
     )
