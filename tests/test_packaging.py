@@ -51,3 +51,33 @@ def test_every_test_folder_is_a_package():
     ``conftest.py`` or helper files of the same name clash."""
     folders = {p.parent for p in (ROOT / "tests").rglob("*.py") if "__pycache__" not in p.parts}
     assert sorted(str(f.relative_to(ROOT)) for f in folders if not (f / "__init__.py").is_file()) == []
+
+
+def test_pre_commit_runs_what_make_lint_runs():
+    """The pre-commit hooks and ``make lint`` check the same folders with the venv's ruff (the pinned one): fails
+    when a folder joins one and not the other, or a hook runs some other ruff."""
+    import re
+
+    import yaml
+
+    make = (ROOT / "Makefile").read_text()
+    lint = re.findall(r"\$\(VENV\)/bin/ruff (check|format --check) ([a-z ]+)\n", make)
+    assert {kind for kind, _ in lint} == {"check", "format --check"}
+    folders = {frozenset(dirs.split()) for _, dirs in lint}
+    assert len(folders) == 1
+    (dirs,) = folders
+    hooks = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())["repos"][0]["hooks"]
+    assert {h["id"] for h in hooks} == {"ruff-check", "ruff-format"}
+    for hook in hooks:
+        assert hook["entry"].startswith(".venv/bin/ruff "), hook["entry"]
+        covered = re.fullmatch(r"\^\((.*)\)/", hook["files"])
+        assert covered is not None and set(covered.group(1).split("|")) == dirs, hook["files"]
+
+
+def test_ci_runs_lint_typecheck_and_the_readme_test_command():
+    steps = [
+        line
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line and not line.startswith(("#", "set", "cd"))
+    ]
+    assert steps == ["make lint", "make typecheck", "make test"]

@@ -105,7 +105,7 @@ def noisy_chunks(attention_mask: torch.Tensor, chunk_rows: int | None = None) ->
         ).contiguous()
         chunks.append(NoisyChunk(q0, q1, a, b, clean, cut))
         q0 = q1
-    attention_mask._prove_noisy_chunks = (chunk_rows, chunks)
+    attention_mask._prove_noisy_chunks = (chunk_rows, chunks)  # type: ignore[attr-defined]  # memo on the mask
     return chunks
 
 
@@ -126,6 +126,7 @@ def mars_block_attention(
     t = query.shape[2]
     if not is_noisy_rows_mask(attention_mask, t):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    assert attention_mask is not None  # a noisy-rows mask
     n = attention_mask.shape[-2]
     kwargs.pop("is_causal", None)
     clean, _ = sdpa_attention_forward(

@@ -95,7 +95,7 @@ class MarsTrainer(TermLogTrainer):
     ):
         super().__init__(*args, **kwargs)
         self.attention_impl = mars_attention_impl(
-            attention, getattr(self.model.config, "_attn_implementation", None)
+            attention, getattr(getattr(self.model, "config", None), "_attn_implementation", None)
         )
         """The attention the step's mask is built for (:func:`prove.train.attention.mars_attention_impl`)."""
         if self.attention_impl == BLOCK_ATTENTION:
@@ -221,7 +221,7 @@ class MarsTrainer(TermLogTrainer):
 
         Each rank scores rows ``rank::world`` in the same number of forwards (a rank out of rows runs one whose
         counts it drops), so ZeRO-3's collectives line up; the counts are summed over ranks."""
-        dataset = self.eval_dataset if eval_dataset is None else eval_dataset
+        dataset: Any = self.eval_dataset if eval_dataset is None else eval_dataset  # rows: a Sequence or a Dataset
         assert dataset is not None, "evaluate() needs an eval set (eval.rows)"
         model = self.model_wrapped
         was_training = model.training
@@ -258,9 +258,9 @@ class MarsTrainer(TermLogTrainer):
         metrics[f"{metric_key_prefix}_loss"] = round(float(losses[0]) / n_seq, 4)
         metrics[f"{metric_key_prefix}_loss_noisy"] = round(float(losses[1]) / n_seq, 4)
         metrics[f"{metric_key_prefix}_loss_clean"] = round(float(losses[2]) / n_seq, 4)
-        start = getattr(self, "_train_start", None)
-        if start is not None:  # wall minutes since this launch began training: the curves' CPU-time axis
-            metrics[f"{metric_key_prefix}_minutes"] = round((time.perf_counter() - start) / 60, 2)
+        began = getattr(self, "_train_start", None)
+        if began is not None:  # wall minutes since this launch began training: the curves' CPU-time axis
+            metrics[f"{metric_key_prefix}_minutes"] = round((time.perf_counter() - began) / 60, 2)
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics

@@ -384,8 +384,7 @@ class VllmDecoder:
                     f"vllm.k_schedule asks K={top}, more than the engine's {k}: lower it, or start the engine "
                     "with a larger K (block_size= / k=)"
                 )
-            schedule = [list(e) for e in self.options.k_schedule]
-            self.spec["num_speculative_tokens_per_batch_size"] = schedule
+            self.spec["num_speculative_tokens_per_batch_size"] = [list(e) for e in self.options.k_schedule]
         # prove: the small verifier is vLLM's target, the MARS proposer (``model``) its drafter (in ``spec``)
         target, target_config = (
             (verifier, configs["verifier"]) if verifier is not None else (model, configs["model"])
@@ -633,6 +632,7 @@ class VllmDecoder:
     def preemptions(self) -> int:
         """Requests vLLM has preempted so far in this engine (its ``vllm:num_preemptions`` counter: a full KV cache
         freed a running request's blocks, to recompute it later)."""
+        assert self.llm is not None, "the engine was built with start=False"
         return int(sum(m.value for m in self.llm.get_metrics() if m.name == "vllm:num_preemptions"))
 
     def close(self) -> None:

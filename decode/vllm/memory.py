@@ -492,8 +492,8 @@ def plan_engine_memory(
             cpu = min(readings, key=lambda r: r.free)
         updates, line = plan_cpu(fp, cpu, kv_bytes=kv_bytes, utilization=utilization, prefix=prefix)
     else:
-        readings = read_gpu_memory(fp_tp(args)) if gpus is None else gpus
-        updates, line = plan_gpu(fp, readings, kv_bytes=kv_bytes, utilization=utilization, prefix=prefix)
+        gpu_readings = read_gpu_memory(fp_tp(args)) if gpus is None else gpus
+        updates, line = plan_gpu(fp, gpu_readings, kv_bytes=kv_bytes, utilization=utilization, prefix=prefix)
     return {**args, **updates}, line
 
 

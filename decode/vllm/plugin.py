@@ -194,7 +194,7 @@ class MissedTokens:
     def refeed(self, rid: str, start: int) -> tuple[list[int], list[int]]:
         """The tokens and positions ``rid``'s drafter lacks before position ``start`` (the first of the pass about to
         run), ascending; kept until :meth:`clear`."""
-        limit, tokens, positions = start, [], []
+        limit, tokens, positions = start, list[int](), list[int]()
         for t, p in reversed(self.steps.get(rid, [])):
             t, p = [int(x) for x in t.tolist()], [int(x) for x in p.tolist()]
             n = sum(1 for x in p if x < limit)  # ascending: a leading run
@@ -367,6 +367,7 @@ def _request_checker(method: str):
             return await call_next(request)
         from starlette.responses import JSONResponse
 
+        why: str | None
         if path not in SERVED_PATHS:
             why = (
                 f"prove-serve method={method} generates on {served} only (each request checked against our rule), "
@@ -377,7 +378,7 @@ def _request_checker(method: str):
         try:
             body = json.loads(await request.body() or b"{}")
         except ValueError:
-            why: str | None = (
+            why = (
                 f"the request body is not valid JSON (method={method} on vLLM): send a JSON object"
             )
         else:
@@ -415,7 +416,12 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _vllm_classes() -> dict[str, type]:
+def _settings(vllm_config: Any) -> dict[str, Any]:
+    """Our settings in a vLLM config (``engine_settings``, in ``additional_config[CONFIG_KEY]``)."""
+    return dict(vllm_config.additional_config[CONFIG_KEY])
+
+
+def _vllm_classes() -> dict[str, Any]:
     import torch
     from prove.decode.rules.block import prove_rule
     from prove.decode.rules.speculative import AsdState, asd_greedy, nsd_greedy
@@ -446,7 +452,7 @@ def _vllm_classes() -> dict[str, type]:
             self.missed = MissedTokens()
             self.passes = self.skipped = self.refed = 0  # drafter passes run, skipped; tokens re-fed
 
-        def propose(
+        def propose(  # type: ignore[override]  # vLLM's signature moves between its releases; this is 0.32's
             self,
             num_speculative_tokens: int,
             target_token_ids: torch.Tensor,
@@ -549,7 +555,7 @@ def _vllm_classes() -> dict[str, type]:
             self._conf: list[torch.Tensor] = []
 
         def _sample_draft_tokens(self, hidden_states: torch.Tensor, sampling_metadata: Any) -> Any:
-            logits = self.model.compute_logits(hidden_states).float()  # (rows, V): batch × K, or batch
+            logits = self.model.compute_logits(hidden_states).float()  # type: ignore[operator]  # a vLLM model  # (rows, V): batch × K, or batch
             banned = sampling_metadata.allowed_token_ids_mask  # (batch, V) True = not allowed, or None
             if banned is not None:
                 per = logits.shape[0] // banned.shape[0]  # parallel drafting: K rows a request, request-major
@@ -619,7 +625,7 @@ def _vllm_classes() -> dict[str, type]:
                 except Exception as e:  # noqa: BLE001 - one request's failure must not end the engine step
                     why, row = f"{type(e).__name__}: {e}", None
                 if row is None:
-                    row = self._fail(rid, why, rows[0] if n else bonus[j], mask)
+                    row = self._fail(rid, why or "the rule gave no row", rows[0] if n else bonus[j], mask)
                 out[j, : len(row)] = torch.tensor(row, dtype=torch.int32)
             self._forget_finished()
             for rid in [r for r in self.failed if r not in self.runner.requests]:
@@ -759,7 +765,7 @@ def _vllm_classes() -> dict[str, type]:
                 self.refused.append(request)
 
         def _refusal(self, sampling_params: Any) -> str | None:
-            settings = self.vllm_config.additional_config[CONFIG_KEY]
+            settings = _settings(self.vllm_config)
             if sampling_params.sampling_type != SamplingType.GREEDY:
                 return f"method={settings['method']} on vLLM is greedy: send requests with temperature 0"
             try:
@@ -806,13 +812,14 @@ def _vllm_classes() -> dict[str, type]:
                 for rid, drafts in scheduler_output.scheduled_spec_decode_tokens.items()
                 if rid in self.requests and drafts and all(t == -1 for t in drafts)
             ]
-            method = self.vllm_config.additional_config[CONFIG_KEY]["method"]
+            method = _settings(self.vllm_config)["method"]
             unscored = dict(scheduler_output.num_invalid_spec_tokens or {})
             for rid, drafts in scheduler_output.scheduled_spec_decode_tokens.items():
                 request = self.requests.get(rid)
                 if request is None or not drafts or request in padded:
                     continue
                 sp = request.sampling_params
+                assert sp is not None and sp.max_tokens is not None, "a generation request has its max_tokens"
                 left = sp.max_tokens - request.num_output_tokens
                 n = drafts_scored(method, list(drafts), left=left, eos=stop_ids(sp))
                 if n < len(drafts):
