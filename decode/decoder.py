@@ -280,7 +280,7 @@ class Decoder:
             reason = "it records no trace (trace=false)"
         for m in (target, second_model):
             if reason is None and m is not None:
-                reason = fast.self_check(m)
+                reason = fast.checked(m)
         if reason is not None:
             if want is True:
                 raise ValueError(

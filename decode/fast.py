@@ -40,14 +40,17 @@ has the regular width and cycle c may leave budget, so the device never waits fo
 
 Everything else (mars, nsd, sampled prove, ``draft_threshold``, a trace or an ``on_cycle`` hook)
 takes the reference path; ``fast=auto`` chooses this path on CUDA for a model the slot cache serves
-(``slot_cache.unsupported_reason``) after a self-check against ``DynamicCache`` (``self_check``).
+(``slot_cache.unsupported_reason``) after a self-check of the slot cache on the model (``self_check``, remembered
+per model and version: ``checked``).
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -946,6 +949,70 @@ class _Compiled:
             record = self.fn(k)
         self.last_s = time.perf_counter() - t0
         return record, counters["stats"]["unique_graphs"] - before
+
+
+CHECKS_FILE = "slot-cache-checks.json"
+"""Where ``checked`` remembers the models that passed ``self_check``: in ``PROVE_CACHE_DIR``, else
+``$XDG_CACHE_HOME/prove``, else ``~/.cache/prove``."""
+
+
+def _checks_path() -> Path:
+    root = os.environ.get("PROVE_CACHE_DIR") or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "prove"
+    )
+    return Path(root) / CHECKS_FILE
+
+
+def check_key(model: Any) -> str:
+    """What a passed self-check holds for: the model's class and config (its path aside), dtype, device type and
+    attention, the torch and transformers versions, and the source of the slot cache and of this module."""
+    import hashlib
+    import json
+
+    import transformers
+    from prove.decode import slot_cache
+
+    config = {
+        k: v for k, v in model.config.to_dict().items() if k not in ("_name_or_path", "transformers_version")
+    }
+    p = next(model.parameters())
+    parts = {
+        "class": f"{type(model).__module__}.{type(model).__qualname__}",
+        "config": config,
+        "attn": getattr(model.config, "_attn_implementation", None),
+        "dtype": str(p.dtype),
+        "device": p.device.type,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "code": [Path(f).read_text() for f in (slot_cache.__file__, __file__)],
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def checked(model: Any) -> str | None:
+    """``self_check``, remembered on this machine: a model whose ``check_key`` passed once is not checked again (the
+    check costs a few passes of the model each time a Decoder is built: ~0.5 s of SmolLM2 on a 2-core CPU). A
+    failure is never remembered; an unreadable or torn file is a miss."""
+    import json
+
+    path = _checks_path()
+    key = check_key(model)
+    try:
+        passed = set(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        passed = set()
+    if key in passed:
+        return None
+    reason = self_check(model)
+    if reason is None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(sorted(passed | {key})))
+            tmp.replace(path)  # whole or not at all
+        except OSError:
+            pass  # a read-only home: the check runs again next time
+    return reason
 
 
 def self_check(model: Any, *, tokens: int = 6, atol: float | None = None) -> str | None:

@@ -340,6 +340,36 @@ def test_self_check_refuses_a_model_the_slot_cache_breaks(lm, tokenizer):
         Decoder(broken, tokenizer, method="ar", fast=True)
 
 
+def test_a_passed_self_check_is_remembered_per_model_and_a_failure_is_not(
+    lm, tokenizer, monkeypatch, tmp_path
+):
+    """``checked``: the second Decoder of the same model runs no self-check; a model of another config, dtype or
+    class does, a failure runs again every time, and a torn file is a miss that the next pass rewrites."""
+    import copy
+
+    from prove.decode import fast
+
+    monkeypatch.setenv("PROVE_CACHE_DIR", str(tmp_path))
+    runs = []
+    real = fast.self_check
+    monkeypatch.setattr(fast, "self_check", lambda m, **kw: runs.append(type(m).__name__) or real(m, **kw))
+    Decoder(lm, tokenizer, method="ar", fast=True)
+    Decoder(lm, tokenizer, method="ar", fast=True)
+    assert len(runs) == 1  # remembered
+    other = copy.deepcopy(lm)
+    other.config.rms_norm_eps = 1e-5  # another config: another key
+    assert fast.check_key(other) != fast.check_key(lm)
+    assert fast.check_key(copy.deepcopy(lm).double()) != fast.check_key(lm)
+    assert fast.check_key(copy.deepcopy(lm)) == fast.check_key(lm)  # the same model elsewhere: the same key
+    broken = CacheLengthPositions(lm)
+    for _ in range(2):
+        assert fast.checked(broken) is not None
+    assert runs.count("CacheLengthPositions") == 2  # never remembered
+    (tmp_path / fast.CHECKS_FILE).write_text('["abc", ')  # torn
+    assert fast.checked(lm) is None and len(runs) == 4  # a miss: checked again
+    assert fast.checked(lm) is None and len(runs) == 4  # and rewritten whole
+
+
 class NoHeadNoKeep(torch.nn.Module):
     """A causal LM that exposes no output embeddings and takes no ``logits_to_keep`` (a remote-code model may do
     either): the self-check must name it in one line, not crash the Decoder."""
