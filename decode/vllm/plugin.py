@@ -378,9 +378,7 @@ def _request_checker(method: str):
         try:
             body = json.loads(await request.body() or b"{}")
         except ValueError:
-            why = (
-                f"the request body is not valid JSON (method={method} on vLLM): send a JSON object"
-            )
+            why = f"the request body is not valid JSON (method={method} on vLLM): send a JSON object"
         else:
             why = check_request(method, body, max_model_len=_max_model_len(request))
         if why is not None:
