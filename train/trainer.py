@@ -221,7 +221,9 @@ class MarsTrainer(TermLogTrainer):
 
         Each rank scores rows ``rank::world`` in the same number of forwards (a rank out of rows runs one whose
         counts it drops), so ZeRO-3's collectives line up; the counts are summed over ranks."""
-        dataset: Any = self.eval_dataset if eval_dataset is None else eval_dataset  # rows: a Sequence or a Dataset
+        dataset: Any = (
+            self.eval_dataset if eval_dataset is None else eval_dataset
+        )  # rows: a Sequence or a Dataset
         assert dataset is not None, "evaluate() needs an eval set (eval.rows)"
         model = self.model_wrapped
         was_training = model.training
