@@ -11,8 +11,8 @@ parameters) on the same batches and the same initial weights:
 
 - ``plain``: ``model(input_ids, attention_mask, labels)``, transformers' own causal-LM loss on the answer (the rows
   as stage sft collates them, no block padding);
-- ``mars``: the trainer's step (``MarsTrainer.compute_loss``) from its own functions, without a Trainer:
-  ``trimmed_inputs`` (the noisy blocks from (P − 1) // K on), the attention ``stage.attention`` picks
+- ``mars``: the trainer's step (``MarsTrainer.compute_loss``) without a Trainer, the same
+  ``prove.train.step.MarsStep``: ``trimmed_inputs`` (the noisy blocks from (P − 1) // K on), the attention ``stage.attention`` picks
   (``mars_attention_impl``: by default the block attention of ``prove.train.attention`` under sdpa) and its
   ``trimmed_attention_mask``, ``final_hidden`` (the input embedding from ``target_embedding``), then the head
   (``target_head``: the ``<|mask|>`` row's gradient its own row's) and the cross-entropy at the targets only
@@ -309,41 +309,17 @@ def plain_loss(model: Any, batch: dict[str, Any], cfg: Any, mask_id: int) -> tup
 
 
 def mars_loss_now(model: Any, batch: dict[str, Any], cfg: Any, mask_id: int) -> tuple[Any, int, int]:
-    """``MarsTrainer.compute_loss`` without the Trainer (no accelerator wrapper: ``model`` is its own unwrapped
-    model), from the same functions, ``stage.depth_decay``'s weights included: ``(loss, tokens fed, targets)``."""
-    import torch
-    from prove.train.attention import mars_attention_impl, use_block_attention
-    from prove.train.losses import depth_weights, head_cross_entropy, mars_loss_terms
-    from prove.train.masks import (
-        BLOCK_ATTENTION,
-        noisy_depth,
-        trimmed_attention_mask,
-        trimmed_inputs,
-        trimmed_targets,
-    )
-    from prove.train.modeling import target_embedding, target_head
-    from prove.train.step import final_hidden
+    """``MarsTrainer.compute_loss`` without the Trainer: the same :class:`prove.train.step.MarsStep` (no accelerator
+    wrapper: ``model`` is its own unwrapped model; the mask built every step), ``stage.depth_decay``'s weights
+    included: ``(loss, tokens fed, targets)``."""
+    from prove.train.step import MarsStep
 
-    k = cfg.stage.block_size
-    impl = mars_attention_impl(cfg.stage.attention, getattr(model.config, "_attn_implementation", None))
-    if impl == BLOCK_ATTENTION:  # as MarsTrainer switches its model
-        use_block_attention(model)
-    ids, labels = batch["input_ids"], batch["labels"]  # (B, L)
-    x = trimmed_inputs(ids, labels, batch.get("attention_mask"), mask_id, k)  # ids (B, N + L)
-    mask = trimmed_attention_mask(impl, x, k, model.dtype)
-    t = trimmed_targets(labels, x)  # (B, N + L)
-    rows, cols = (t != IGNORE_INDEX).nonzero(as_tuple=True)  # (n,) each
-    embed = target_embedding(model.get_input_embeddings())
-    hidden = final_hidden(model, model, x.ids, x.position_ids, mask, embed)[rows, cols]  # (n, H)
-    head = target_head(model.get_output_embeddings())
-    ce = head_cross_entropy(head, hidden, t[rows, cols], cfg.stage.ce_chunk_rows)
-    weight = None
-    if cfg.stage.depth_decay != 1.0:
-        idx = torch.arange(ids.shape[1]).expand_as(labels)
-        first = torch.where(labels != IGNORE_INDEX, idx, ids.shape[1]).min(dim=1).values  # (B,) P
-        weight = depth_weights(noisy_depth(x.stream_index[rows, cols], first[rows], k), cfg.stage.depth_decay)
-    out = mars_loss_terms(ce, rows, cols < x.noisy_len, ids.shape[0], cfg.stage.ar_weight, weight)
-    return out.loss, x.ids.numel(), rows.numel()
+    step = MarsStep.for_model(
+        model, cfg.stage.attention, mask_id, cfg.stage.block_size,
+        ar_weight=cfg.stage.ar_weight, ce_chunk_rows=cfg.stage.ce_chunk_rows, depth_decay=cfg.stage.depth_decay,
+    )  # fmt: skip
+    out = step.loss(model, model, batch)
+    return out.loss, out.at.inputs.ids.numel(), out.at.rows.numel()
 
 
 def mars_loss_full(model: Any, batch: dict[str, Any], cfg: Any, mask_id: int) -> tuple[Any, int, int]:

@@ -15,6 +15,10 @@ from prove.data.loading import load_tokenizer
 from prove.data.tokenizer import build_tiny_tokenizer
 from prove.decode.checkpoint import read_prove_json
 from prove.train.rows import load_rows
+
+# re-exported: they moved to prove.train.step (the GPU check runs them without peft)
+from prove.train.step import target_embedding as target_embedding
+from prove.train.step import target_head as target_head
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
 
 if TYPE_CHECKING:
@@ -171,81 +175,3 @@ def apply_lora(model, cfg: TrainConfig, mask_id: int | None):
     model = get_peft_model(model, lora)
     model.print_trainable_parameters()
     return model
-
-
-def _trained_rows(module: Any, kind: type) -> tuple[Any, torch.Tensor, torch.Tensor] | None:
-    """``(base, rows (R, H), index (R,))`` when ``module`` is PEFT's trainable-token layer (or its wrapper), unmerged,
-    with one active adapter, around a frozen module of exactly ``kind`` (no subclass: a scaled embedding scales) whose
-    weight every process holds whole; else None."""
-    from peft.tuners.trainable_tokens.layer import TrainableTokensLayer
-    from peft.utils.other import TrainableTokensWrapper
-
-    layer = (
-        module.token_adapter if isinstance(module, TrainableTokensWrapper) else module
-    )  # the wrapper calls it
-    if (
-        not isinstance(layer, TrainableTokensLayer)
-        or layer.merged
-        or layer.disable_adapters
-        or getattr(module, "disable_adapters", False)
-    ):
-        return None
-    base = layer.get_base_layer()
-    adapters = list(layer.active_adapters)
-    weight = getattr(base, "weight", None)
-    if (
-        type(base) is not kind
-        or len(adapters) != 1
-        or weight is None
-        or weight.requires_grad
-        or hasattr(weight, "ds_id")  # ZeRO-3: the module's hooks gather it; keep PEFT's own call
-    ):
-        return None
-    name = adapters[0]
-    index = torch.tensor(layer.token_indices[name], device=weight.device)
-    return base, layer.trainable_tokens_delta[name], index
-
-
-def target_head(head: Any) -> Any:
-    """The head the MARS loss applies at its targets (``head``: the model's output-embedding module).
-
-    Under LoRA with a trainable ``<|mask|>`` row (``peft.train_mask_token``), ``head`` is PEFT's ``TrainableTokensLayer``
-    (inside its ``TrainableTokensWrapper``) around the frozen linear head: at every call it copies the whole V × H
-    weight with the trained rows put in, and its backward pass makes that weight's full V × H gradient to keep R rows
-    of it. Here instead the frozen base weight makes the logits (its backward makes only the hidden states' gradient)
-    and the trained rows' own products replace their R columns: the same logits, and a gradient of R rows
-    (n × H × R) that reaches the same ``trainable_tokens_delta`` parameter, so the adapter saves and merges in PEFT's
-    own format. Any other head (no adapter, a merged or disabled one, a trained head weight, a bias, ZeRO-3's
-    partitioned weights, several active adapters) is returned as it is."""
-    found = _trained_rows(head, torch.nn.Linear)
-    if found is None or found[0].bias is not None:
-        return head
-    base, rows, index = found
-
-    def apply(hidden: torch.Tensor) -> torch.Tensor:
-        logits = base(hidden)  # (n, V) from the frozen weight
-        logits[..., index] = torch.nn.functional.linear(
-            hidden, rows.to(hidden.dtype)
-        )  # (n, R) the trained rows
-        return logits
-
-    return apply
-
-
-def target_embedding(embedding: Any) -> Any | None:
-    """The input embedding of a MARS step, as :func:`target_head` for the head: under PEFT's trainable ``<|mask|>`` row,
-    the frozen embedding's vectors with the trained rows put in where their ids are (``(B, T) → (B, T, H)``), so no
-    V × H weight is copied in the forward pass nor made as a gradient in the backward one; ``None`` where PEFT's own
-    module is to be called (the same cases as :func:`target_head`, and an embedding that scales or renormalises)."""
-    found = _trained_rows(embedding, torch.nn.Embedding)
-    if found is None or found[0].max_norm is not None:
-        return None
-    base, rows, index = found
-
-    def apply(ids: torch.Tensor) -> torch.Tensor:
-        out = base(ids)  # (B, T, H) from the frozen weight
-        hit = ids[..., None] == index  # (B, T, R)
-        trained = hit.to(rows.dtype) @ rows  # (B, T, H): the trained row where its id is
-        return torch.where(hit.any(dim=-1, keepdim=True), trained.to(out.dtype), out)
-
-    return apply

@@ -13,18 +13,8 @@ from prove.data.chat import IGNORE_INDEX
 from prove.decode.engine import end_of_turn_ids
 from prove.train import universal
 from prove.train.acceptance import AcceptanceSums, allowed_argmax, block_acceptance
-from prove.train.attention import mars_attention_impl, use_block_attention
-from prove.train.losses import depth_weights, distill_loss, head_cross_entropy, mars_loss_terms
-from prove.train.masks import (
-    BLOCK_ATTENTION,
-    TrimmedInputs,
-    noisy_depth,
-    trimmed_attention_mask,
-    trimmed_inputs,
-    trimmed_targets,
-)
-from prove.train.modeling import target_embedding, target_head
-from prove.train.step import final_hidden
+from prove.train.losses import distill_loss
+from prove.train.step import MarsStep, target_head
 from transformers import Trainer, TrainerCallback
 
 log = logging.getLogger(__name__)
@@ -64,15 +54,16 @@ class MarsTrainer(TermLogTrainer):
     """Trains an ordinary causal LM to fill K placeholders in one pass.
 
     Batches hold ``input_ids`` / ``labels`` / ``attention_mask`` ``(B, L)`` with each example a multiple of K long
-    (:class:`prove.train.collate.Collator`). ``compute_loss`` turns them into ``[noisy | clean]`` without the noisy
-    blocks before ``(P − 1) // K`` (:func:`prove.train.masks.trimmed_inputs`: they hold no target and nothing reads
-    them), builds each example's block attention as ``attention`` (``stage.attention``) says — ``auto``: under sdpa the
-    model switches to :mod:`prove.train.attention`'s block attention (the clean stream causal on its own, a mask of
-    the noisy rows only), under ``flex_attention`` a FlexAttention ``BlockMask``; ``mask``: one float additive 4D mask
-    over the whole input —, runs the decoder and applies the head (:func:`prove.train.modeling.target_head`: a
-    trainable ``<|mask|>`` row's gradient is its own row's) and the cross-entropy only at the positions with a
-    target, ``ce_chunk_rows`` at a time (:func:`prove.train.losses.head_cross_entropy`); the loss is
-    :func:`prove.train.losses.mars_loss_terms`.
+    (:class:`prove.train.collate.Collator`). ``compute_loss`` is :meth:`prove.train.step.MarsStep.loss` (the step
+    composed once for it, ``tools/bench_mars_step.py`` and ``make gpu-check``): it turns them into
+    ``[noisy | clean]`` without the noisy blocks before ``(P − 1) // K`` (:func:`prove.train.masks.trimmed_inputs`: they hold
+    no target and nothing reads them), builds each example's block attention as ``attention`` (``stage.attention``)
+    says — ``auto``: under sdpa the model switches to :mod:`prove.train.attention`'s block attention (the clean
+    stream causal on its own, a mask of the noisy rows only), under ``flex_attention`` a FlexAttention
+    ``BlockMask``; ``mask``: one float additive 4D mask over the whole input —, runs the decoder and applies the
+    head (:func:`prove.train.step.target_head`: a trainable ``<|mask|>`` row's gradient is its own row's) and the
+    cross-entropy only at the positions with a target, ``ce_chunk_rows`` at a time
+    (:func:`prove.train.losses.head_cross_entropy`); the loss is :func:`prove.train.losses.mars_loss_terms`.
 
     With an ``eval_dataset``, :meth:`evaluate` scores it in the same teacher-forced passes and logs the simulated
     acceptance of :mod:`prove.train.acceptance` (``eval_tpc_k{K′}``, ``eval_accept_d{d}``, ...).
@@ -94,74 +85,29 @@ class MarsTrainer(TermLogTrainer):
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
-        self.attention_impl = mars_attention_impl(
-            attention, getattr(getattr(self.model, "config", None), "_attn_implementation", None)
-        )
-        """The attention the step's mask is built for (:func:`prove.train.attention.mars_attention_impl`)."""
-        if self.attention_impl == BLOCK_ATTENTION:
-            use_block_attention(self.model)
-        self.mask_token_id = mask_token_id
-        self.block_size = block_size
-        self.ar_weight = ar_weight
-        self.ce_chunk_rows = ce_chunk_rows
-        self.depth_decay = depth_decay
+        self.step = MarsStep.for_model(
+            self.model, attention, mask_token_id, block_size,
+            ar_weight=ar_weight, ce_chunk_rows=ce_chunk_rows, depth_decay=depth_decay, cache_masks=True,
+        )  # fmt: skip
+        """The step (:class:`prove.train.step.MarsStep`: the masks kept per batch layout); the model is switched to the
+        block attention when that is the one :func:`prove.train.attention.mars_attention_impl` picks."""
         self.eval_batch_size = eval_batch_size or self.args.per_device_train_batch_size
         self.eval_tau = eval_tau
-        self._masks: dict[tuple, Any] = {}
         self._allowed: torch.Tensor | None = None
         self.last_acceptance: AcceptanceSums | None = None
         """The counts behind the last :meth:`evaluate`'s acceptance metrics (summed over ranks)."""
 
     # -- the training step ---------------------------------------------------------------------------------------
 
+    @property
+    def attention_impl(self) -> str | None:
+        """The attention the step's mask is built for (:func:`prove.train.attention.mars_attention_impl`)."""
+        return self.step.impl
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        hidden, targets, rows, cols, x = self._target_hidden(model, inputs)  # hidden (n, H)
-        noisy = cols < x.noisy_len
-        head = target_head(self.accelerator.unwrap_model(model).get_output_embeddings())
-        ce = head_cross_entropy(head, hidden, targets, self.ce_chunk_rows)  # (n,)
-        weight = self._noisy_weight(inputs["labels"], x, rows, cols)
-        out = mars_loss_terms(ce, rows, noisy, inputs["input_ids"].shape[0], self.ar_weight, weight)
+        out = self.step.loss(model, self.accelerator.unwrap_model(model), inputs).terms
         self._record(out.noisy, out.clean)
         return (out.loss, None) if return_outputs else out.loss
-
-    def _target_hidden(self, model, inputs):
-        """The final hidden states at the targets of the trimmed ``[noisy | clean]`` pass: ``(hidden (n, H),
-        targets, rows, cols, inputs)``, targets/rows/cols ``(n,)`` (cols index the trimmed inputs)."""
-        ids, labels = inputs["input_ids"], inputs["labels"]  # (B, L)
-        x = trimmed_inputs(ids, labels, inputs.get("attention_mask"), self.mask_token_id, self.block_size)
-        mask = self._attention_mask(model, x)
-        t = trimmed_targets(labels, x)  # (B, T)
-        rows, cols = (t != IGNORE_INDEX).nonzero(as_tuple=True)
-        unwrapped = self.accelerator.unwrap_model(model)
-        embed = target_embedding(unwrapped.get_input_embeddings())
-        hidden = final_hidden(model, unwrapped, x.ids, x.position_ids, mask, embed)
-        return hidden[rows, cols], t[rows, cols], rows, cols, x
-
-    def _noisy_weight(self, labels, x: TrimmedInputs, rows, cols) -> torch.Tensor | None:
-        """``(n,)`` the depth weight of each target (:func:`prove.train.losses.depth_weights`; read at the noisy ones),
-        or None when ``depth_decay`` is 1 (MARS's uniform noisy loss)."""
-        if self.depth_decay == 1.0:
-            return None
-        length = labels.shape[1]
-        idx = torch.arange(length, device=labels.device).expand_as(labels)
-        first = torch.where(labels != IGNORE_INDEX, idx, length).min(dim=1).values  # (B,) P
-        depth = noisy_depth(x.stream_index[rows, cols], first[rows], self.block_size)  # (n,)
-        return depth_weights(depth, self.depth_decay)
-
-    def _attention_mask(self, model, x: TrimmedInputs):
-        """The batch's mask, cached by everything it depends on (attention kind, dtype, device, L, N and where each
-        example's noisy part starts)."""
-        unwrapped = self.accelerator.unwrap_model(model)
-        impl = self.attention_impl
-        dtype = (
-            unwrapped.dtype
-        )  # not the embedding's .weight: PEFT's trainable-token wrapper merges a copy to read it
-        key = (impl, dtype, str(x.ids.device), x.ids.shape[1], x.noisy_len, tuple(x.starts.tolist()))
-        if key not in self._masks:
-            if len(self._masks) > 64:
-                self._masks.clear()
-            self._masks[key] = trimmed_attention_mask(impl, x, self.block_size, dtype)
-        return self._masks[key]
 
     # -- acceptance while training -------------------------------------------------------------------------------
 
@@ -272,10 +218,11 @@ class MarsTrainer(TermLogTrainer):
         target ``(4,)``."""
         labels = batch["labels"]
         bsz, length = labels.shape
-        hidden, targets, rows, cols, x = self._target_hidden(model, batch)
-        noisy = cols < x.noisy_len
-        head = target_head(self.accelerator.unwrap_model(model).get_output_embeddings())
-        chunk = self.ce_chunk_rows or max(1, hidden.shape[0])
+        unwrapped = self.accelerator.unwrap_model(model)
+        at = self.step.targets(model, unwrapped, batch)
+        hidden, targets, rows, cols, x, noisy = at.hidden, at.targets, at.rows, at.cols, at.inputs, at.noisy
+        head = target_head(unwrapped.get_output_embeddings())
+        chunk = self.step.ce_chunk_rows or max(1, hidden.shape[0])
         ce, pred, conf = [], [], []
         for i in range(0, hidden.shape[0], chunk):
             logits = head(hidden[i : i + chunk]).float()  # (n_chunk, V)
@@ -284,9 +231,7 @@ class MarsTrainer(TermLogTrainer):
             pred.append(p)
             conf.append(c)
         ce_t, pred_t, conf_t = torch.cat(ce), torch.cat(pred), torch.cat(conf)
-        terms = mars_loss_terms(
-            ce_t, rows, noisy, bsz, self.ar_weight, self._noisy_weight(labels, x, rows, cols)
-        )
+        terms = self.step.loss_terms(ce_t, labels, at)
         n_seq = int((labels != IGNORE_INDEX).any(dim=1).sum())
         # back to stream positions: clean column N + j is clean j, noisy column c is noisy stream index p
         p = x.stream_index[rows, cols]  # (n,) < L: only real positions carry targets
@@ -300,7 +245,7 @@ class MarsTrainer(TermLogTrainer):
             noisy_pred,
             noisy_conf,
             labels,
-            self.block_size,
+            self.step.block_size,
             self._stop_ids(),
             self.eval_tau,
         )
@@ -314,7 +259,7 @@ class MarsTrainer(TermLogTrainer):
         if self._allowed is None or self._allowed.numel() != vocab:
             from prove.decode.decoder import allowed_ids
 
-            limit, excluded = allowed_ids([vocab], self.processing_class, [self.mask_token_id])
+            limit, excluded = allowed_ids([vocab], self.processing_class, [self.step.mask_token_id])
             allowed = torch.zeros(vocab, dtype=torch.bool)
             allowed[:limit] = True
             allowed[list(excluded)] = False

@@ -1,8 +1,7 @@
 """Part 1, train: MARS steps on a real shape, FlexAttention ``BlockMask`` against the dense float mask.
 
-The inputs, mask and loss are ``prove.train.masks`` / ``prove.train.step`` / ``prove.train.losses``, as
-``MarsTrainer.compute_loss`` uses them (the noisy blocks from (P − 1) // K on, the head and the CE at targets only); the
-model is a random-weight one of ``train_shape`` (``prove.decode.random_models``). Both attention paths start from
+The step is ``MarsTrainer.compute_loss``'s own, ``prove.train.step.MarsStep`` (the noisy blocks from (P − 1) // K on,
+the head and the CE at targets only), with the mask ``stage.attention=mask`` builds for each attention; the model is a random-weight one of ``train_shape`` (``prove.decode.random_models``). Both attention paths start from
 the same weights and read the same batches: the first step's losses must agree to the dtype's tolerance, and every
 gradient must be finite. A plain causal-LM step on the same rows and weights (the model's own loss: the head at every
 position, the CE at the labelled tokens; the ``dense_attn`` attention with transformers' causal mask) sets the
@@ -15,11 +14,14 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prove.decode.random_models import random_model, shape_config
 from prove.recipes.gpu_check.config import SHAPES, CheckConfig
 from prove.recipes.gpu_check.runtime import check_entry, describe_error, free, peak_gib, peak_reset, sync
+
+if TYPE_CHECKING:
+    from prove.train.step import MarsStep
 
 
 def train_batches(cfg: CheckConfig, vocab: int, mask_id: int, device: str) -> list[tuple[Any, Any]]:
@@ -38,12 +40,23 @@ def train_batches(cfg: CheckConfig, vocab: int, mask_id: int, device: str) -> li
     return out
 
 
+CE_CHUNK_ROWS = 4096
+"""The head and its cross-entropy this many targets at a time (``stage.ce_chunk_rows``)."""
+
+
+def mars_step(impl: str, block_size: int, mask_id: int) -> MarsStep:
+    """The trainer's step (:class:`prove.train.step.MarsStep`, as ``MarsTrainer.compute_loss`` runs it) on a model
+    whose attention is ``impl``, with the mask ``stage.attention=mask`` builds for it (a FlexAttention ``BlockMask``
+    under ``flex_attention``, else the dense float mask), MARS's uniform loss, the mask built every step (its time is
+    the step's)."""
+    from prove.train.step import MarsStep
+
+    return MarsStep(mask_id, block_size, impl, ce_chunk_rows=CE_CHUNK_ROWS)
+
+
 def train_one(cfg: CheckConfig, impl: str, batches: list[tuple[Any, Any]], mask_id: int) -> dict[str, Any]:
     """``train_steps`` AdamW steps of the MARS loss with attention ``impl``; losses, grad norms, speed, memory."""
     import torch
-    from prove.train.losses import head_cross_entropy, mars_loss_terms
-    from prove.train.masks import IGNORE_INDEX, trimmed_attention_mask, trimmed_inputs, trimmed_targets
-    from prove.train.step import final_hidden
 
     dtype = getattr(torch, cfg.train_dtype)
     # FlexAttention has no backward on CPU (torch raises): there the --tiny run checks its forward only.
@@ -51,6 +64,7 @@ def train_one(cfg: CheckConfig, impl: str, batches: list[tuple[Any, Any]], mask_
     config = shape_config(SHAPES[cfg.train_shape], attn=impl, pad_token_id=0)
     model = random_model(config, cfg.device, dtype, seed=cfg.seed).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
+    step = mars_step(impl, cfg.block_size, mask_id)
     mask = None
     losses: list[float] = []
     grad_norms: list[float] = []
@@ -60,15 +74,9 @@ def train_one(cfg: CheckConfig, impl: str, batches: list[tuple[Any, Any]], mask_
     for ids, labels in batches:
         sync(cfg.device)
         t0 = time.perf_counter()
-        x = trimmed_inputs(ids, labels, None, mask_id, cfg.block_size)  # (B, N + L)
-        mask = trimmed_attention_mask(impl, x, cfg.block_size, dtype)
-        t = trimmed_targets(labels, x)  # (B, N + L)
-        rows, cols = (t != IGNORE_INDEX).nonzero(as_tuple=True)
         with torch.set_grad_enabled(backward):
-            hidden = final_hidden(model, model, x.ids, x.position_ids, mask)[rows, cols]  # (n, H)
-            ce = head_cross_entropy(model.get_output_embeddings(), hidden, t[rows, cols], 4096)
-            loss = mars_loss_terms(ce, rows, cols < x.noisy_len, ids.shape[0]).loss
-            out = hidden
+            out = step.loss(model, model, {"input_ids": ids, "labels": labels})
+            loss, mask = out.loss, out.at.mask
         losses.append(loss.item())
         if backward:
             norm = optimizer_step(model, opt, loss)
