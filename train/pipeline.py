@@ -153,6 +153,12 @@ def max_minutes_setting(cfg: TrainConfig) -> str:
     return "trainer.max_minutes"
 
 
+TRAINER_OWN = frozenset({"max_minutes", "extra", "activation_checkpointing", "group_by_length"})
+"""``TrainerConfig`` fields :func:`training_arguments` does not pass on under their own name: ours, or mapped to the
+name the installed ``TrainingArguments`` declares. Every other field is a ``TrainingArguments`` argument
+(``tests/train/test_trainer_config_fields.py`` checks them against the installed transformers)."""
+
+
 def training_arguments(cfg: TrainConfig, report_to: list[str]) -> TrainingArguments:
     """``TrainingArguments`` from ``cfg.trainer`` (+ ``cfg.deepspeed``); built before the model on purpose."""
     t = cfg.trainer
@@ -163,8 +169,7 @@ def training_arguments(cfg: TrainConfig, report_to: list[str]) -> TrainingArgume
         import deepspeed  # an optional dependency (prove[deepspeed]): imported only when a run asks for it
 
         deepspeed.init_distributed(dist_backend="gloo")
-    own = {"max_minutes", "extra", "activation_checkpointing", "group_by_length"}  # mapped below, or ours
-    known = {f.name for f in dataclasses.fields(t)} - own
+    known = {f.name for f in dataclasses.fields(t)} - TRAINER_OWN
     kwargs = {name: getattr(t, name) for name in known}
     # transformers 5.24 calls gradient checkpointing activation checkpointing (the old name a deprecated alias);
     # vLLM pins transformers < 5.20, which knows only the old one: pass the name this TrainingArguments declares.
