@@ -23,7 +23,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from prove.decode.memo import IdentityMemo
 from prove.decode.sampling import token_prob
-from transformers import DynamicCache
+from prove.decode.slot_cache import (
+    SlotCache,
+    attention_window,
+    linear_see,
+    pass_mask,
+    slot_mask,
+)
 
 if TYPE_CHECKING:
     from prove.decode.methods import Method
@@ -33,24 +39,25 @@ if TYPE_CHECKING:
 
 
 class ModelRunner:
-    """A causal LM, its DynamicCache, and the tokens its cache entries were computed from."""
+    """A causal LM, its slot cache (``prove.decode.slot_cache.SlotCache``) and the tokens its entries were computed
+    from: entry i sits at slot i, so a crop is a length, and a pass attends exactly the entries it may see."""
 
-    def __init__(self, model: torch.nn.Module, name: str = "model") -> None:
+    def __init__(self, model: torch.nn.Module, name: str = "model", *, capacity: int | None = None) -> None:
         self.model: Any = model  # a transformers PreTrainedModel (its stubs type attributes loosely)
         self.name = name
         self.passes = 0
         self.model_s = 0.0
         """Seconds spent inside the model's forward, all passes together (host time: on a GPU, whose kernels run
         asynchronously, it counts launches, not the kernels)."""
-        params = inspect.signature(model.forward).parameters
-        # transformers ≥ 5.x renames past_key_values → cache (the old name still works, with a warning).
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        self._logits_to_keep = "logits_to_keep" in params
+        self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._trees: IdentityMemo[tuple[torch.Tensor, torch.Tensor]] = IdentityMemo(TREE_MEMO)
         self.pad_to: dict[int, int] = {}
         """Widths at which a linear pass runs wider, {w: w'} (``prove.decode.padding``; empty = never)."""
         self.padded = 0
         """Passes run wider than their tokens (all requests together, as ``passes``)."""
+        self.cache = SlotCache.for_model(model, capacity or INITIAL_SLOTS)
+        """Allocated at the first pass and kept across requests; grows (contents kept) when a pass needs more."""
+        self.cache.compileable = False  # an eager pass: a one-row pass that sees every slot may run unmasked
         self.reset()
 
     @property
@@ -66,18 +73,21 @@ class ModelRunner:
         return self.model.get_output_embeddings().weight.shape[0]
 
     def reset(self) -> None:
-        """Forget everything (a new request)."""
+        """Forget everything (a new request): what the slots hold is stale from here on."""
         self._param = next(self.model.parameters())  # where and in what dtype the model runs (read per pass)
-        self.cache = DynamicCache(config=self.model.config)
-        self.fed: list[int] = []  # token fed at each cache position
+        self.cache.length = 0
+        self.fed: list[int] = []  # token fed at each cache slot
         self.valid = 0  # fed[:valid] is known to equal the committed sequence
         self._rows: tuple[int, torch.Tensor] | None = None
         """The last linear pass's logits (rows, V) and the prefix length its row 0 follows: row j predicts the
         token after ``fed[:start + j]`` (``_known_row``)."""
+        self._unmaskable = attention_window(self.model.config)[0] is None
+        """A one-row pass at the last slot in use sees every slot: it runs with no mask (transformers then builds
+        none, or the causal one, which is the same; sdpa's unmasked kernel is the cheaper one on a CPU)."""
 
     @property
     def cached(self) -> int:
-        return self.cache.get_seq_length()
+        return len(self.fed)
 
     def _valid_prefix(self, seq: Sequence[int]) -> int:
         v = self.valid
@@ -87,10 +97,8 @@ class ModelRunner:
         return v
 
     def _crop(self, keep: int) -> None:
-        drop = len(self.fed) - keep
-        if drop > 0:
-            self.cache.crop(-drop)
-            del self.fed[keep:]
+        del self.fed[keep:]
+        self.cache.length = len(self.fed)
         self.valid = keep
 
     def sync(self, seq: Sequence[int]) -> None:
@@ -122,13 +130,11 @@ class ModelRunner:
         if known is not None:
             self._crop(len(seq))
             new = list(extra)
-            positions = torch.arange(len(seq), len(seq) + len(new), device=self.device)[None]
-            logits = torch.cat([known[None], self._pass(new, positions, rows=len(new), fed=new, valid=valid)])
+            logits = torch.cat([known[None], self._pass(new, len(seq), rows=len(new), fed=new, valid=valid)])
         else:
             keep = self._start(seq)
             new = list(seq[keep:]) + list(extra)
-            positions = torch.arange(keep, keep + len(new), device=self.device)[None]  # (1, L)
-            logits = self._pass(new, positions, rows=len(extra) + 1, fed=new, valid=valid)
+            logits = self._pass(new, keep, rows=len(extra) + 1, fed=new, valid=valid)
         self._rows = (len(seq), logits)
         return logits
 
@@ -165,32 +171,25 @@ class ModelRunner:
         keep = self._start(seq)
         self._rows = None  # a tree's rows past its chain follow no linear prefix
         pending = list(seq[keep:])
-        rel, local = self._tree_parts(len(pending), offsets, attend)
-        # positions relative to len(seq) (the pending tokens sit just before it), and the mask's cache columns
-        bias = torch.nn.functional.pad(local, (keep, 0))[None, None]
+        tree = self._tree_parts(len(pending), offsets, attend)
         fed = pending + list(extra[:chain]) + [SKIPPED] * (len(extra) - chain)
         return self._pass(
-            pending + list(extra),
-            (rel + len(seq))[None],
-            rows=len(extra) + 1,
-            fed=fed,
-            valid=len(seq),
-            attention_mask=bias,
+            pending + list(extra), keep, rows=len(extra) + 1, fed=fed, valid=len(seq), tree=tree
         )
 
     def _tree_parts(
         self, pending: int, offsets: torch.Tensor, attend: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A tree's positions relative to ``len(seq)`` (P+E,) and its mask over the new entries (P+E, P+E), on
-        the runner's device and dtype: built once per (tree, pending count) and reused (a decode feeds a
-        handful of trees; building the mask was a tenth of a fused cycle's non-model time on the demo)."""
-        device, dtype = self.device, self.dtype
+        """A tree's positions relative to its first new entry (P+E,) and which new entry each may see (P+E, P+E),
+        on the runner's device: built once per (tree, pending count) and reused (a decode feeds a handful of trees;
+        building the mask was a tenth of a fused cycle's non-model time on the demo)."""
+        device = self.device
 
         def build() -> tuple[torch.Tensor, torch.Tensor]:
-            rel = torch.cat([torch.arange(-pending, 0), offsets.cpu()]).to(device)
-            return rel, tree_attention_bias(0, pending, attend, dtype=dtype, device=device)[0, 0]
+            rel = torch.cat([torch.arange(pending), offsets.cpu() + pending]).to(device)
+            return rel, tree_local(pending, attend).to(device)
 
-        return self._trees.get((offsets, attend), (pending, dtype, device), build)
+        return self._trees.get((offsets, attend), (pending, device), build)
 
     def _start(self, seq: Sequence[int]) -> int:
         """Crop the cache to its valid prefix of ``seq``, less the last token (always fed, so that the pass's
@@ -202,27 +201,50 @@ class ModelRunner:
     def _pass(
         self,
         tokens: list[int],
-        positions: torch.Tensor,
+        start: int,
         *,
         rows: int,
         fed: list[int],
         valid: int,
-        attention_mask: torch.Tensor | None = None,
+        tree: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """The model over ``tokens`` at ``positions`` on top of the cache; records ``fed`` and ``valid``, returns
-        the logits of the last ``rows`` tokens (rows, V)."""
+        """The model over ``tokens`` written at slots start.. of the cache (the valid prefix below ``start``, at slot
+        = position): a causal continuation at positions start.., or a ``tree`` (its positions relative to ``start``
+        and its (W, W) bool "entry may see entry"); records ``fed`` and ``valid``, returns the logits of the last
+        ``rows`` tokens (rows, V)."""
         # a linear pass at a width this device runs slower than a wider one: filler after the real tokens (no real
-        # row sees it under the causal mask), its rows dropped and its cache entries cropped right after
-        pad = self.pad_to.get(len(tokens), len(tokens)) - len(tokens) if attention_mask is None else 0
+        # row sees it under the causal mask), its rows dropped and its slots left stale right after
+        pad = self.pad_to.get(len(tokens), len(tokens)) - len(tokens) if tree is None else 0
         if pad > 0:
             tokens = tokens + [tokens[-1]] * pad
-            positions = torch.cat(
-                [positions, positions[:, -1:] + torch.arange(1, pad + 1, device=self.device)], 1
-            )
-        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)  # (1, L)
-        kwargs: dict[str, Any] = {self._cache_kw: self.cache, "position_ids": positions, "use_cache": True}
-        if attention_mask is not None:
-            kwargs["attention_mask"] = attention_mask
+        width = len(tokens)
+        end = start + width
+        if end > self.cache.capacity:
+            self.cache.grow(max(end, 2 * self.cache.capacity))
+        device = self.device
+        self.cache.view = end  # exactly the slots in use: the valid prefix and this pass
+        self.cache.length = start
+        slots = torch.arange(start, end, device=device)
+        if tree is None:
+            positions = slots
+            if width == 1 and self._unmaskable:
+                mask = None  # one row that sees every slot (``_unmaskable``)
+            else:
+                mask = pass_mask(self.model.config, linear_see(slots[0], width, end), positions, self.dtype)
+        else:
+            rel, local = tree
+            positions = rel + start
+            see = torch.cat([local.new_ones(width, start), local], 1)  # every row sees the valid prefix
+            slot_pos = torch.cat([torch.arange(start, device=device), positions])
+            mask = pass_mask(self.model.config, see, positions, self.dtype, slot_positions=slot_pos)
+        self.cache.set_slots(slots)
+        ids = torch.tensor([tokens], dtype=torch.long, device=device)  # (1, L)
+        kwargs: dict[str, Any] = {
+            "past_key_values": self.cache,
+            "position_ids": positions[None],
+            "use_cache": True,
+        }
+        kwargs["attention_mask"] = mask
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = rows + pad
         t0 = time.perf_counter()
@@ -230,11 +252,10 @@ class ModelRunner:
         self.model_s += time.perf_counter() - t0
         self.passes += 1
         if pad > 0:
-            self.cache.crop(-pad)
             self.padded += 1
         self.fed.extend(fed)
+        self.cache.length = len(self.fed)  # the filler's slots are stale from here on
         self.valid = valid
-        assert self.cached == len(self.fed), "cache length and fed tokens disagree"
         return out.logits[0, -(rows + pad) : out.logits.shape[1] - pad]
 
 
@@ -251,6 +272,24 @@ TREE_MEMO = 256
 """Trees (with their pending count) a ``ModelRunner`` keeps built masks for; the memo starts over when full."""
 
 
+INITIAL_SLOTS = 256
+"""Slots a ``ModelRunner``'s cache allocates at its first pass; it doubles (contents kept) whenever a pass needs more."""
+
+
+def tree_local(pending: int, attend: torch.Tensor) -> torch.Tensor:
+    """Which new entry each may see (P+E, P+E) bool in a pass over ``[pending (P), tree entries (E)]``: pending rows
+    are causal and see no tree entry; tree rows see every pending token and the tree entries ``attend`` (E, E)
+    allows."""
+    if pending < 1:
+        raise ValueError("a pass feeds at least one pending token (the last committed one)")
+    q = pending + int(attend.shape[0])
+    # lower-triangular covers pending rows (causal, no tree entry: their columns past the pending block are above
+    # the diagonal) and tree rows seeing every pending token
+    local = torch.ones(q, q, dtype=torch.bool, device=attend.device).tril_()
+    local[pending:, pending:] = attend
+    return local
+
+
 def tree_attention_bias(
     cached: int,
     pending: int,
@@ -258,23 +297,12 @@ def tree_attention_bias(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
-    """Float additive mask (1, 1, P+E, cached+P+E) of a pass over ``[pending (P), tree entries (E)]`` on top
-    of ``cached`` cache entries: 0 where a query (row) may attend a key (column), ``finfo(dtype).min``
-    elsewhere (eager attention adds the mask to the scores: a boolean 4D mask would be wrong there).
-
-    Every row sees the cache; pending rows are causal and see no tree entry; tree rows see every pending
-    token and the tree entries ``attend`` (E, E) allows.
-    """
-    if pending < 1:
-        raise ValueError("a pass feeds at least one pending token (the last committed one)")
-    q = pending + int(attend.shape[0])
-    # among the new entries: lower-triangular covers pending rows (causal, no tree entry: their columns
-    # past the pending block are above the diagonal) and tree rows seeing every pending token
-    local = torch.ones(q, q, dtype=torch.bool, device=device).tril_()
-    local[pending:, pending:] = attend.to(device)
-    bias = torch.zeros(q, cached + q, dtype=dtype, device=device)  # the cache: seen by every row
-    bias[:, cached:].masked_fill_(~local, torch.finfo(dtype).min)
-    return bias[None, None]
+    """Float additive mask (1, 1, P+E, cached+P+E) of a tree pass (``tree_local``) on top of ``cached`` cache
+    entries, which every row sees: 0 where a query (row) may attend a key (column), ``finfo(dtype).min`` elsewhere
+    (eager attention adds the mask to the scores: a boolean 4D mask would be wrong there)."""
+    local = tree_local(pending, attend).to(device)
+    see = torch.cat([local.new_ones(local.shape[0], cached), local], 1)
+    return slot_mask(see, dtype)
 
 
 @dataclass

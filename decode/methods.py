@@ -38,6 +38,27 @@ from prove.decode.sampling import logits_to_probs, pick, token_prob
 
 
 @dataclass(frozen=True)
+class OnVllm:
+    """How vLLM runs a method (``backend=vllm``, ``prove.decode.vllm``): what proposes, and whose rule decides."""
+
+    drafter: str | None = None
+    """Who drafts for vLLM's target: None (no speculation: AR), ``model`` (the MARS checkpoint itself) or ``draft``
+    (the draft model)."""
+    parallel: bool = False
+    """The drafter fills K placeholders in one pass (vLLM's parallel drafting; K = ``block_size``), else it drafts k
+    tokens one by one (K = ``k``)."""
+    plugin: bool = False
+    """Our rule replaces vLLM's in its step (``prove.decode.vllm.plugin``; greedy only), else vLLM's own lossless
+    rejection sampler decides."""
+    sample_drafts: bool = False
+    """A sampling request drafts from the draft's distribution and puts its probabilities in the ratio test (SD)."""
+    verifier_is_target: bool = False
+    """The small verifier is vLLM's target and the MARS checkpoint its drafter (ProVe)."""
+    bonus: bool = True
+    """The rule adds a correction / bonus token after the accepted ones (ProVe's does not)."""
+
+
+@dataclass(frozen=True)
 class Method:
     name: str
     proposer: str | ProposerFactory
@@ -63,6 +84,15 @@ class Method:
     branches: bool = False
     """Its rule verifies a proposal's second candidate (``Proposal.branch``) when there is one: the fused
     cycle then proposes one where p̃ is low (``prove.decode.fused``)."""
+
+    twin: str | None = None
+    """The sync-free twin of its rule (``prove.decode.rules.twins``) the device cycle runs for it at temperature 0:
+    ``greedy`` (greedy matching), ``asd`` (ASD's budget), ``prove`` (the θ gate); None: the composed cycle only."""
+    sampled_twin: bool = False
+    """At temperature > 0 the device cycle runs speculative sampling's twin for it (ar, sd)."""
+    vllm: OnVllm | None = None
+    """How vLLM runs it, or None (then ``vllm_why`` says why not)."""
+    vllm_why: str = "vLLM has no such verification"
 
     def is_lossless(self, params: Mapping[str, Any]) -> bool:
         """Whether a greedy decode with ``params`` (the resolved values of ``uses``) must reproduce AR."""
@@ -111,8 +141,16 @@ class Method:
         if proposer == "block" and self.verifier == "self":  # the model verifies block proposals: fusable
             uses += FUSE_PARAMS
             defaults.update(FUSE_DEFAULTS)
-        return dataclasses.replace(
-            self, name=f"{self.name}[{proposer}]", proposer=proposer, uses=uses, defaults=defaults
+        return dataclasses.replace(  # its rule composed on another proposer: the composed cycle, not on vLLM
+            self,
+            name=f"{self.name}[{proposer}]",
+            proposer=proposer,
+            uses=uses,
+            defaults=defaults,
+            twin=None,
+            sampled_twin=False,
+            vllm=None,
+            vllm_why="proposer= composes rules on our engine",
         )
 
     @property
@@ -250,11 +288,22 @@ register_method(
         _ar,
         lossless=True,
         summary="one token per pass: the baseline, through the same engine",
+        twin="greedy",
+        sampled_twin=True,
+        vllm=OnVllm(),
     )
 )
 register_method(
     Method(
-        "mars", "block", "none", _mars, {"tau": 0.95}, ("tau", "block_size"), summary="MARS confidence rule"
+        "mars",
+        "block",
+        "none",
+        _mars,
+        {"tau": 0.95},
+        ("tau", "block_size"),
+        summary="MARS confidence rule",
+        vllm_why="the MARS confidence rule commits without any verification pass, and vLLM's step always runs its "
+        "target to verify (the MARS proposer as vLLM's target would sample its next token, not commit its block)",
     )
 )
 register_method(
@@ -267,6 +316,8 @@ register_method(
         ("theta", "block_size"),
         summary="ProVe: p̃·q ≥ θ",
         check=_check_prove,
+        twin="prove",
+        vllm=OnVllm(drafter="model", parallel=True, plugin=True, verifier_is_target=True, bonus=False),
     )
 )
 register_method(
@@ -281,6 +332,8 @@ register_method(
         summary="block proposals verified by the model itself: exactly its greedy output",
         lossless=True,
         branches=True,
+        twin="greedy",
+        vllm=OnVllm(drafter="model", parallel=True),
     )
 )
 
@@ -352,6 +405,9 @@ register_method(
         ("k", "draft_threshold"),
         summary="speculative decoding with a small draft model: greedy match, or speculative sampling",
         lossless=True,
+        twin="greedy",
+        sampled_twin=True,
+        vllm=OnVllm(drafter="draft", sample_drafts=True),
     )
 )
 register_method(
@@ -364,6 +420,7 @@ register_method(
         ("k", "theta", "draft_threshold"),
         summary="nucleus SD: SD, or accept y_i inside the target's top-θ nucleus",
         check=_check_nsd,
+        vllm=OnVllm(drafter="draft", plugin=True),
     )
 )
 register_method(
@@ -377,6 +434,8 @@ register_method(
         greedy_only=True,
         summary="approximate SD: greedy with a per-request regret budget for mismatches",
         lossless=_asd_exact,
+        twin="asd",
+        vllm=OnVllm(drafter="draft", plugin=True),
     )
 )
 
@@ -401,5 +460,7 @@ register_method(
         greedy_only=True,
         summary="a small block model (draft=, MARS-trained) drafts K tokens in one pass; the target verifies",
         lossless=True,
+        twin="greedy",
+        vllm=OnVllm(drafter="draft", parallel=True),
     )
 )

@@ -101,6 +101,21 @@ class SlotCache(Cache):
             layer.capacity = capacity
         self.capacity = self.view = capacity
 
+    def grow(self, capacity: int) -> None:
+        """Reallocate every layer for ``capacity`` ≥ the current capacity slots, keeping what the slots hold (the
+        engine's runners grow mid-request)."""
+        for layer in self.layers:
+            assert isinstance(layer, SlotLayer)
+            if layer.is_initialized:
+                assert layer.keys is not None and layer.values is not None
+                for name in ("keys", "values"):
+                    old = getattr(layer, name)
+                    new = old.new_zeros(*old.shape[:2], capacity, old.shape[-1])
+                    new[:, :, : old.shape[2]] = old
+                    setattr(layer, name, new)
+            layer.capacity = capacity
+        self.capacity = self.view = capacity
+
     @classmethod
     def for_model(cls, model: Any, capacity: int) -> SlotCache:
         return cls(int(model.config.num_hidden_layers), capacity)
@@ -212,19 +227,28 @@ def attention_window(config: Any) -> tuple[int | None, bool]:
     return None, False
 
 
-def pass_mask(config: Any, see: torch.Tensor, rows_pos: torch.Tensor, dtype: torch.dtype) -> Any:
+def pass_mask(
+    config: Any,
+    see: torch.Tensor,
+    rows_pos: torch.Tensor,
+    dtype: torch.dtype,
+    *,
+    slot_positions: torch.Tensor | None = None,
+) -> Any:
     """The ``attention_mask`` to pass a model of ``config`` for a pass whose (W, S) ``see`` says which slot each row
     may read and whose rows sit at positions ``rows_pos`` (W,): the float mask of ``see``, and for a sliding model
     the same with each row's window applied (a row at position p reads slot s only if p − s < W) — for every layer
     (Mistral), or as transformers' per-layer-type mapping ``{"full_attention": …, "sliding_attention": …}`` (Qwen2,
     Gemma). The window is applied in slot space: the valid prefix sits at slot = position, and an entry a pass writes
     past its position (a tree's or a block pass's scratch) lies within the pass's span of the row, which the fast
-    path keeps below the window (``FastEngine``'s refusal)."""
+    path keeps below the window (``FastEngine``'s refusal). ``slot_positions`` (S,), where the caller knows each
+    slot's position (``ModelRunner``, on the host), applies the window in position space instead: exact for any
+    layout."""
     full = slot_mask(see, dtype)
     window, per_layer = attention_window(config)
     if window is None:
         return full
-    slots = torch.arange(see.shape[1], device=see.device)
+    slots = torch.arange(see.shape[1], device=see.device) if slot_positions is None else slot_positions
     near = slot_mask(see & (rows_pos[:, None] - slots[None, :] < window), dtype)
     return {"full_attention": full, "sliding_attention": near} if per_layer else near
 

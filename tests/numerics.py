@@ -75,13 +75,16 @@ def assert_logits_match(
     assert_same_function(got, want, reduction=max(n, context), depth=d, msg=msg)
 
 
-def assert_caches_match(got_layers, want_layers, model, *, context: int = 0) -> None:
+def assert_caches_match(
+    got_layers, want_layers, model, *, context: int = 0, slots: int | None = None
+) -> None:
     """Two KV caches of ``model`` over the same tokens, layer by layer (``.keys`` / ``.values``; the caches'
-    capacity may differ: the first ``want``'s length of slots is compared)."""
+    capacity may differ: the first ``want``'s length of slots is compared, or the first ``slots`` where two slot
+    caches hold stale entries past them)."""
     n, d = model_reduction(model)
     for i, (mine, ref) in enumerate(zip(got_layers, want_layers, strict=True)):
         for name in ("keys", "values"):
-            want = getattr(ref, name)
+            want = getattr(ref, name)[..., :slots, :]
             got = getattr(mine, name)[..., : want.shape[-2], :]
             assert_same_function(
                 got, want, reduction=max(n, context), depth=d, argmax=False, msg=f"layer {i} {name}"

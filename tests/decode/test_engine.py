@@ -10,6 +10,7 @@ import torch
 from prove.decode import Decoder
 from prove.decode.methods import Method, get_method
 from prove.decode.proposers import Proposal
+from prove.decode.slot_cache import linear_mask
 
 from tests.decode.decode_helpers import hf_generate, mask_ids
 from tests.numerics import assert_caches_match, assert_logits_match
@@ -177,13 +178,24 @@ def _check_cache(runner, seq: list[int]) -> None:
     model, valid = runner.model, runner.valid
     assert runner.cached == len(runner.fed) == valid <= len(seq)
     assert runner.fed == seq[:valid]
-    kw = runner._cache_kw  # the cache's name in this transformers (`cache` in 5.24, `past_key_values` before)
+    kw = "past_key_values"
     fresh = getattr(model(torch.tensor([seq[:valid]]), use_cache=True), kw)
     assert_caches_match(runner.cache.layers, fresh.layers, runner.model)
     if valid < len(seq):  # continuing from the cache gives the logits of a fresh full forward
-        cache = copy.deepcopy(runner.cache)
-        pos = torch.arange(valid, len(seq))[None]
-        cont = model(torch.tensor([seq[valid:]]), **{kw: cache}, position_ids=pos, use_cache=True).logits
+        cache = copy.deepcopy(
+            runner.cache
+        )  # continued at the slots after the valid prefix, seeing exactly those
+        pos = torch.arange(valid, len(seq))
+        cache.set_slots(pos)
+        cache.view, cache.length = len(seq), valid
+        mask = linear_mask(pos[0], len(pos), len(seq), torch.float32)
+        cont = model(
+            torch.tensor([seq[valid:]]),
+            **{kw: cache},
+            position_ids=pos[None],
+            attention_mask=mask,
+            use_cache=True,
+        ).logits
         full = model(torch.tensor([seq])).logits
         assert_logits_match(cont[0, -1], full[0, -1], model)
 

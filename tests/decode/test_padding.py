@@ -74,7 +74,7 @@ def test_padded_passes_equal_unpadded(make_lm):
         assert_logits_match(b, a, padded.model)
         # the filler's entries are gone: every later pass sees the same cache
         assert padded.cached == plain.cached == len(padded.fed) and padded.fed == plain.fed
-        assert_caches_match(padded.cache.layers, plain.cache.layers, padded.model)
+        assert_caches_match(padded.cache.layers, plain.cache.layers, padded.model, slots=plain.cached)
     assert widths == [7, 7, 3, 5] and padded.padded == 3 and plain.padded == 0
 
 
