@@ -2,8 +2,8 @@
 
 ``conf/train.yaml`` composes the groups below onto :class:`TrainConfig`, so an unknown key or a value
 of the wrong type fails when the config is composed, not an hour into a run. ``train(cfg)`` receives
-the dataclasses (``OmegaConf.to_object``), whose ``__post_init__`` checks cross-field constraints and
-raises ``ValueError``s that say what to change.
+the dataclasses (``OmegaConf.to_object``), whose ``__post_init__`` checks cross-field constraints
+(:class:`TrainConfig`'s in :mod:`prove.train.config_rules`) and raises ``ValueError``s that say what to change.
 
 Recipes (``recipes/*.yaml``) are registered as the config group ``recipe`` (package ``_global_``), so
 ``prove-train recipe=tiny stage=sft`` overlays a whole pipeline and a misspelt recipe fails loudly.
@@ -21,24 +21,6 @@ from omegaconf import MISSING, OmegaConf
 from prove.data.gguf import is_gguf, locate, package_file
 from prove.data.loading import MASK_TOKEN, check_dtype
 from prove.decode.config import BACKENDS, VllmOptions, schema_node
-
-
-def greedy_exact_methods() -> list[str]:
-    """Decoding methods whose greedy output is exactly the model's own AR output with no second model: what
-    distillation may decode the proposer's responses with. Read from the decode registry's facts
-    (``Method.is_lossless``, ``needs_verifier``, ``needs_draft``); imported on use, as it pulls in torch."""
-    from prove.decode.methods import METHODS
-
-    return [
-        name
-        for name, m in METHODS.items()
-        if m.is_lossless(m.defaults) and not (m.needs_verifier or m.needs_draft)
-    ]
-
-
-MARS_ATTENTION = ("sdpa", "flex_attention", "eager")
-"""Attention implementations that apply stage mars's block mask (a float 4D mask, or a FlexAttention BlockMask);
-flash_attention_2/3 and paged kernels take only a padding mask."""
 
 
 class _Choice(str, Enum):  # noqa: UP042 - StrEnum formats and reprs otherwise; OmegaConf reads these
@@ -549,105 +531,10 @@ class TrainConfig:
     tiny recipe's ``stages.proposer.layers``). Stage sft runs for either role, so the role comes first."""
 
     def __post_init__(self) -> None:
-        roles = {str(r) for r in Role}
-        if set(self.stages) - roles:
-            key = sorted(set(self.stages) - roles)[0]
-            raise ValueError(
-                f"stages.{key}: a recipe's stages table is keyed by role, then stage — "
-                f"stages.<{'|'.join(sorted(roles))}>.<stage>.<knob>, e.g. stages.verifier.distill.init_from"
-            )
-        if self.force and self.resume is True:
-            raise ValueError(
-                "force=true trains the stage again from its first step, resume=true resumes it: drop one of them"
-            )
-        if self.cpu_threads is not None and self.cpu_threads < 0:
-            raise ValueError(
-                f"cpu_threads={self.cpu_threads}: use ≥ 1, 0 (the node's cores shared by its processes) or null "
-                "(sized so only when the optimizer is offloaded)"
-            )
-        if self.stage.name == Stage.mars and self.model.attn_implementation not in MARS_ATTENTION:
-            raise ValueError(
-                f"model.attn_implementation={self.model.attn_implementation!r} ignores the 4D block mask that "
-                "stage mars trains with (every position would see the clean stream's future): use "
-                "model.attn_implementation=sdpa, or flex_attention on a GPU (a sparse BlockMask)"
-            )
-        k, max_len = self.stage.block_size, self.data.max_len
-        if k < 1:
-            raise ValueError(f"block_size={k}: K must be ≥ 1 (MARS uses 4–16); pass block_size=<K>")
-        if self.stage.name == Stage.mars and k > max_len:
-            raise ValueError(f"block_size={k} exceeds max_len={max_len}: lower block_size or raise max_len")
-        if max_len < 2:
-            raise ValueError(f"max_len={max_len}: an example needs at least a prompt and one response token")
-        if self.stage.name == Stage.mars and max_len % k:
-            # The collator pads each example to a multiple of K with EOS *labelled* as a target. A row
-            # right-truncated at max_len has no EOS of its own: padding it would teach an EOS in mid-answer.
-            # With max_len a multiple of K a truncated row already ends on a block boundary.
-            lower, upper = max_len // k * k, -(-max_len // k) * k
-            raise ValueError(
-                f"max_len={max_len} is not a multiple of block_size={k}: rows truncated at max_len would be "
-                f"padded with EOS labels inside the answer; use max_len={lower or upper} or max_len={upper}"
-            )
-        if (
-            self.stage.name == Stage.distill
-        ):  # here, not in DistillConfig: the registry is read only when used
-            exact = greedy_exact_methods()
-            if self.distill.method not in exact:
-                raise ValueError(
-                    f"distill.method={self.distill.method!r}: the responses must be the proposer's own greedy "
-                    f"output; use one of {exact} (prove-lossless is the fast one)"
-                )
-        if self.eval.block_size is not None and self.eval.block_size > k:
-            raise ValueError(
-                f"eval.block_size={self.eval.block_size} is above the trained K = {k}: decoding never uses more; "
-                f"set eval.block_size ≤ {k} (or null for K)"
-            )
-        if self.eval.best:
-            steps, save = self.eval.steps or self.trainer.save_steps, self.trainer.save_steps
-            if steps % save:
-                raise ValueError(
-                    f"eval.best picks among saved checkpoints, but eval.steps={steps} scores steps that "
-                    f"trainer.save_steps={save} does not save: set eval.steps to a multiple of {save} (or drop it)"
-                )
-            if self.deepspeed is not None and self.trainer.save_only_model:
-                raise ValueError(
-                    "eval.best reloads the best checkpoint-N into the DeepSpeed engine, which needs its engine state: "
-                    "set trainer.save_only_model=false (or drop eval.best)"
-                )
-        if self.stage.name == Stage.mars and self.stage.role == Role.verifier:
-            raise ValueError(
-                "stage=mars trains the block proposer: drop stage.role=verifier (the verifier is a plain AR "
-                "model: stage=sft stage.role=verifier, or stage=distill)"
-            )
-        if (
-            self.peft.kind == PeftKind.lora
-            and self.stage.init_from is None
-            and self.model.name_or_path is None
-        ):
-            raise ValueError(
-                "peft=lora adapts a pretrained model, and the merged checkpoint is rebuilt from it: set "
-                "model.name_or_path=<hub id or dir> or stage.init_from=<checkpoint> (or drop peft=lora)"
-            )
-        if self.model.num_layers is not None:
-            if self.model.num_layers < 1:
-                raise ValueError(
-                    f"model.num_layers={self.model.num_layers}: keep at least 1 layer, or null for all"
-                )
-            if self.stage.init_from is None and self.model.name_or_path is None:
-                raise ValueError(
-                    "model.num_layers cuts a loaded model: set model.name_or_path / stage.init_from, or size a "
-                    "from-scratch model with model.scratch.layers"
-                )
-        if self.stage.name == Stage.distill and self.distill.train:
-            if self.stage.role != Role.verifier:
-                raise ValueError(
-                    "stage=distill trains the verifier: drop stage.role=proposer (or set distill.train=false to "
-                    "only generate the proposer's responses as data)"
-                )
-            if self.stage.init_from is None and self.model.name_or_path is None:
-                raise ValueError(
-                    "stage=distill fine-tunes an existing verifier: set stage.init_from=<verifier checkpoint or hub id> "
-                    "(ProVe: Qwen/Qwen2.5-0.5B-Instruct; the tiny recipe: runs/tiny/verifier-sft)"
-                )
+        # the cross-field rules have a module of their own (they read the stage registries, some on use)
+        from prove.train.config_rules import check_train_config
+
+        check_train_config(self)
 
 
 def register_configs() -> None:
