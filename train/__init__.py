@@ -28,9 +28,12 @@ Output layout (``run_dir = runs/<run_name>``, ``output_dir = <run_dir>/<stage>``
 Layout: :mod:`~prove.train.pipeline` runs the same steps for every stage and asks the stage's unit
 (:mod:`~prove.train.stages`: sft, mars, distill behind one interface, in a registry) what differs — pre-training
 work, dataset, collator, trainer, the prove.json fields. Pure parts (:mod:`~prove.train.masks`,
-:mod:`~prove.train.losses`, :mod:`~prove.train.collate`) import only torch; the Trainer subclasses
-(:mod:`~prove.train.trainer`) override ``compute_loss`` and ``log``; :mod:`~prove.train.modeling` builds the model
+:mod:`~prove.train.losses`, :mod:`~prove.train.collate`) import only torch; :mod:`~prove.train.step` composes
+the MARS step from them once (torch and transformers only: the trainer, ``tools/bench_mars_step.py`` and
+``make gpu-check`` run it); the Trainer subclasses (:mod:`~prove.train.trainer`) override ``compute_loss`` and
+``log``; :mod:`~prove.train.modeling` builds the model
 and tokenizer (checkpoints through :mod:`prove.data.loading`, shared with decoding), :mod:`~prove.train.rows` the
 tokenized conversations, :mod:`~prove.train.saving` the checkpoint contract; :mod:`~prove.train.distill` holds
-stage distill's generation with ``prove.decode`` and its training rows.
+stage distill's generation with ``prove.decode`` (its prompts: :mod:`~prove.train.distill_prompts`) and its
+training rows; :mod:`~prove.train.config` the schema (its cross-field rules: :mod:`~prove.train.config_rules`).
 """
