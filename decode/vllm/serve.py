@@ -45,8 +45,8 @@ class ServeConfig(DecodeParams, VllmOptions):
     verifier: str | None = None
     """prove: ProVe's small verifier (vLLM's target; ``model``, the MARS checkpoint, drafts for it)."""
     method: str = "prove-lossless"
-    """ar, prove-lossless, sd, pard, prove, nsd or asd (``prove.decode.vllm.backend.VLLM_METHODS``). prove, nsd and
-    asd take their rule's parameters per request in ``vllm_xargs`` (``{"theta": 0.2}``; ASD's budget, gate,
+    """ar, prove-lossless, sd, pard, prove, nsd or asd (``prove.decode.vllm.backend.vllm_methods()``: the methods whose
+    registry entry has ``vllm``). prove, nsd and asd take their rule's parameters per request in ``vllm_xargs`` (``{"theta": 0.2}``; ASD's budget, gate,
     max_mismatches) and are greedy (``"temperature": 0``)."""
     host: str = "127.0.0.1"
     """Address to listen on (``0.0.0.0``: every interface)."""

@@ -66,10 +66,13 @@ def test_engine_arguments_carry_the_knobs_and_any_engine_argument_wins(checkpoin
 
 
 def test_mars_is_refused_on_vllm_saying_why(checkpoints):
+    """The reason is the registry's (``Method.vllm_why``), and so is the list of what vLLM runs (``Method.vllm``)."""
+    runs = vllm_backend.vllm_methods()
+    assert set(runs) >= {"ar", "prove-lossless", "sd", "pard", "prove", "nsd", "asd"} and "mars" not in runs
     with pytest.raises(
         ValueError,
         match=r"method=mars runs on our engine only, backend=engine \(the MARS confidence rule commits without any "
-        r"verification pass.*on vLLM pick one of ar, prove-lossless, sd, pard, prove, nsd, asd",
+        r"verification pass.*on vLLM pick one of " + ", ".join(runs),
     ):
         plan(checkpoints["mars"], method="mars")
 
@@ -185,10 +188,13 @@ def test_each_request_is_checked_against_the_engines_method():
 
 
 def test_the_plugin_module_imports_no_vllm():
-    """vLLM's processes import it by name (the worker class, the middleware); everything of vLLM's it subclasses is
-    built on first access, in the engine's process."""
+    """vLLM's processes import it by name (the worker class, the middleware); the modules that subclass vLLM's
+    pieces load on first access, in the engine's process: the package, the plugin's core and the server's gate
+    import no vLLM (nor does reading the registry through them)."""
     code = (
-        "import sys, prove.decode.vllm.plugin as p; p.check_prove_requests; assert 'vllm' not in sys.modules"
+        "import sys, prove.decode, prove.decode.vllm, prove.decode.vllm.plugin as p, prove.decode.vllm.gate as g; "
+        "p.check_prove_requests; g.check_asd_requests; p.rule_keys('asd'); p.plugin_methods(); "
+        "assert 'vllm' not in sys.modules, sorted(m for m in sys.modules if m.startswith('vllm'))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

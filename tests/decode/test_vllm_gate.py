@@ -1,4 +1,4 @@
-"""The gate in front of a plugin engine (``prove``, ``nsd``, ``asd`` on vLLM; ``prove.decode.vllm.plugin``), without
+"""The gate in front of a plugin engine (``prove``, ``nsd``, ``asd`` on vLLM; ``prove.decode.vllm.gate``, ``.sampler``), without
 starting vLLM: the server's middleware is default-deny and refuses, with one line naming the field, every request
 body our rule would not serve; the plugin's sampler ends a request it cannot serve alone, never raising in the engine
 step; a drafted primary EOS ends a draft model's block; async scheduling is off. The live server under load is
@@ -12,8 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from prove.decode.vllm import gate
 from prove.decode.vllm import plugin as vllm_plugin
-from prove.decode.vllm.plugin import SERVED_PATHS, check_request
+from prove.decode.vllm.gate import SERVED_PATHS, check_request
 
 OK = {"temperature": 0, "max_tokens": 8, "vllm_xargs": {"theta": 0.2}}
 
@@ -80,10 +81,10 @@ def test_every_field_of_vllms_request_models_is_classified():
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
-    known = vllm_plugin.PASSED_FIELDS | set(vllm_plugin._NEUTRAL)
+    known = gate.PASSED_FIELDS | set(gate._NEUTRAL)
     fields = set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields)
     assert fields - known == set()
-    assert set(vllm_plugin._NEUTRAL) <= fields  # no stale names
+    assert set(gate._NEUTRAL) <= fields  # no stale names
 
 
 def _call(method: str, verb: str, path: str, body=None, max_model_len: int | None = 64):
@@ -105,7 +106,7 @@ def _call(method: str, verb: str, path: str, body=None, max_model_len: int | Non
     async def reached(request):
         return SimpleNamespace(status_code=200, body=b'{"message": "reached"}')
 
-    check = getattr(vllm_plugin, f"check_{method}_requests")
+    check = getattr(gate, f"check_{method}_requests")
     response = asyncio.run(check(Request(scope, receive), reached))
     return response.status_code, json.loads(response.body)["message"]
 
@@ -146,7 +147,9 @@ def test_the_middleware_checks_served_paths_and_lets_reads_through():
 def _sampler(method: str, settings: dict, requests: dict):
     """A ``RuleSampler`` over a stand-in model runner (the fields it reads), built without vLLM's engine."""
     pytest.importorskip("vllm")
-    sampler = vllm_plugin.RuleSampler.__new__(vllm_plugin.RuleSampler)
+    from prove.decode.vllm.sampler import RULES, RuleSampler
+
+    sampler = RuleSampler.__new__(RuleSampler)
     torch.nn.Module.__init__(sampler)
     runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=list(requests)), requests=requests)
     sampler.settings, sampler.method, sampler.runner, sampler.drafter = (
@@ -155,7 +158,7 @@ def _sampler(method: str, settings: dict, requests: dict):
         runner,
         None,
     )
-    sampler.params, sampler.asd, sampler.failed = {}, {}, {}
+    sampler.params, sampler.state, sampler.failed, sampler.rule = {}, {}, {}, RULES[method]
     return sampler
 
 
