@@ -34,7 +34,7 @@ from prove.decode.vllm.plugin import VOCAB_ROWS_KEY, pad_vocab  # noqa: E402
 
 from tests.decode.conftest import save_checkpoint  # noqa: E402
 from tests.decode.test_draft import perturbed  # noqa: E402
-from tests.decode.test_vllm_engine import _post, serving  # noqa: E402
+from tests.decode.vllm.test_vllm_engine import _post, serving  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

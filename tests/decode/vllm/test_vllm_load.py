@@ -24,7 +24,7 @@ from prove.decode.vllm.backend import VllmDecoder  # noqa: E402
 
 from tests.decode.conftest import save_checkpoint  # noqa: E402
 from tests.decode.test_draft import perturbed  # noqa: E402
-from tests.decode.test_vllm_engine import serving  # noqa: E402
+from tests.decode.vllm.test_vllm_engine import serving  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

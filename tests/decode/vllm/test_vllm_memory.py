@@ -29,7 +29,7 @@ from prove.decode.vllm.memory import (
 
 pytestmark = pytest.mark.filterwarnings("ignore:checkpoint .* records no trained block size")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # SmolLM2-135M-like in fp32: 46 KB of KV a token, 1,024-token sequences, 64 at most at once
 FP = Footprint(weight_bytes=1 * GiB, kv_bytes_per_token=46_080, max_model_len=1024, max_num_seqs=64)
 

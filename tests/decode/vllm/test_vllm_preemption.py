@@ -21,8 +21,8 @@ from prove.decode import Decoder  # noqa: E402
 from prove.decode.config import DecodeParams, VllmOptions  # noqa: E402
 from prove.decode.vllm.backend import VllmDecoder  # noqa: E402
 
-from tests.decode import test_vllm_rules as rules  # noqa: E402
-from tests.decode.test_vllm_rules import K, assert_stats_equal_ours  # noqa: E402
+from tests.decode.vllm import test_vllm_rules as rules  # noqa: E402
+from tests.decode.vllm.test_vllm_rules import K, assert_stats_equal_ours  # noqa: E402
 
 ckpts = rules.ckpts  # the same tiny checkpoints (built again for this module)
 
