@@ -135,9 +135,8 @@ class Decoder:
         aux = self._load_aux(verifier, draft, dtype)
         if self.method.drafts_blocks:  # pard: the draft's blocks, its own <|mask|> and trained K
             mask_id = self._check_draft_blocks(draft, aux["draft"], mask_token_id)
+        self._check_slot_cache(target, aux)
         fast_on = self._fast_applies(target, aux)
-        if fast_on and self.params.fuse:  # the fast path runs every group: skip auto's start-up timing
-            self.params = dataclasses.replace(self.params, fuse_groups="all")
         self._assemble(target, aux, model_meta, mask_id)
         self.fast_engine = self._build_fast(target, mask_id, cache_len) if fast_on else None
         self.pad_plans: dict[str, Any] = {}
@@ -273,24 +272,36 @@ class Decoder:
             )
         if want is False or (want == "auto" and self.device.type != "cuda"):
             return False
-        second = aux.get("verifier" if self.method.name == "prove" else "draft")
+        second = aux.get("verifier" if self.method.needs_verifier else "draft")
         second_model = None if second is None else second.model
         reason = fast.why_not(self.method, self.params, target, second_model)
         if reason is None and self.trace:
             reason = "it records no trace (trace=false)"
-        for m in (target, second_model):
-            if reason is None and m is not None:
-                reason = fast.checked(m)
         if reason is not None:
             if want is True:
                 raise ValueError(
                     f"fast=true cannot serve this decode: {reason}; pass fast=auto or fast=false"
                 )
-            if reason.startswith("the slot cache") or self.params.compile:
-                also = " (compile=true has nothing to compile)" if self.params.compile else ""
-                warnings.warn(f"fast path off: {reason}; decoding on the reference path{also}", stacklevel=4)
+            if self.params.compile:
+                warnings.warn(
+                    f"device cycle off: {reason}; decoding on the composed cycle (compile=true has nothing to "
+                    "compile)",
+                    stacklevel=4,
+                )
             return False
         return True
+
+    def _check_slot_cache(self, target: Any, aux: dict[str, ModelRunner]) -> None:
+        """Every model runs on the slot cache (``prove.decode.slot_cache``): one it cannot serve is refused here with
+        the reason, and each is checked against its own cacheless pass once per machine and version
+        (``fast.checked``)."""
+        from prove.decode import fast
+        from prove.decode.slot_cache import unsupported_reason
+
+        for role, model in (("model", target), *((r, runner.model) for r, runner in aux.items())):
+            reason = unsupported_reason(model.config) or fast.checked(model)
+            if reason is not None:
+                raise ValueError(f"the {role} cannot decode on this engine's slot cache: {reason}")
 
     def _build_fast(self, target: Any, mask_id: int | None, cache_len: int | None) -> Any:
         """The fast path's engine (``_fast_applies`` said yes), its cache of ``cache_len`` slots allocated."""
@@ -300,21 +311,22 @@ class Decoder:
         capacity = cache_len if cache_len is not None else min(limit, fast.DEFAULT_CACHE_LEN)
         if capacity < 2:
             raise ValueError(f"cache_len={capacity} must be ≥ 2 (a prompt token and a new one)")
-        sd, prove, pard, asd = (self.method.name == m for m in ("sd", "prove", "pard", "asd"))
-        blocks = self.method.name in ("prove-lossless", "prove", "pard")
-        block = self.params.block_size if blocks else self.params.k if sd or asd else 0
-        p = self.params
+        m, p = self.method, self.params
+        block = {"block": p.block_size, "draft-block": p.block_size, "draft": p.k}.get(str(m.proposer), 0)
+        draft, verifier = self.models.draft, self.models.verifier
         return fast.FastEngine(
             target,
-            draft=self.models.draft.model if (sd or pard or asd) and self.models.draft is not None else None,
-            block_draft=pard,
-            verifier=self.models.verifier.model if prove and self.models.verifier is not None else None,
-            theta=p.theta if prove else 0.0,
+            draft=draft.model if m.needs_draft and draft is not None else None,
+            block_draft=m.drafts_blocks,
+            verifier=verifier.model if m.needs_verifier and verifier is not None else None,
+            theta=p.theta if m.twin == "prove" else 0.0,
             temperature=p.temperature,
             top_k=p.top_k,
             top_p=p.top_p,
             generator=self.generator,
-            asd={"budget": p.budget, "gate": p.gate, "max_mismatches": p.max_mismatches} if asd else None,
+            asd={"budget": p.budget, "gate": p.gate, "max_mismatches": p.max_mismatches}
+            if m.twin == "asd"
+            else None,
             block_size=int(block or 0),
             mask_token_id=mask_id,
             allowed=self.models.allowed,
@@ -458,29 +470,32 @@ class Decoder:
         stopper = Stopper(max_new_tokens, self.eos_ids(eos_token_id), list(stop or ()), decode)
         if self.fast_engine is not None and on_cycle is not None and self.params.fast is True:
             raise ValueError(
-                "on_cycle watches the reference loop: pass fast=false (or auto) to the Decoder to use it"
+                "on_cycle reads the composed cycle's proposal and logits: pass fast=false (or auto) to the Decoder "
+                "to use it"
             )
+        cycle: engine.Cycle = engine.ComposedCycle(
+            self.models,
+            self.method,
+            self.proposer,
+            self.verifier,
+            params=self.params,  # read per request: a caller may replace them between requests
+            generator=self.generator,
+            probe=self.probe,
+        )
         fast = self.fast_engine
-        if fast is not None and not fast.fits(len(ids), max_new_tokens) and self.params.fast is not True:
-            fast = (
-                None  # auto, with a cache_len fixed too short for this request: the reference loop serves it
-            )
-        if fast is not None and on_cycle is None and fast.serves(len(ids)):
-            new, stats = fast.run(ids, stopper)
-            text = "" if tok is None else tok.decode(new, skip_special_tokens=True)
-            return GenerationResult(token_ids=new, text=text, stats=stats)
+        # the device cycle, unless the hook watches proposals, or (under auto) a cache_len fixed too short for this
+        # request, or sd's draft lacks the two prompt tokens its first pass re-feeds: then the composed cycle
+        fits = fast is not None and (fast.fits(len(ids), max_new_tokens) or self.params.fast is True)
+        if fast is not None and fits and on_cycle is None and fast.serves(len(ids)):
+            cycle = fast
         new, stats = engine.run(
             ids,
-            models=self.models,
-            method=self.method,
-            proposer=self.proposer,
-            verifier=self.verifier,
-            probe=self.probe,
-            params=self.params,
+            cycle=cycle,
             stopper=stopper,
-            generator=self.generator,
             trace=self.trace,
             on_cycle=on_cycle,
+            models=self.models,
+            name=self.method.name,
         )
         text = "" if tok is None else tok.decode(new, skip_special_tokens=True)
         return GenerationResult(token_ids=new, text=text, stats=stats)

@@ -18,7 +18,7 @@ import inspect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from prove.decode.memo import IdentityMemo
@@ -27,6 +27,7 @@ from prove.decode.slot_cache import (
     SlotCache,
     attention_window,
     linear_see,
+    native_gqa,
     pass_mask,
     slot_mask,
 )
@@ -450,7 +451,9 @@ class CycleEvent:
 
 
 @dataclass
-class _Tally:
+class Tally:
+    """What a request's cycles committed and accepted, by cycle and by proposed position (``Stats``' lists)."""
+
     committed_per_cycle: list[int] = field(default_factory=list)
     accepted_by_depth: list[int] = field(default_factory=list)
     proposed_by_depth: list[int] = field(default_factory=list)
@@ -482,105 +485,193 @@ def _trace_row(view: CycleView, accept: Accept) -> dict[str, Any]:
     return row
 
 
-def run(
-    prompt_ids: Sequence[int],
-    *,
-    models: Models,
-    method: Method,
-    proposer: Proposer,
-    verifier: Verifier,
-    probe: Verifier | None,
-    params: Any,
-    stopper: Stopper,
-    generator: torch.Generator | None = None,
-    trace: bool = False,
-    on_cycle: Callable[[CycleEvent], None] | None = None,
-) -> tuple[list[int], Stats]:
-    """Decode one request; returns the new token ids and the request's stats.
+@dataclass(frozen=True)
+class Step:
+    """One cycle's outcome, whichever kind of cycle ran it: ``proposed`` tokens, of which the rule ``accepted`` a
+    leading run, and the ``tokens`` to commit (the accepted ones and the rule's correction / bonus token). A composed
+    cycle also hands over what it saw (for ``trace`` and ``on_cycle``)."""
 
-    ``probe`` is an optional extra verifier (a separate verifier model on a method that does not use
-    one) that only the trace reads: it runs on its own cache, so it never changes the output.
-    """
-    if len(prompt_ids) == 0:
-        raise ValueError("the prompt is empty: give at least one token")
-    for runner in models.runners():
-        runner.reset()
-    start_passes = {id(r): r.passes for r in models.runners()}
-    start_model_s = sum(r.model_s for r in models.runners())
-    distinct = list({id(r): r for r in models.runners()}.values())
-    start_padded = sum(r.padded for r in distinct)
-    if hasattr(proposer, "stop_tokens"):  # a proposer that drafts token by token stops at the request's EOS
-        proposer.stop_tokens = frozenset(stopper.eos)
-    seq = [int(t) for t in prompt_ids]
-    new: list[int] = []
-    tally = _Tally()
-    state: dict[str, Any] = {}
-    t0 = time.perf_counter()
-    done = False
-    cycle = 0
-    while not done:
-        # Tokens the proposal may hold: what the request may still take, less the correction / bonus token
-        # that a rule verified by the target always adds (so a proposal never outruns max_new_tokens).
-        budget = stopper.max_new_tokens - len(new) - int(verifier.is_target)
-        # 1) propose
-        proposal = proposer.propose(seq, budget)
-        # 2) score: one teacher-forced pass of the verifier over [pending, y_1..y_k]
-        scored = verifier.score(seq, proposal.tokens)
-        probed = probe.score(seq, proposal.tokens) if probe is not None else None
+    proposed: int
+    accepted: int
+    tokens: list[int]
+    proposal: Proposal | None = None
+    view: CycleView | None = None
+    accept: Accept | None = None
+
+
+@dataclass(frozen=True)
+class Passes:
+    """A request's passes per model and the seconds inside them (``Stats``' counts)."""
+
+    model: int
+    verifier: int
+    draft: int
+    model_s: float
+    padded: int = 0
+
+
+class Cycle(Protocol):
+    """A kind of cycle the loop (``run``) runs: ``ComposedCycle`` (any method: proposer, verifier and pure rule on the
+    host) or the device cycle (``prove.decode.fast.FastEngine``: a method's rule twin, no host sync inside a cycle;
+    CUDA graphs and ``torch.compile`` are its options). Both keep their models' K/V in slot caches."""
+
+    adds_token: bool
+    """The rule commits a correction / bonus token after the accepted ones (a target verifies)."""
+
+    def begin(self, prompt: list[int], stopper: Stopper) -> None: ...
+
+    def advance(self, seq: list[int], left: int) -> Step: ...
+
+    def sync(self, seq: list[int]) -> None: ...
+
+    def end(self) -> tuple[Passes, dict[str, int] | None]: ...
+
+    def torch_models(self) -> list[Any]: ...
+
+
+class ComposedCycle:
+    """The cycle composed from a method's parts: propose (``proposer``), score (one teacher-forced pass of
+    ``verifier`` over [pending, y_1..y_k]), accept (the method's pure rule, on the host). ``probe`` is an optional
+    extra verifier (a separate verifier model on a method that does not use one) that only the trace reads: it runs
+    on its own cache, so it never changes the output."""
+
+    def __init__(
+        self,
+        models: Models,
+        method: Method,
+        proposer: Proposer,
+        verifier: Verifier,
+        *,
+        params: Any,
+        generator: torch.Generator | None = None,
+        probe: Verifier | None = None,
+    ) -> None:
+        self.models, self.method, self.proposer, self.verifier = models, method, proposer, verifier
+        self.params, self.generator, self.probe = params, generator, probe
+        self.adds_token = bool(verifier.is_target)
+        self.state: dict[str, Any] = {}
+
+    def _distinct(self) -> list[ModelRunner]:
+        return list({id(r): r for r in self.models.runners()}.values())
+
+    def begin(self, prompt: list[int], stopper: Stopper) -> None:
+        for runner in self.models.runners():
+            runner.reset()
+        self._start = {id(r): (r.passes, r.model_s, r.padded) for r in self._distinct()}
+        if hasattr(
+            self.proposer, "stop_tokens"
+        ):  # a proposer drafting token by token stops at the request's EOS
+            self.proposer.stop_tokens = frozenset(stopper.eos)
+        self.state = {}  # a rule's per-request state (ASD's regret budget) starts fresh
+
+    def advance(self, seq: list[int], left: int) -> Step:
+        # Tokens the proposal may hold: what the request may still take, less the correction / bonus token that a
+        # rule verified by the target always adds (so a proposal never outruns max_new_tokens).
+        proposal = self.proposer.propose(seq, left - int(self.adds_token))
+        scored = self.verifier.score(seq, proposal.tokens)
+        probed = self.probe.score(seq, proposal.tokens) if self.probe is not None else None
         view = CycleView(
             proposal=proposal,
-            target_logits=scored if verifier.is_target else None,
-            verifier_logits=scored if not verifier.is_target else probed,
-            params=params,
-            generator=generator,
-            state=state,
+            target_logits=scored if self.verifier.is_target else None,
+            verifier_logits=scored if not self.verifier.is_target else probed,
+            params=self.params,
+            generator=self.generator,
+            state=self.state,
         )
-        # 3) accept: a pure rule
-        accept = method.accept(view)
-        assert 0 <= accept.n <= proposal.tokens.shape[0], (
-            f"rule accepted {accept.n} of {proposal.tokens.shape[0]}"
-        )
+        accept = self.method.accept(view)
+        assert 0 <= accept.n <= proposal.k, f"rule accepted {accept.n} of {proposal.k}"
         accepted = list(accept.path) if accept.path is not None else proposal.tokens[: accept.n].tolist()
         assert len(accepted) == accept.n, "a rule's path holds its n accepted tokens"
         tokens = accepted + ([accept.extra] if accept.extra is not None else [])
-        # 4) commit, stopping where AR would; crop every cache to the committed prefix
-        before = len(new)
-        done = stopper.commit(new, tokens)
-        committed = new[before:]
-        seq.extend(committed)
-        for runner in models.runners():
+        return Step(proposal.k, accept.n, tokens, proposal, view, accept)
+
+    def sync(self, seq: list[int]) -> None:
+        for runner in self.models.runners():
             runner.sync(seq)
-        tally.committed_per_cycle.append(len(committed))
-        tally.count(
-            proposal.tokens.shape[0], min(accept.n, len(committed))
-        )  # what was committed, not cut off
-        if trace:
-            tally.trace.append(_trace_row(view, accept))
-        if on_cycle is not None:
-            on_cycle(CycleEvent(cycle, list(seq), len(prompt_ids), proposal, accept, committed, models, done))
-        cycle += 1
-        if not committed and not done:
-            raise RuntimeError(
-                f"method {method.name} committed nothing in a cycle; its rule must commit ≥ 1 token"
-            )
-    wall = time.perf_counter() - t0
 
-    def passes(r: ModelRunner | None) -> int:
-        return 0 if r is None else r.passes - start_passes[id(r)]
+    def end(self) -> tuple[Passes, None]:
+        def passes(r: ModelRunner | None) -> int:
+            return 0 if r is None else r.passes - self._start[id(r)][0]
 
+        m = self.models
+        distinct = self._distinct()
+        return (
+            Passes(
+                model=passes(m.target),
+                verifier=passes(m.verifier) if m.verifier is not m.target else 0,
+                draft=passes(m.draft),
+                model_s=sum(r.model_s - self._start[id(r)][1] for r in distinct),
+                padded=sum(r.padded - self._start[id(r)][2] for r in distinct),
+            ),
+            None,
+        )
+
+    def torch_models(self) -> list[Any]:
+        return [r.model for r in self._distinct()]
+
+
+def run(
+    prompt_ids: Sequence[int],
+    *,
+    cycle: Cycle,
+    stopper: Stopper,
+    trace: bool = False,
+    on_cycle: Callable[[CycleEvent], None] | None = None,
+    models: Models | None = None,
+    name: str = "the method",
+) -> tuple[list[int], Stats]:
+    """Decode one request: the one loop of every method and every kind of cycle — advance a cycle, commit its tokens
+    where AR would stop (``stopper``), sync the caches to the committed sequence, count. Returns the new token ids
+    and the request's stats. ``trace`` and ``on_cycle`` read what a ``ComposedCycle`` saw (``models``: what
+    ``CycleEvent`` hands the hook)."""
+    if len(prompt_ids) == 0:
+        raise ValueError("the prompt is empty: give at least one token")
+    seq = [int(t) for t in prompt_ids]
+    new: list[int] = []
+    tally = Tally()
+    done = False
+    with torch.no_grad(), native_gqa(*cycle.torch_models()):
+        t0 = time.perf_counter()
+        cycle.begin(list(seq), stopper)
+        while not done:
+            step = cycle.advance(seq, stopper.max_new_tokens - len(new))
+            before = len(new)
+            done = stopper.commit(new, step.tokens)
+            committed = new[before:]
+            seq.extend(committed)
+            cycle.sync(seq)
+            tally.committed_per_cycle.append(len(committed))
+            tally.count(step.proposed, min(step.accepted, len(committed)))  # what was committed, not cut off
+            if trace and step.view is not None and step.accept is not None:
+                tally.trace.append(_trace_row(step.view, step.accept))
+            if on_cycle is not None:
+                assert step.proposal is not None and step.accept is not None and models is not None
+                cycles = len(tally.committed_per_cycle) - 1
+                event = CycleEvent(
+                    cycles, list(seq), len(prompt_ids), step.proposal, step.accept, committed, models, done
+                )
+                on_cycle(event)
+            if not committed and not done:
+                raise RuntimeError(
+                    f"method {name} committed nothing in a cycle; its rule must commit ≥ 1 token"
+                )
+        passes, fast = cycle.end()
+        wall = time.perf_counter() - t0
+    cycles = len(tally.committed_per_cycle)
     stats = Stats(
         new_tokens=len(new),
-        cycles=cycle,
-        tokens_per_cycle=len(new) / max(cycle, 1),
-        model_passes=passes(models.target),
-        verifier_passes=passes(models.verifier) if models.verifier is not models.target else 0,
-        draft_passes=passes(models.draft),
+        cycles=cycles,
+        tokens_per_cycle=len(new) / max(cycles, 1),
+        model_passes=passes.model,
+        verifier_passes=passes.verifier,
+        draft_passes=passes.draft,
         accepted_by_depth=tally.accepted_by_depth,
         proposed_by_depth=tally.proposed_by_depth,
         committed_per_cycle=tally.committed_per_cycle,
         wall_s=wall,
-        model_s=sum(r.model_s for r in models.runners()) - start_model_s,
-        padded_passes=sum(r.padded for r in distinct) - start_padded,
+        model_s=passes.model_s,
+        padded_passes=passes.padded,
         trace=tally.trace if trace else None,
+        fast=fast,
     )
     return new, stats

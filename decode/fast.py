@@ -47,6 +47,7 @@ per model and version: ``checked``).
 from __future__ import annotations
 
 import gc
+import inspect
 import os
 import time
 from collections.abc import Sequence
@@ -54,13 +55,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from prove.decode.engine import Stats, Stopper, _Tally
+from prove.decode.engine import Passes, Stats, Step, Stopper
 from prove.decode.rules.block import leading_true
 from prove.decode.rules.speculative import sample_from_probs, warp_probs
 from prove.decode.rules.twins import (
+    GreedyTwin,
     asd_greedy_twin,
     commit_record,
-    greedy_match_twin,
     prove_rule_twin,
     sd_sample_twin,
 )
@@ -70,43 +71,39 @@ from prove.decode.slot_cache import (
     attention_window,
     bucket,
     linear_see,
-    native_gqa,
     pass_mask,
     unsupported_reason,
 )
 from transformers import DynamicCache
 
-FAST_METHODS = ("ar", "prove-lossless", "sd", "prove", "pard", "asd")
-"""The methods the fast path runs (without draft_threshold; prove-lossless fused or not; sd with its draft, prove
-with its verifier, pard with its block draft, asd with its draft; greedy, and ar and sd sampled too); the rest take
-the reference path."""
-
-
-SAMPLED_METHODS = ("ar", "sd")
-"""The methods the fast path also runs with temperature > 0."""
-
 DEFAULT_CACHE_LEN = 4096
-"""Slots the fast path allocates first unless ``cache_len`` says otherwise (capped by ``max_position_embeddings``);
+"""Slots the device cycle allocates first unless ``cache_len`` says otherwise (capped by ``max_position_embeddings``);
 a request that needs more grows the cache (``FastEngine.growable``). A pass attends only the slots in use
 (``slot_cache.bucket``), so the allocation costs memory, not time."""
 
 
 def why_not(method: Any, params: Any, model: Any, second: Any = None) -> str | None:
-    """Why the fast path cannot run ``method`` with ``params`` on ``model`` (and ``second``, the draft or verifier it
-    runs beside it), or None if it can."""
-    if method.name not in FAST_METHODS:
-        return f"method {method.name} is not on it (it runs {', '.join(FAST_METHODS)})"
-    if params.temperature > 0 and method.name not in SAMPLED_METHODS:
-        return f"it samples {' and '.join(SAMPLED_METHODS)} only ({method.name} with temperature=0)"
+    """Why the device cycle cannot run ``method`` with ``params`` on ``model`` (and ``second``, the draft or verifier it
+    runs beside it), or None if it can: the method's registry entry names a rule twin (``Method.twin``, and
+    ``Method.sampled_twin`` at temperature > 0) and nothing asks for what only the composed cycle does."""
+    if method.twin is None:
+        return f"method {method.name} has no rule twin (it runs the composed cycle)"
+    if params.temperature > 0 and not method.sampled_twin:
+        return f"method {method.name} has no sampling twin (temperature=0 runs one)"
     if params.fuse and (params.block_size or 0) < 2:
         return "a fused cycle needs block_size ≥ 2"
-    if method.name in ("sd", "asd") and method.proposer != "draft":
-        return f"{method.name} runs its own draft model only"
+    if params.fuse and params.fuse_groups != "all":
+        return f"its fused cycle drafts every group (fuse_groups=all), not fuse_groups={params.fuse_groups}"
     if params.draft_threshold:
         return "draft_threshold cuts proposals to varying widths (draft_threshold=0)"
+    for m in (model, second):
+        if m is not None and "logits_to_keep" not in inspect.signature(m.forward).parameters:
+            return f"{type(m).__name__}.forward takes no logits_to_keep (the device cycle keeps the rows it reads)"
+        if m is not None and m.get_output_embeddings() is None:
+            return f"{type(m).__name__} exposes no output embeddings (get_output_embeddings)"
     K = params.block_size or params.k or 0
     span = K * K + K if params.fuse else 2 * K + 2  # the furthest a pass's entries lie from one of its rows
-    for role, m in (("model", model), ("verifier" if method.name == "prove" else "draft", second)):
+    for role, m in (("model", model), ("verifier" if method.needs_verifier else "draft", second)):
         reason = None if m is None else unsupported_reason(m.config)
         if reason is not None:
             return f"the {role} cannot use the slot cache: {reason}"
@@ -218,8 +215,9 @@ class FastEngine:
         warm-up on CUDA), then captured as is. Other widths (eager cycles) and prefill stay eager."""
         if compile:
             self._regular = _Compiled(self.step)
-        self._inject: torch.Tensor | None = None
-        self._inject_at = torch.zeros((), dtype=torch.long, device=self.device)
+        self.rule: GreedyTwin = GreedyTwin()
+        """The greedy cycles' rule (ar, prove-lossless, greedy sd, pard): greedy matching, or a benchmark's
+        (``set_rule``)."""
         self.counters = {
             "cycles": 0,
             "graph_replays": 0,
@@ -310,13 +308,9 @@ class FastEngine:
         )
         logits = out.logits[0].float() + self.penalty  # (W, V)
         greedy = logits[:K].argmax(-1)  # (K,): g_1..g_K after c, y_1..y_{K−1}
-        n, extra = greedy_match_twin(self.carried, greedy)
+        n, _ = self.rule(self.carried, greedy)
         n = n * self.have  # nothing carried yet: an AR step
         extra = greedy.gather(0, n.view(1)).view(())
-        if self._inject is not None:
-            n = self._inject.gather(0, self._inject_at.view(1)).view(()).clamp(max=K - 1) * self.have
-            extra = greedy.gather(0, n.view(1)).view(())
-            self._inject_at.add_(1).remainder_(self._inject.shape[0])
         record = commit_record(self.carried, n, extra)
         rows = self.group_rows.gather(0, n.view(1)) + torch.arange(K - 1, device=self.device)  # G_n's rows
         self.carried.copy_(torch.softmax(logits.index_select(0, rows), -1).argmax(-1))
@@ -426,7 +420,7 @@ class FastEngine:
         else:
             y = self.last[:0]
         greedy = self._forward(torch.cat([self.last, y]), self.pos, k + 1).argmax(-1)  # (k+1,)
-        n, extra = greedy_match_twin(y, greedy)
+        n, extra = self.rule(y, greedy)
         committed = torch.cat([y, y.new_zeros(1)]).scatter(
             0, n.view(1), extra.view(1)
         )  # [y_1..y_n, extra, ...]
@@ -519,7 +513,7 @@ class FastEngine:
             n, extra, spent = asd_greedy_twin(y, target, self.spent, block_size=proposed, **self.asd)
             self.spent.copy_(spent)
         elif self.uniforms is None:
-            n, extra = greedy_match_twin(y, target.argmax(-1))
+            n, extra = self.rule(y, target.argmax(-1))
         else:
             n, extra = self._sampled_rule(y, torch.cat(qs) if qs else target[:0], target)
         self.prev.copy_(chain.gather(0, n.view(1)))
@@ -558,24 +552,15 @@ class FastEngine:
             y = self.last[:0]
             greedy = self._forward(self.last, self.pos, 1).argmax(-1)  # (1,): the last token's AR step
         # 3) accept: the rule's sync-free twin; 4) commit on the device: the new pending token and its position
-        n, extra = greedy_match_twin(y, greedy)
-        if self._inject is not None:  # a benchmark's preset acceptance, after the rule's full computation
-            n = self._inject.gather(0, self._inject_at.view(1)).view(())
-            n = n.clamp(max=k)  # a scalar bound: no host-to-device copy inside a captured graph
-            extra = greedy.gather(0, n.view(1)).view(())
-            self._inject_at.add_(1).remainder_(self._inject.shape[0])
+        n, extra = self.rule(y, greedy)
         self.last.copy_(extra.view(1))
         self.pos.add_(n + 1)
         return commit_record(y, n, extra)
 
-    def inject(self, accepted: Sequence[int] | None) -> None:
-        """Benchmarks only (random weights accept nothing): from now on cycle c accepts ``accepted[c % len]``
-        proposed tokens (at most its block; c counts from each request's first cycle), read from a preloaded device
-        buffer after the rule has run, so a cycle costs what a real one with that acceptance costs; the committed
-        tokens are then not the model's greedy ones. Unfused and fused prove-lossless (not sd). ``None`` turns it
-        off. The captured graph is rebuilt."""
-        self._inject = None if accepted is None else torch.tensor(list(accepted), device=self.device)
-        self._inject_at.zero_()
+    def set_rule(self, rule: GreedyTwin | None) -> None:
+        """The greedy cycles' rule object from now on (None: greedy matching, ``GreedyTwin``): a benchmark passes
+        ``rules.twins.InjectedAcceptance`` (random weights accept nothing). The captured graphs are rebuilt."""
+        self.rule = GreedyTwin() if rule is None else rule
         self._graphs.clear()
         self._graph = None
 
@@ -687,7 +672,7 @@ class FastEngine:
         extra = [self.carried, self.have] if self.fused else [self.prev] if self.draft is not None else []
         extra += [self.pend, self.npend] if self.pends else []
         extra += [self.spent] if self.asd is not None else []
-        return [self.last, self.pos, self._inject_at, *extra]
+        return [self.last, self.pos, *self.rule.buffers(), *extra]
 
     def _restore(self, saved: list[torch.Tensor]) -> None:
         for b, v in zip(self._buffers(), saved, strict=True):
@@ -823,14 +808,36 @@ class FastEngine:
             self.have.zero_()
 
     def run(self, prompt_ids: Sequence[int], stopper: Stopper) -> tuple[list[int], Stats]:
-        """Decode one request (``_run``) with an sdpa model's passes under ``slot_cache.grouped_sdpa``: grouped-query
-        attention native, no copy of the cache's view per layer and pass."""
-        models = [m for m in (self.model, self.draft, self.verifier) if m is not None]
-        with torch.no_grad(), native_gqa(*models):
-            return self._run(prompt_ids, stopper)
+        """Decode one request on this cycle through the engine's one loop (``prove.decode.engine.run``)."""
+        from prove.decode.engine import run
 
-    def _run(self, prompt_ids: Sequence[int], stopper: Stopper) -> tuple[list[int], Stats]:
-        """Decode one request; the new tokens and its stats (``Stats.fast`` holds the path's counters).
+        return run(prompt_ids, cycle=self, stopper=stopper)
+
+    # -- the engine's cycle interface (``prove.decode.engine.Cycle``) ----------------------------------------------
+
+    def torch_models(self) -> list[Any]:
+        return [m for m in (self.model, self.draft, self.verifier) if m is not None]
+
+    def begin(self, prompt: list[int], stopper: Stopper) -> None:
+        """A request starts: room in the caches, the prompt prefilled (``prefill``), the per-request buffers reset."""
+        self._start = dict(self.counters), self.cycle_s
+        self._prompt_len = len(prompt)
+        self.check_room(len(prompt), stopper.max_new_tokens)
+        self.rule.reset()  # a rule twin's per-request state (a benchmark's injected acceptance) starts over
+        self.prefill(prompt)
+        self.spent.zero_()  # asd's budget is per request
+        self.is_eos.zero_()
+        eos = [t for t in stopper.eos if 0 <= t < self.is_eos.shape[0]]
+        if eos:
+            self.is_eos[torch.tensor(eos, device=self.device)] = True
+        self._ahead: tuple[torch.Tensor, Any, int] | None = (
+            None  # a regular cycle launched before the last was read
+        )
+        self._cycles = 0
+
+    def advance(self, seq: list[int], left: int) -> Step:
+        """One cycle of the request (``engine.run``'s loop calls it with the tokens ``left`` to the budget): launch it (or
+        take the one launched ahead), launch the next where the budget allows (``pipeline``), read its record.
 
         The last cycles. The reference loop narrows a cycle's block to what the token budget allows, k = min(K,
         left − 1) (prove: min(K, left), no correction token). A full-width method (``cuts_on_host``) runs the regular
@@ -846,80 +853,48 @@ class FastEngine:
         runs it: k proposed, min(n_K, k) accepted (capped by what was committed), the passes of a block of k (none
         of the block pass at k = 0). In floating point the usual caveat holds: passes of other widths may take
         other kernels (fp32 is the exactness reference). A fused cycle keeps its tree the same way."""
-        if len(prompt_ids) == 0:
-            raise ValueError("the prompt is empty: give at least one token")
-        start, start_s = dict(self.counters), self.cycle_s
-        self.check_room(len(prompt_ids), stopper.max_new_tokens)
-        self._inject_at.zero_()  # an injected acceptance starts over with every request
-        t0 = time.perf_counter()
-        self.prefill(prompt_ids)
-        self.spent.zero_()  # asd's budget is per request
-        self.is_eos.zero_()
-        eos = [t for t in stopper.eos if 0 <= t < self.is_eos.shape[0]]
-        if eos:
-            self.is_eos[torch.tensor(eos, device=self.device)] = True
+        # the block a reference cycle would propose: what the budget allows, less the correction / bonus
+        k = min(self.K, left - self.adds_token)
+        # a full-width method runs the regular cycle whatever the budget, and the host cuts (see above)
+        width = self.K if self.cuts_on_host else k
+        c0 = time.perf_counter()
+        pos = len(seq) - 1  # the pending token's slot, known here
+        fresh, far = self._reach()
+        launched = self._ahead if self._ahead is not None else self._launch(width, pos + fresh + 1)
+        assert launched[2] == width, "a cycle launched ahead has another width than its turn's"
+        # launch the next cycle before reading this one's record where its width is surely the regular one (a
+        # full-width method's always; else where the budget leaves K whatever this one commits, ≤ K + 1 tokens) and
+        # this one may leave a token of budget: the device never waits for the host's EOS, stop string and budget
+        # work. If this cycle ends the request, the next one's work is dropped (``end``).
+        self._ahead = None
+        if self.pipeline and width == self.K and (left >= 2 if self.cuts_on_host else left >= 2 * self.K + 2):
+            self._ahead = self._launch(self.K, pos + far + 1)
+        tokens = self._read(launched, k)
+        self.cycle_s += time.perf_counter() - c0
+        proposed = (self.K - 1) * (self._cycles > 0) if self.fused else k
+        self._cycles += 1
+        return Step(proposed, min(len(tokens) - self.adds_token, proposed), tokens)
 
-        new: list[int] = []
-        tally = _Tally()
-        done = False
-        ahead: tuple[torch.Tensor, Any, int] | None = (
-            None  # a regular cycle launched before the last was read
-        )
-        while not done:
-            left = stopper.max_new_tokens - len(new)
-            # the block a reference cycle would propose: what the budget allows, less the correction / bonus
-            k = min(self.K, left - self.adds_token)
-            # a full-width method runs the regular cycle whatever the budget, and the host cuts (see ``run``)
-            width = self.K if self.cuts_on_host else k
-            c0 = time.perf_counter()
-            pos = len(prompt_ids) - 1 + len(new)  # the pending token's slot, known here
-            fresh, far = self._reach()
-            launched = ahead if ahead is not None else self._launch(width, pos + fresh + 1)
-            assert launched[2] == width, "a cycle launched ahead has another width than its turn's"
-            # launch the next cycle before reading this one's record where its width is surely the regular one
-            # (a full-width method's always; else where the budget leaves K whatever this one commits, ≤ K + 1
-            # tokens) and this one may leave a token of budget: the device never waits for the host's EOS, stop
-            # string and budget work. If this cycle ends the request, the next one's work is dropped.
-            ahead = None
-            if (
-                self.pipeline
-                and width == self.K
-                and (left >= 2 if self.cuts_on_host else left >= 2 * self.K + 2)
-            ):
-                ahead = self._launch(self.K, pos + far + 1)
-            tokens = self._read(launched, k)
-            self.cycle_s += time.perf_counter() - c0
-            before = len(new)
-            done = stopper.commit(new, tokens)
-            committed = len(new) - before
-            self.cache.length = len(prompt_ids) - 1 + len(new)
-            tally.committed_per_cycle.append(committed)
-            proposed = (self.K - 1) * (len(tally.committed_per_cycle) > 1) if self.fused else k
-            tally.count(proposed, min(len(tokens) - self.adds_token, proposed, committed))
-        if ahead is not None:  # launched for a request that ended: wait for it, count it apart
-            if ahead[1] is not None:
-                ahead[1].synchronize()
+    def sync(self, seq: list[int]) -> None:
+        self.cache.length = len(seq) - 1  # the committed tokens before the pending one are valid
+
+    def end(self) -> tuple[Passes, dict[str, int]]:
+        if self._ahead is not None:  # launched for a request that ended: wait for it, count it apart
+            if self._ahead[1] is not None:
+                self._ahead[1].synchronize()
             self.counters["dropped_cycles"] += 1
-        wall = time.perf_counter() - t0
+            self._ahead = None
+        start, start_s = self._start
         fast = {key: self.counters[key] - start[key] for key in self.counters}
         fast["graphs"] = int(self.graphs)
         fast["compiled"] = int(self.compiled)
-        cycles = len(tally.committed_per_cycle)
-        stats = Stats(
-            new_tokens=len(new),
-            cycles=cycles,
-            tokens_per_cycle=len(new) / max(cycles, 1),
-            model_passes=fast["passes"] - self._prefilled,
-            verifier_passes=fast["verifier_passes"],
-            draft_passes=fast["draft_passes"],
-            accepted_by_depth=tally.accepted_by_depth,
-            proposed_by_depth=tally.proposed_by_depth,
-            committed_per_cycle=tally.committed_per_cycle,
-            wall_s=wall,
+        passes = Passes(
+            model=fast["passes"] - self._prefilled,
+            verifier=fast["verifier_passes"],
+            draft=fast["draft_passes"],
             model_s=self.cycle_s - start_s,
-            fast=fast,
         )
-        return new, stats
+        return passes, fast
 
 
 class _Compiled:
@@ -1043,18 +1018,20 @@ def self_check(model: Any, *, tokens: int = 6, atol: float | None = None) -> str
                     use_cache=True,
                 ).logits[0]
             cache = SlotCache.for_model(model, 4 * tokens)
+            takes_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
 
             def run(chunk: torch.Tensor, start: int) -> torch.Tensor:
                 pos = torch.arange(start, start + chunk.shape[0], device=device)
                 cache.set_slots(pos)
                 mask = pass_mask(model.config, linear_see(pos[0], chunk.shape[0], cache.capacity), pos, dtype)
+                keep = {"logits_to_keep": chunk.shape[0]} if takes_keep else {}  # as the engine calls it
                 return model(
                     input_ids=chunk[None],
                     position_ids=pos[None],
                     past_key_values=cache,
                     attention_mask=mask,
                     use_cache=True,
-                    logits_to_keep=chunk.shape[0],  # as the engine calls it
+                    **keep,
                 ).logits[0]
 
             got_a = run(ids[:tokens], 0)

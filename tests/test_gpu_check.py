@@ -273,7 +273,7 @@ def test_acceptance_from_a_bench_json_and_the_shipped_default(tmp_path):
 
 def test_the_decode_check_has_a_fused_row():
     """The rows, and the fast path's later cycles forced onto it (on the CPU auto would take the reference path, and
-    the tiny run would check nothing of them): fails if a row goes missing or loses ``fast=true``."""
+    the tiny run would check nothing of them): fails if a row goes missing or loses ``fast=true``, or the fused row the groups its device cycle runs."""
     specs = gc.decode_specs(4)
     names = [s.name for s in specs]
     assert names == [
@@ -281,7 +281,11 @@ def test_the_decode_check_has_a_fused_row():
         "ar sampling", "pard", "asd", "prove",
     ]  # fmt: skip
     fused = specs[2]
-    assert fused.params == {"block_size": 4, "fuse": True} and fused.lossless and fused.block
+    assert (
+        fused.params == {"block_size": 4, "fuse": True, "fuse_groups": "all"}
+        and fused.lossless
+        and fused.block
+    )
     later = {s.name: s for s in specs[6:]}
     assert all(s.params["fast"] is True for s in later.values())
     assert later["pard"].lossless and later["asd"].against_reference and later["prove"].against_reference

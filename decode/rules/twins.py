@@ -89,3 +89,45 @@ def commit_record(tokens: torch.Tensor, n: torch.Tensor, extra: torch.Tensor) ->
     row = torch.cat([tokens, tokens.new_zeros(1)])  # (k+1,)
     row = row.scatter(0, n.view(1), extra.view(1))
     return torch.cat([(n + 1).view(1), row])
+
+
+class GreedyTwin:
+    """Greedy matching (``greedy_match_twin``) as the device cycle's rule object: what the self-verified cycles run
+    (ar, prove-lossless fused or not, greedy sd, pard). A rule object may hold per-request state on the device
+    (``reset`` at a request's start, ``buffers`` saved and restored around a CUDA graph's capture)."""
+
+    def __call__(self, tokens: torch.Tensor, greedy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return greedy_match_twin(tokens, greedy)
+
+    def reset(self) -> None:
+        pass
+
+    def buffers(self) -> list[torch.Tensor]:
+        return []
+
+
+class InjectedAcceptance(GreedyTwin):
+    """A benchmark's rule (random weights accept nothing): cycle c of a request accepts ``accepted[c % len]`` of its
+    proposed tokens (at most all of them) and commits the target's greedy token after them, read from a preloaded
+    device buffer after greedy matching has run, so a cycle costs what a real one with that acceptance costs. The
+    committed tokens are then not the model's greedy ones."""
+
+    def __init__(self, accepted: list[int], device: torch.device | str) -> None:
+        if not accepted or min(accepted) < 0:
+            raise ValueError(f"injected acceptance {accepted}: give one count ≥ 0 per cycle")
+        self.accepted = torch.tensor(list(accepted), device=device)
+        self.at = torch.zeros((), dtype=torch.long, device=device)
+
+    def __call__(self, tokens: torch.Tensor, greedy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        greedy_match_twin(tokens, greedy)  # the rule's full work, its verdict replaced
+        n = (
+            self.accepted.gather(0, self.at.view(1)).view(()).clamp(max=tokens.shape[0])
+        )  # a scalar bound: no copy
+        self.at.add_(1).remainder_(self.accepted.shape[0])
+        return n, greedy.gather(0, n.view(1)).view(())
+
+    def reset(self) -> None:
+        self.at.zero_()
+
+    def buffers(self) -> list[torch.Tensor]:
+        return [self.at]

@@ -42,7 +42,7 @@ class DecodeSpec:
 def decode_specs(block_size: int, k: int = 5) -> list[DecodeSpec]:
     """The decode check's rows. prove's θ is set per run (``prove_theta``)."""
     sample = {"temperature": 1.0, "top_p": 0.95}
-    fused = {"block_size": block_size, "fuse": True}
+    fused = {"block_size": block_size, "fuse": True, "fuse_groups": "all"}
     fast = {"fast": True}
     return [
         DecodeSpec("ar", "ar", lossless=True),

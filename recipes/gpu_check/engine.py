@@ -5,7 +5,7 @@ Per shape (random weights, ``engine_dtype``, one request of ``engine_new_tokens`
 ``generate`` (DynamicCache), transformers' ``generate(cache_implementation="static")`` (compiled, warmed up; only
 on ``engine_hf_compile_shapes``: at 32B its compile took over 140 s), our reference path (``fast=false``), our fast
 ``ar``, fast ``prove-lossless`` (K = ``block_size``), and fast prove-lossless with an injected acceptance of 2, 3
-and 4.5 tokens per cycle, unfused and fused alike (``FastEngine.inject``: random weights accept nothing; a pass's
+and 4.5 tokens per cycle, unfused and fused alike (``rules.twins.InjectedAcceptance``, passed to ``FastEngine.set_rule``: random weights accept nothing; a pass's
 cost does not depend on the tokens it holds). Fused on the fast path is one tree of K² entries a cycle (every
 group, no second candidate). On ``engine_compile_shapes`` fast ar and the 4.5 rows run again with
 ``compile=true`` (the cycle through inductor before its capture), their compile timed in the warm-up. Each row
@@ -25,6 +25,7 @@ import warnings
 from typing import Any
 
 from prove.decode.random_models import random_model, random_prompts, shape_config
+from prove.decode.rules.twins import InjectedAcceptance
 from prove.recipes.gpu_check.config import SHAPES, CheckConfig
 from prove.recipes.gpu_check.decoding import hf_greedy
 from prove.recipes.gpu_check.runtime import Timer, check_entry, describe_error, free
@@ -143,7 +144,7 @@ def run_shape(shape: str, cfg: CheckConfig, checks: list[dict[str, Any]]) -> dic
             rows["transformers static compiled"] = {"error": describe_error(e)}
     K = cfg.block_size
     unfused = {"fast": True, "block_size": K}
-    fused = {**unfused, "fuse": True}
+    fused = {**unfused, "fuse": True, "fuse_groups": "all"}
     specs: list[tuple[str, str, dict[str, Any], list[int] | None]] = [
         ("ours reference ar", "ar", {"fast": False}, None),
         ("ours fast ar", "ar", {"fast": True}, None),
@@ -170,7 +171,7 @@ def run_shape(shape: str, cfg: CheckConfig, checks: list[dict[str, Any]]) -> dic
         try:
             dec = _ours(model, method, params, cfg, vocab)
             if inject is not None:
-                dec.fast_engine.inject(inject)
+                dec.fast_engine.set_rule(InjectedAcceptance(inject, dec.fast_engine.device))
             rows[name] = _row_of(dec, prompt, n, timer, ref)
             if inject is not None:
                 rows[name]["injected"] = inject

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from prove.decode import Decoder
+from prove.decode.rules.twins import InjectedAcceptance
 
 from tests.decode.decode_helpers import hf_generate, mask_ids
 
@@ -134,7 +135,7 @@ def test_regular_cycle_compiles_whole_without_syncs_or_recompiles(
     elif mode == "asd":
         kw = {"method": "asd", "draft": lm, "k": 4}
     else:
-        kw = {"method": "prove-lossless", "block_size": 4, "fuse": mode == "fused"}
+        kw = {"method": "prove-lossless", "block_size": 4, "fuse": mode == "fused", "fuse_groups": "all"}
     dec = Decoder(echo_lm, tokenizer, fast=True, **kw)
     compiled = []
 
@@ -163,13 +164,15 @@ def test_fast_true_refuses_what_it_cannot_serve(make_lm, lm, small, tokenizer, p
     """Fails if fast=true silently falls back (or crashes later) on a method, a setting or a model it does not
     serve, or lets a request outgrow the cache it allocated."""
     cases = [
-        ({"method": "mars", "block_size": 4}, "method mars is not on it"),
+        ({"method": "mars", "block_size": 4}, "method mars has no rule twin"),
         ({"method": "prove-lossless", "block_size": 1, "fuse": True}, "needs block_size ≥ 2"),
         ({"method": "prove-lossless", "block_size": 4, "draft_threshold": 0.5}, "draft_threshold"),
         (
             {"method": "prove", "verifier": small, "block_size": 4, "temperature": 0.7},
-            "samples ar and sd only",
+            "method prove has no sampling twin",
         ),
+        ({"method": "prove-lossless", "block_size": 4, "fuse": True}, "not fuse_groups=auto"),
+        ({"method": "prove-lossless", "block_size": 4, "fuse": True, "fuse_groups": 2}, "not fuse_groups=2"),
     ]
     for kw, match in cases:
         with pytest.raises(ValueError, match=f"fast=true cannot serve this decode: .*{match}.*fast=false"):
@@ -178,10 +181,15 @@ def test_fast_true_refuses_what_it_cannot_serve(make_lm, lm, small, tokenizer, p
         ValueError, match=r"it records no trace \(trace=false\); pass fast=auto or fast=false"
     ):
         Decoder(lm, tokenizer, method="ar", fast=True, trace=True)
-    with pytest.raises(ValueError, match="on_cycle watches the reference loop: pass fast=false"):
+    with pytest.raises(
+        ValueError, match="on_cycle reads the composed cycle.s proposal and logits: pass fast=false"
+    ):
         Decoder(lm, tokenizer, method="ar", fast=True).generate(prompts[0], max_new_tokens=2, on_cycle=print)
-    sliding = make_lm(seed=2)
-    sliding.config.sliding_window, sliding.config.layer_types = 4, ["full_attention", "sliding_attention"]
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    window = {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1, "layer_types": None}
+    sliding = Qwen2ForCausalLM(Qwen2Config(**{**lm.config.to_dict(), **window})).eval()
+    assert sliding.config.layer_types == ["full_attention", "sliding_attention"]
     with pytest.raises(
         ValueError, match=r"sliding window \(4\) is not wider than a pass's span \(10 .*fast=false"
     ):
@@ -208,7 +216,14 @@ SLOT_CASES = {
     # P − 1 + 15 and the cycle ahead writes its verify pass K past that
     "unfused": ({"method": "prove-lossless", "block_size": 4}, True, [4], 12, 2 * 4 - 1, True),
     "unfused-serial": ({"method": "prove-lossless", "block_size": 4}, False, [4], 11, 4 - 1, True),
-    "fused": ({"method": "prove-lossless", "block_size": 4, "fuse": True}, True, [3], 11, 16 + 4 - 3, True),
+    "fused": (
+        {"method": "prove-lossless", "block_size": 4, "fuse": True, "fuse_groups": "all"},
+        True,
+        [3],
+        11,
+        16 + 4 - 3,
+        True,
+    ),
     # a draft equal to the target: whole blocks, as injected above
     "sd": ({"method": "sd", "k": 4, "draft": "echo"}, True, None, 12, 2 * 4 - 1, True),
     "prove": ({"method": "prove", "block_size": 4, "theta": 0.0}, True, None, 10, 2 * 4 - 2, True),
@@ -242,7 +257,7 @@ def test_the_cache_holds_exactly_the_slots_a_request_writes(case, echo_lm, lm, s
             dec = Decoder(echo_lm, tokenizer, fast=True, cache_len=cache_len, **kw)
         dec.fast_engine.pipeline = pipeline
         if injected is not None:
-            dec.fast_engine.inject(injected)
+            dec.fast_engine.set_rule(InjectedAcceptance(injected, "cpu"))
         return dec
 
     dec = build(need)
@@ -264,15 +279,19 @@ def test_the_cache_holds_exactly_the_slots_a_request_writes(case, echo_lm, lm, s
 
 
 def test_injected_acceptance_sets_each_cycles_count(lm, tokenizer, prompts):
-    """The benchmark hook (gpu-check's injected acceptance): fails if the preset counts do not decide each cycle's
-    committed length (n + 1, n capped by the block), or if turning it off does not restore the model's greedy
-    output."""
+    """The benchmark's rule twin (gpu-check's injected acceptance): fails if the preset counts do not decide each
+    cycle's committed length (n + 1, n capped by the block), if a request does not start over at the first count, or
+    if greedy matching passed back does not restore the model's greedy output."""
     dec = Decoder(lm, tokenizer, method="prove-lossless", block_size=4, fast=True)
     want = dec.generate(prompts[0], max_new_tokens=20, eos_token_id=[]).token_ids
-    dec.fast_engine.inject([3, 1, 9])
+    dec.fast_engine.set_rule(InjectedAcceptance([3, 1, 9], "cpu"))
     out = dec.generate(prompts[0], max_new_tokens=20, eos_token_id=[])
     assert out.stats.committed_per_cycle == [4, 2, 5, 4, 2, 3]  # the last: 2 tokens of budget left
-    dec.fast_engine.inject(None)
+    again = dec.generate(prompts[0], max_new_tokens=20, eos_token_id=[])
+    assert (
+        again.stats.committed_per_cycle == out.stats.committed_per_cycle
+    )  # each request from the first count
+    dec.fast_engine.set_rule(None)
     assert dec.generate(prompts[0], max_new_tokens=20, eos_token_id=[]).token_ids == want
 
 
@@ -281,7 +300,9 @@ def test_fused_fast_path_equals_generate(k, echo_lm, prompts, tokenizer, fast_re
     """Fused prove-lossless on the fast path (every group, one tree pass a cycle). Fails if a group's position or
     mask is off (its proposals go wrong: tokens per cycle collapse, caught against the reference fused run), if a
     placeholder's stale K/V leaks into a later pass, or if the host cuts a block elsewhere than AR would."""
-    fast = Decoder(echo_lm, tokenizer, method="prove-lossless", block_size=k, fuse=True, fast=True)
+    fast = Decoder(
+        echo_lm, tokenizer, method="prove-lossless", block_size=k, fuse=True, fuse_groups="all", fast=True
+    )
     fast.fast_engine.pipeline = True  # fused: always one cycle ahead
     ref = Decoder(
         echo_lm, tokenizer, method="prove-lossless", block_size=k, fuse=True, fuse_groups="all", fast=False
@@ -334,10 +355,12 @@ def test_self_check_refuses_a_model_the_slot_cache_breaks(lm, tokenizer):
     assert self_check(lm) is None
     broken = CacheLengthPositions(lm)
     assert "differ from the model's own" in (self_check(broken) or "")
-    with pytest.raises(
-        ValueError, match="fast=true cannot serve this decode: the slot cache's logits differ"
-    ):
-        Decoder(broken, tokenizer, method="ar", fast=True)
+    for fast in (False, True):  # every cycle runs on the slot cache: refused at start either way
+        with pytest.raises(
+            ValueError,
+            match="the model cannot decode on this engine's slot cache: the slot cache's logits differ",
+        ):
+            Decoder(broken, tokenizer, method="ar", fast=fast)
 
 
 def test_a_passed_self_check_is_remembered_per_model_and_a_failure_is_not(
@@ -392,12 +415,20 @@ class NoHeadNoKeep(torch.nn.Module):
 
 
 @pytest.mark.parametrize("head", [True, False])
-def test_self_check_names_a_model_without_logits_to_keep_or_a_head(lm, head):
+def test_a_model_without_logits_to_keep_or_a_head_is_checked_and_decodes(lm, tokenizer, prompts, head):
+    """Fails if the self-check needs what such a model lacks (it would refuse a model the composed cycle decodes), if
+    the composed cycle's tokens differ, or if the device cycle takes the model instead of naming why not."""
     from prove.decode.fast import self_check
 
-    reason = self_check(NoHeadNoKeep(lm, head=head))
-    assert reason is not None and reason.startswith("the slot cache failed on this model (TypeError")
-    assert "logits_to_keep" in reason and "\n" not in reason
+    model = NoHeadNoKeep(lm, head=head)
+    assert self_check(model) is None
+    if not head:
+        return
+    want = Decoder(lm, tokenizer, method="ar").generate(prompts[0], max_new_tokens=8, eos_token_id=[])
+    out = Decoder(model, tokenizer, method="ar").generate(prompts[0], max_new_tokens=8, eos_token_id=[])
+    assert out.token_ids == want.token_ids
+    with pytest.raises(ValueError, match="fast=true cannot serve this decode: .*takes no logits_to_keep"):
+        Decoder(model, tokenizer, method="ar", fast=True)
 
 
 @pytest.mark.parametrize("k", [4, 16])
@@ -587,7 +618,7 @@ def test_compile_true_runs_the_compiled_cycle_exactly_and_compiles_once(mode, ec
     kw = (
         {"method": "ar"}
         if mode == "ar"
-        else {"method": "prove-lossless", "block_size": 4, "fuse": mode == "fused"}
+        else {"method": "prove-lossless", "block_size": 4, "fuse": mode == "fused", "fuse_groups": "all"}
     )
     dec = Decoder(echo_lm, tokenizer, fast=True, compile=True, **kw)
     ref = Decoder(echo_lm, tokenizer, fast=False, **kw)
@@ -618,7 +649,9 @@ def test_a_request_past_the_default_cache_grows_it(make_lm, tokenizer, prompts):
 
     model = make_lm(seed=7, std=0.12)
     model.config.max_position_embeddings = 80  # the default cache: min(80, 4096) slots
-    dec = Decoder(model, tokenizer, method="prove-lossless", block_size=4, fuse=True, fast=True)
+    dec = Decoder(
+        model, tokenizer, method="prove-lossless", block_size=4, fuse=True, fuse_groups="all", fast=True
+    )
     assert dec.fast_engine.capacity == 80 and dec.fast_engine.growable
     p = (prompts[3] * 2)[:70]
     out = dec.generate(p, max_new_tokens=10, eos_token_id=[])  # 80 positions, the tree's scratch past them

@@ -105,7 +105,7 @@ def poisoned(dec: Decoder, views: str = "bucket") -> Decoder:
 METHODS = {
     "ar": dict(method="ar"),
     "prove-lossless": dict(method="prove-lossless"),
-    "fused": dict(method="prove-lossless", fuse=True),
+    "fused": dict(method="prove-lossless", fuse=True, fuse_groups="all"),
     "sd": dict(method="sd", draft="self"),
     "sd-sampled": dict(method="sd", draft="other", temperature=0.8),
     "prove": dict(method="prove", verifier="other", theta=0.05),
