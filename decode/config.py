@@ -46,7 +46,7 @@ class DecodeParams:
     max_mismatches: int | None = None
     """ASD's m: mismatches accepted per block at most (ASD: 2; 0 = exact greedy)."""
     fuse: bool | None = None
-    """Fused verify-and-draft (``prove.decode.fused``): the model's verification pass also drafts the next
+    """Fused verify-and-draft (``prove.decode.engine.fused``): the model's verification pass also drafts the next
     block, so a cycle is one model pass. For block proposals the model verifies itself (prove-lossless;
     nsd / asd with proposer=block); greedy only; the output is unchanged."""
     fuse_groups: Any = None
@@ -69,7 +69,7 @@ class DecodeParams:
     seed: int = 0
     """Seed of the torch.Generator that sampling draws from."""
     fast: Any = None
-    """Our engine's fast path (``prove.decode.fast``: a static slot cache, fixed-width cycles captured as CUDA
+    """Our engine's fast path (``prove.decode.engine.device``: a static slot cache, fixed-width cycles captured as CUDA
     graphs, one host sync per cycle): ``true``, ``false`` or ``auto`` (``None`` = auto: on CUDA for the methods
     and models it serves, today's reference path elsewhere). Greedy output is the same either way; sampled output
     has the same distribution, from other draws."""
@@ -81,7 +81,7 @@ class DecodeParams:
     CUDA); ``false`` / ``None``: the eager cycle. Greedy output is the same up to the rounding of fused kernels."""
     pad_widths: Any = None
     """``auto``: on the reference path, measure this device's cost of a linear pass at each width once per model
-    and run a pass wider (filler tokens, discarded) where a wider one costs less (``prove.decode.padding``; on a CPU
+    and run a pass wider (filler tokens, discarded) where a wider one costs less (``prove.decode.engine.padding``; on a CPU
     some widths run slower than wider ones). ``off`` (``None``): every pass as wide as its tokens."""
 
     def __post_init__(self) -> None:

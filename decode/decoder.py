@@ -86,21 +86,21 @@ class Decoder:
     proposer="block"`` is NSD's nucleus gate on the MARS block proposer, verified by the model itself.
 
     ``fuse=True`` (block proposals the model verifies itself) makes each cycle one model pass: the
-    verification pass also drafts the next block (``prove.decode.fused``; ``fuse_groups="auto"``, "all" or m).
+    verification pass also drafts the next block (``prove.decode.engine.fused``; ``fuse_groups="auto"``, "all" or m).
 
     ``fast`` (``True``, ``False``, ``"auto"``; default auto) runs ``ar``, ``prove-lossless`` (fused or not),
-    ``sd`` (greedy or sampled), greedy ``prove``, ``pard`` and ``asd`` on the fast path (``prove.decode.fast``: a
+    ``sd`` (greedy or sampled), greedy ``prove``, ``pard`` and ``asd`` on the device cycle (``prove.decode.engine.device``: a
     static slot cache, CUDA graphs on CUDA); auto takes it on CUDA only, and only after the slot cache agreed with
     ``DynamicCache`` on this model. Its cache starts at min(max_position_embeddings, 4096) slots and grows when a
-    request needs more; ``cache_len`` fixes it (a request it cannot hold then takes the reference path under auto,
+    request needs more; ``cache_len`` fixes it (a request it cannot hold then takes the composed cycle under auto,
     and is refused under ``fast=True``). A pass attends only the slots in use, whatever the allocation. Greedy
     tokens are the same either way; sampled ones follow the same distribution from other draws.
 
-    ``compile=True`` (with the fast path) runs its regular cycle through ``torch.compile`` (inductor) before the CUDA
+    ``compile=True`` (with the device cycle) runs its regular cycle through ``torch.compile`` (inductor) before the CUDA
     graph is captured: fewer, fused kernels a pass, for a compile when the Decoder first decodes.
 
-    ``pad_widths="auto"`` (reference path; default off) times each model's linear pass by width once and runs a
-    pass wider wherever a wider one costs this device less (``prove.decode.padding``).
+    ``pad_widths="auto"`` (composed cycle; default off) times each model's linear pass by width once and runs a
+    pass wider wherever a wider one costs this device less (``prove.decode.engine.padding``).
     """
 
     def __init__(
@@ -233,7 +233,7 @@ class Decoder:
         )
         self.generator = torch.Generator(device=self.device).manual_seed(self.params.seed)
         if self.params.fuse:  # one pass a cycle: the verifier drafts the proposer's next block
-            from prove.decode.fused import build_fused
+            from prove.decode.engine.fused import build_fused
 
             self.proposer, self.verifier = build_fused(
                 self.models, self.params, self.generator, branch=self.method.branches
@@ -249,8 +249,8 @@ class Decoder:
 
     def _plan_padding(self) -> None:
         """``pad_widths=auto``: each model's linear passes padded where this device runs a wider one faster
-        (``prove.decode.padding``; measured once per model)."""
-        from prove.decode.padding import pad_widths_needed, plan_for
+        (``prove.decode.engine.padding``; measured once per model)."""
+        from prove.decode.engine.padding import pad_widths_needed, plan_for
 
         widths = pad_widths_needed(self.params.block_size, self.params.k)
         for runner in {id(r): r for r in self.models.runners()}.values():
@@ -259,15 +259,15 @@ class Decoder:
             self.pad_plans[runner.name] = plan
 
     def _fast_applies(self, target: Any, aux: dict[str, ModelRunner]) -> bool:
-        """Whether the fast path runs this decode: ``fast`` true, or auto on CUDA, and a method, setting and model
+        """Whether the device cycle runs this decode: ``fast`` true, or auto on CUDA, and a method, setting and model
         it serves. ``fast=true`` on what it cannot serve is a clear error; auto falls back with one line when the
         slot cache's self-check against ``DynamicCache`` fails on this model."""
-        from prove.decode import fast
+        from prove.decode.engine import device as fast
 
         want = self.params.fast if self.params.fast is not None else "auto"
         if want == "auto" and self.device.type != "cuda" and self.params.compile:
             raise ValueError(
-                f"compile=true compiles the fast path's cycle, which fast=auto runs on CUDA only (this decode is on "
+                f"compile=true compiles the device cycle's cycle, which fast=auto runs on CUDA only (this decode is on "
                 f"{self.device.type}): pass fast=true to compile it here, or compile=false"
             )
         if want is False or (want == "auto" and self.device.type != "cuda"):
@@ -292,20 +292,20 @@ class Decoder:
         return True
 
     def _check_slot_cache(self, target: Any, aux: dict[str, ModelRunner]) -> None:
-        """Every model runs on the slot cache (``prove.decode.slot_cache``): one it cannot serve is refused here with
+        """Every model runs on the slot cache (``prove.decode.engine.cache``): one it cannot serve is refused here with
         the reason, and each is checked against its own cacheless pass once per machine and version
         (``fast.checked``)."""
-        from prove.decode import fast
-        from prove.decode.slot_cache import unsupported_reason
+        from prove.decode.engine.cache import unsupported_reason
+        from prove.decode.engine.check import checked
 
         for role, model in (("model", target), *((r, runner.model) for r, runner in aux.items())):
-            reason = unsupported_reason(model.config) or fast.checked(model)
+            reason = unsupported_reason(model.config) or checked(model)
             if reason is not None:
                 raise ValueError(f"the {role} cannot decode on this engine's slot cache: {reason}")
 
     def _build_fast(self, target: Any, mask_id: int | None, cache_len: int | None) -> Any:
-        """The fast path's engine (``_fast_applies`` said yes), its cache of ``cache_len`` slots allocated."""
-        from prove.decode import fast
+        """The device cycle's engine (``_fast_applies`` said yes), its cache of ``cache_len`` slots allocated."""
+        from prove.decode.engine import device as fast
 
         limit = getattr(target.config, "max_position_embeddings", None) or fast.DEFAULT_CACHE_LEN
         capacity = cache_len if cache_len is not None else min(limit, fast.DEFAULT_CACHE_LEN)

@@ -83,7 +83,7 @@ class Method:
 
     branches: bool = False
     """Its rule verifies a proposal's second candidate (``Proposal.branch``) when there is one: the fused
-    cycle then proposes one where p̃ is low (``prove.decode.fused``)."""
+    cycle then proposes one where p̃ is low (``prove.decode.engine.fused``)."""
 
     twin: str | None = None
     """The sync-free twin of its rule (``prove.decode.rules.twins``) the device cycle runs for it at temperature 0:
@@ -156,7 +156,7 @@ class Method:
     @property
     def can_fuse(self) -> bool:
         """Block proposals verified by the model itself: the verification pass can draft the next block
-        (``fuse=true``, ``prove.decode.fused``)."""
+        (``fuse=true``, ``prove.decode.engine.fused``)."""
         return self.proposer == "block" and self.verifier == "self"
 
     @property
@@ -172,7 +172,7 @@ FUSE_DEFAULTS = {"fuse": False, "fuse_groups": "auto"}
 """Unfused by default (unfused is the published method; fused is not yet timed on a GPU). Fused needs a
 third fewer passes but widens each: J = all (64 tokens for K = 8) pays where width is cheap (a GPU), 1–2
 groups on the demo's CPU; ``auto`` (the default J) picks the groups and their lengths per cycle by the device's
-measured pass-cost curve (``prove.decode.fused.choose_groups_by_cost``)."""
+measured pass-cost curve (``prove.decode.engine.fused.choose_groups_by_cost``)."""
 DRAFT_K = 5
 """Tokens a draft model proposes per cycle unless ``k`` says otherwise (the SD family's usual k = 5)."""
 """The parameter that sets how many tokens each proposer proposes per cycle (block_size: None = trained)."""
@@ -275,7 +275,7 @@ def _prove_lossless(view: CycleView) -> Accept:
     prop = view.proposal
     if prop.branch is None:
         return greedy_match(prop.tokens, view.target_logits)
-    b, z = prop.branch  # fused: the branch's rows follow the block's k + 1 (``prove.decode.fused``)
+    b, z = prop.branch  # fused: the branch's rows follow the block's k + 1 (``prove.decode.engine.fused``)
     k = prop.k
     return greedy_match_branch(prop.tokens, view.target_logits[: k + 1], b, z, view.target_logits[k + 1 :])
 

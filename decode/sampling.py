@@ -10,7 +10,7 @@ and target distributions stay exact.
 from __future__ import annotations
 
 import torch
-from prove.decode.memo import IdentityMemo
+from prove.decode.engine.memo import IdentityMemo
 from prove.decode.rules.speculative import warp_probs
 
 

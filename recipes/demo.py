@@ -43,14 +43,14 @@ time each)."""
 DEMO_CONCURRENCY = (1, 8)
 """Requests in flight of the demo's vLLM rows (the full sweep is ``make bench``'s)."""
 FUSE_GROUPS = ("all", 1, 2, "auto")
-"""prove-lossless runs unfused and fused (``prove.decode.fused``) with these J settings, side by side."""
+"""prove-lossless runs unfused and fused (``prove.decode.engine.fused``) with these J settings, side by side."""
 DRAFT_THRESHOLDS = (0.0, 0.4)
 """sd runs with a draft of k tokens and with drafting stopped under p = 0.4 (transformers' default cut-off)."""
 
 
 def pass_cost_widths(mars_dir: Path) -> int:
     """The bench's pass-cost curve runs up to the widest fused pass of the trained block size (79 at K = 8)."""
-    from prove.decode.fused import widest_tree
+    from prove.decode.engine.fused import widest_tree
 
     meta = read_prove_json(mars_dir)
     return widest_tree(meta.block_size if meta is not None and meta.block_size else 8)

@@ -15,7 +15,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# the fast path's remembered self-checks (prove.decode.fast.checked): the session's own, never the user's
+# the fast path's remembered self-checks (prove.decode.engine.device.checked): the session's own, never the user's
 os.environ["PROVE_CACHE_DIR"] = tempfile.mkdtemp(prefix="prove-test-cache-")
 # inductor's on-disk cache (torch 2.13) is not keyed by the kernel path ATen and MKL are told to take: code compiled
 # under ATEN_CPU_CAPABILITY=avx512 and loaded under avx2 computed garbage tokens or aborted here. A run that picks a

@@ -190,7 +190,7 @@ def test_predict_uses_the_measured_widths_only():
 def test_the_fused_width_is_the_real_fused_tree():
     """The predictor's fused pass is the widest tree fuse=true builds (the top of the Decoder's own calibration
     widths), not K² (the tree without the second candidate): 287 entries at K = 16."""
-    from prove.decode.fused import cost_widths
+    from prove.decode.engine.fused import cost_widths
 
     assert [gc.fused_width(k) for k in (2, 4, 8, 16)] == [7, 23, 79, 287]
     assert all(gc.fused_width(k) == cost_widths(k)[-1] for k in range(2, 33))

@@ -119,7 +119,7 @@ def build_decoders(
 def _cost_record(decoder: Decoder) -> dict[str, Any] | None:
     """``fuse_groups=auto``: the pass-cost curve its Decoder measured at start-up and planned every tree with
     (milliseconds by width, and the fitted line), so a row's speed can be read against what auto saw; else None."""
-    from prove.decode.fused import CostCurve
+    from prove.decode.engine.fused import CostCurve
 
     curve = getattr(decoder.proposer, "cost", None)
     if not isinstance(curve, CostCurve):
@@ -572,9 +572,9 @@ def trace_pass(
 
 def pass_cost(model: Any, prompt: Sequence[int], widths: int, context: int, repeats: int) -> dict[str, Any]:
     """Wall time of one pass feeding w tokens (w = 1..``widths``) after ``context`` cached tokens
-    (``prove.decode.fused.measure_pass_cost``: the fused pass's masked path, w = 1 being an AR step); also the
+    (``prove.decode.engine.fused.measure_pass_cost``: the fused pass's masked path, w = 1 being an AR step); also the
     plain ``forward`` for w = 1 (AR's unmasked step), timed in the same rounds, to show the mask's own overhead."""
-    from prove.decode.fused import measure_pass_cost
+    from prove.decode.engine.fused import measure_pass_cost
 
     seq = (list(prompt) * (context // max(len(prompt), 1) + 1))[:context]
     *best, plain = measure_pass_cost(

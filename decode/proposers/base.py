@@ -25,7 +25,7 @@ class Proposal:
     branch: tuple[int, int] | None = None
     """(b, z): a second candidate z for position b (0-based), verified in the same pass as the block
     [y_1..y_b, z, y_{b+2}..y_k] (a block proposal's later tokens do not depend on the earlier ones, so the
-    same tokens follow z). Only the fused prove-lossless cycle proposes one (``prove.decode.fused``)."""
+    same tokens follow z). Only the fused prove-lossless cycle proposes one (``prove.decode.engine.fused``)."""
 
     @property
     def k(self) -> int:

@@ -1,5 +1,5 @@
 """Sync-free twins of the pure rules (``prove.decode.rules.block``, ``.speculative``) for the fast path's device cycle
-(``prove.decode.fast``; docs/design.md §3, "The fast path").
+(``prove.decode.engine.device``; docs/design.md §3, "The fast path").
 
 Each twin computes what its rule decides with tensors only: counts are 0-d long tensors, never Python ints, so
 nothing reads a value back to the host (no ``.item()``, ``.tolist()``, ``nonzero``) and the shapes depend only on

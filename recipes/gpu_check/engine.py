@@ -213,7 +213,7 @@ def graph_curve(model: Any, cfg: CheckConfig, vocab: int) -> dict[int, float]:
     """Median ms of one pass of w tokens on a warm slot cache of ``cache_len`` tokens: a captured CUDA graph
     replayed on CUDA, the same pass eagerly elsewhere."""
     import torch
-    from prove.decode.slot_cache import SlotCache, linear_mask
+    from prove.decode.engine.cache import SlotCache, linear_mask
 
     device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
     widths = sorted(set(cfg.widths))

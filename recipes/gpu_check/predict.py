@@ -39,8 +39,8 @@ def fused_width(k: int) -> int:
     candidate, the widest tree ``fuse=true`` builds — the pending tokens, the K − 1 carried proposals, the second
     candidate and the group after it, and a group of K − 1 placeholders for every acceptance length: at most
     (K + 3)(K − 1) + 2 entries (79 at K = 8, 287 at K = 16), the top of the widths the Decoder itself calibrates
-    ``fuse_groups=auto`` on (``prove.decode.fused.cost_widths``)."""
-    from prove.decode.fused import cost_widths
+    ``fuse_groups=auto`` on (``prove.decode.engine.fused.cost_widths``)."""
+    from prove.decode.engine.fused import cost_widths
 
     return cost_widths(k)[-1]
 

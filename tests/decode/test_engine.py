@@ -8,9 +8,9 @@ import copy
 import pytest
 import torch
 from prove.decode import Decoder
+from prove.decode.engine.cache import linear_mask
 from prove.decode.methods import Method, get_method
 from prove.decode.proposers import Proposal
-from prove.decode.slot_cache import linear_mask
 
 from tests.decode.decode_helpers import hf_generate, mask_ids
 from tests.numerics import assert_caches_match, assert_logits_match

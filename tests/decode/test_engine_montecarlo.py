@@ -5,7 +5,7 @@ The models are toy bigram LMs (``decode_helpers.BigramLM``): the engine, the pro
 rule adapters and the rules run as in production, while the exact distribution of the first tokens is a
 table lookup. The rule-level tests (``test_rules_speculative``) check the rules alone on 10^5 cycles; these
 check that the engine feeds them the right, warped distributions (the draft's and the target's alike). ``fast``:
-the same through the fast path (``prove.decode.fast``: slot caches, the cycle's draws from a device buffer of
+the same through the fast path (``prove.decode.engine.device``: slot caches, the cycle's draws from a device buffer of
 uniforms, the rule's sync-free twin); its prompt has a token before ``PROMPT`` (its draft re-reads the last two),
 which a bigram ignores."""
 

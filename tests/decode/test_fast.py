@@ -1,4 +1,4 @@
-"""The fast path (``prove.decode.fast``) on the CPU (no graphs): the same tokens as transformers' greedy
+"""The fast path (``prove.decode.engine.device``) on the CPU (no graphs): the same tokens as transformers' greedy
 ``generate`` and the same per-cycle stats as the reference loop, the regular cycle under
 ``torch.compile(fullgraph=True)`` with recompiles fatal, and its one-line errors."""
 
@@ -197,7 +197,9 @@ def test_fast_true_refuses_what_it_cannot_serve(make_lm, lm, small, tokenizer, p
     # auto on the CPU: the reference path (the demo's speed is unchanged)
     assert Decoder(lm, tokenizer, method="ar").fast_engine is None
     dec = Decoder(lm, tokenizer, method="ar", fast=True, cache_len=12)
-    with pytest.raises(ValueError, match=r"need 13 KV slots but the fast path allocated 12: .*cache_len=13"):
+    with pytest.raises(
+        ValueError, match=r"need 13 KV slots but the device cycle allocated 12: .*cache_len=13"
+    ):
         dec.generate(prompts[0][:4], max_new_tokens=10)
     assert len(dec.generate(prompts[0][:4], max_new_tokens=9, eos_token_id=[]).token_ids) == 9
     with pytest.raises(ValueError, match="fast='yes': give true, false or auto"):
@@ -273,7 +275,8 @@ def test_the_cache_holds_exactly_the_slots_a_request_writes(case, echo_lm, lm, s
         written = [bool((layer.keys[..., -1, :] != SENTINEL).any()) for c in caches for layer in c.layers]
         assert any(written), f"{case}: slot {need - 1} never written: {need} slots is more than it needs"
     with pytest.raises(
-        ValueError, match=rf"need {need} KV slots but the fast path allocated {need - 1}: .*cache_len={need}"
+        ValueError,
+        match=rf"need {need} KV slots but the device cycle allocated {need - 1}: .*cache_len={need}",
     ):
         build(need - 1).generate(p, max_new_tokens=m, eos_token_id=[])
 
@@ -350,7 +353,7 @@ class CacheLengthPositions(torch.nn.Module):
 def test_self_check_refuses_a_model_the_slot_cache_breaks(lm, tokenizer):
     """The self-check run when a Decoder takes the fast path: fails if a model that ignores position_ids and the
     mask (positions from the cache length) passes it — it would decode wrong on the slot cache."""
-    from prove.decode.fast import self_check
+    from prove.decode.engine.check import self_check
 
     assert self_check(lm) is None
     broken = CacheLengthPositions(lm)
@@ -370,7 +373,7 @@ def test_a_passed_self_check_is_remembered_per_model_and_a_failure_is_not(
     class does, a failure runs again every time, and a torn file is a miss that the next pass rewrites."""
     import copy
 
-    from prove.decode import fast
+    from prove.decode.engine import check as fast
 
     monkeypatch.setenv("PROVE_CACHE_DIR", str(tmp_path))
     runs = []
@@ -418,7 +421,7 @@ class NoHeadNoKeep(torch.nn.Module):
 def test_a_model_without_logits_to_keep_or_a_head_is_checked_and_decodes(lm, tokenizer, prompts, head):
     """Fails if the self-check needs what such a model lacks (it would refuse a model the composed cycle decodes), if
     the composed cycle's tokens differ, or if the device cycle takes the model instead of naming why not."""
-    from prove.decode.fast import self_check
+    from prove.decode.engine.check import self_check
 
     model = NoHeadNoKeep(lm, head=head)
     assert self_check(model) is None

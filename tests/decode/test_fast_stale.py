@@ -14,7 +14,8 @@ import warnings
 
 import pytest
 import torch
-from prove.decode import Decoder, fast
+from prove.decode import Decoder
+from prove.decode.engine import device as fast
 
 from tests.conftest import make_qwen2, redraw
 from tests.decode.decode_helpers import hf_generate, mask_ids
@@ -260,7 +261,7 @@ def test_a_prompt_riding_one_slot_off_fails(models, tokenizer, prompts, monkeypa
 
 
 def test_a_mask_one_slot_too_wide_fails(models, tokenizer, prompts, monkeypatch):
-    from prove.decode import slot_cache
+    from prove.decode.engine import cache as slot_cache
 
     def wide(start, width, view):  # each row also sees the slot after its own
         return slot_cache.linear_see(start + 1, width, view)
@@ -269,7 +270,7 @@ def test_a_mask_one_slot_too_wide_fails(models, tokenizer, prompts, monkeypatch)
 
 
 def test_a_read_past_the_view_fails(models, tokenizer, prompts, monkeypatch):
-    from prove.decode import slot_cache
+    from prove.decode.engine import cache as slot_cache
 
     real = fast.SlotCache.update
 

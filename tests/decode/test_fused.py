@@ -1,4 +1,4 @@
-"""Fused verify-and-draft (``prove.decode.fused``): the tree's positions and mask, G_j = a separate block
+"""Fused verify-and-draft (``prove.decode.engine.fused``): the tree's positions and mask, G_j = a separate block
 pass from the context ending at y_j, output identical to transformers' greedy generate (block sizes, J
 settings, EOS / stop strings / max_new_tokens inside a block), one model pass per cycle, and the KV-cache
 invariant after every cycle."""
@@ -13,7 +13,7 @@ import torch
 from prove.decode import Decoder
 from prove.decode.config import DecodeParams
 from prove.decode.engine import ModelRunner, tree_attention_bias
-from prove.decode.fused import (
+from prove.decode.engine.fused import (
     YIELD_WEIGHT,
     CostCurve,
     FusedBlockProposer,

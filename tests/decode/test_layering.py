@@ -46,3 +46,12 @@ def test_no_decode_source_names_train_in_an_import():
         )
     ]
     assert not offenders
+
+
+def test_decode_keeps_at_most_twelve_top_level_modules_and_the_engine_its_own_package():
+    """docs/design.md §1: the engine lives in ``decode/engine/``; a new top-level module of ``decode/`` (a second loop, a
+    cache beside the engine's) fails here first."""
+    top = sorted(p.name for p in DECODE.glob("*.py"))
+    assert len(top) <= 12, top
+    engine = {p.stem for p in (DECODE / "engine").glob("*.py")}
+    assert {"loop", "runner", "cache", "device", "graphs", "check", "fused"} <= engine

@@ -1,4 +1,4 @@
-"""The static slot cache (``prove.decode.slot_cache``) against transformers' ``DynamicCache`` on the same model:
+"""The static slot cache (``prove.decode.engine.cache``) against transformers' ``DynamicCache`` on the same model:
 linear passes, rejected passes (a length, not a crop), tree passes and the gated copy, with every stale slot
 holding finite garbage."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from prove.decode.engine import tree_attention_bias
-from prove.decode.slot_cache import SlotCache, linear_mask, tree_mask, unsupported_reason
+from prove.decode.engine.cache import SlotCache, linear_mask, tree_mask, unsupported_reason
 from transformers import DynamicCache
 
 from tests.numerics import assert_logits_match, assert_same_function
@@ -140,7 +140,7 @@ def test_unsupported_models_are_named():
     """Fails if a hybrid (linear-attention), dynamic-RoPE or flash-attention model is let onto the slot cache (it
     would decode wrong: flash attention ignores the float mask over the slots), or a sliding-window one is refused or
     given the wrong window kind."""
-    from prove.decode.slot_cache import attention_window
+    from prove.decode.engine.cache import attention_window
     from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
     assert unsupported_reason(Qwen2Config(num_hidden_layers=2)) is None
@@ -166,7 +166,7 @@ def test_grouped_sdpa_equals_sdpa_and_copies_no_kv_head(make_lm, monkeypatch):
     slot mask, and an sdpa model under ``native_gqa`` never repeats its K/V heads (transformers' ``repeat_kv``).
     Fails if the fold pairs a query head with the wrong K/V head, repeats the mask in the wrong order, or if the
     switch does not take (or is not undone)."""
-    from prove.decode.slot_cache import GROUPED_SDPA, grouped_sdpa, native_gqa
+    from prove.decode.engine.cache import GROUPED_SDPA, grouped_sdpa, native_gqa
     from transformers.integrations import sdpa_attention
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 from prove.decode.bench.config import BenchConfig
-from prove.decode.fused import cost_widths
+from prove.decode.engine.fused import cost_widths
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -3,7 +3,7 @@
 A pass's cost is not monotone in its width everywhere. On a CPU the BLAS picks its kernels by the shape of the
 matrix product, so some widths run slower than wider ones: SmolLM2-135M on the 2-core CI machine took 135 ms to
 feed 7 tokens and 100 ms to feed 8 (docs/benchmarks.md). GPU stacks pad for the same reason: vLLM replays the
-CUDA graph of the next captured batch size, and our fast path has fixed widths of its own.
+CUDA graph of the next captured batch size, and our device cycle has fixed widths of its own.
 
 ``pad_plan`` is the pure part: from a pass-cost curve measured at consecutive widths, each width w whose pass costs
 more than a wider one's maps to the cheapest wider width w' (by at least ``PAD_MARGIN``, so timing noise pads
@@ -13,7 +13,7 @@ the cache an unpadded one leaves. Tree passes (the fused verify-and-draft pass) 
 and are never padded.
 
 The Decoder measures the curve once per model (``plan_for``; a few dozen passes) when ``pad_widths=auto`` on the
-reference path. Outputs are the same as unpadded up to floating-point rounding (a wider matrix product may round
+composed cycle. Outputs are the same as unpadded up to floating-point rounding (a wider matrix product may round
 differently, as any batched verification does against AR's one-token passes).
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prove.decode.memo import IdentityMemo
+from prove.decode.engine.memo import IdentityMemo
 
 PAD_MARGIN = 0.05
 """A wider pass is taken only when it costs at least this share less than the narrower one."""
@@ -84,7 +84,7 @@ class PadPlan:
 def plan_for(model: Any, widths: Sequence[int], *, repeats: int = 4) -> PadPlan:
     """``pad_plan`` of ``model``'s linear passes on this device at ``widths``, measured once per model object and
     width set (``fused.measure_pass_cost`` with ``linear=True``)."""
-    from prove.decode.fused import measure_pass_cost
+    from prove.decode.engine.fused import measure_pass_cost
 
     def build() -> PadPlan:
         vocab = model.get_output_embeddings().weight.shape[0]

@@ -1,4 +1,4 @@
-"""The fast path (docs/design.md §3, "The fast path"): a static slot cache, a fixed-width cycle on the device, one
+"""The device cycle (docs/design.md §3, "The device cycle"): a static slot cache, a fixed-width cycle on the device, one
 small record to the host per cycle.
 
 What runs here: ``ar`` and ``sd`` (greedy or sampled), ``prove-lossless`` (unfused and fused), greedy ``prove``,
@@ -9,12 +9,12 @@ argmaxes y_1..y_K, feeds the verification pass ``[last, y_1..y_K]`` over the sam
 simply overwritten), runs the rule's sync-free twin (``rules.twins.greedy_match_twin``), moves ``last`` / ``pos`` on
 by the committed count and writes the record [count, tokens]. An ``ar`` cycle is the same with K = 0 (the
 verification pass alone). A fused cycle (``fused_step``) is one tree pass of K² entries — the carried proposal and,
-after every acceptance length, its group of K − 1 placeholders (``prove.decode.fused`` with ``fuse_groups=all``,
+after every acceptance length, its group of K − 1 placeholders (``prove.decode.engine.fused`` with ``fuse_groups=all``,
 without the second candidate) — whose accepted group becomes the next proposal. A greedy ``sd`` cycle
 (``draft_step``) is the draft model's k passes on its own slot cache (the first over the last two committed tokens,
 so its cache never needs a crop either) and the target's verification pass; greedy ``asd`` is the same cycle with
 ASD's twin (``rules.twins.asd_greedy_twin``), its spent regret a device buffer carried across the request's cycles
-and the gate's K the proposal the reference drafts (up to the draft's first EOS of the request). A sampled ``ar`` /
+and the gate's K the proposal the composed cycle drafts (up to the draft's first EOS of the request). A sampled ``ar`` /
 ``sd`` cycle draws from a buffer of uniforms filled on the device from the Decoder's generator just before the cycle
 (``uniforms``: the draft's k draws by inverse CDF, then the rule's k + 1), warps draft and target alike
 (``rules.speculative.warp_probs``) and runs speculative sampling's twin (``rules.twins.sd_sample_twin``; ar is
@@ -24,8 +24,8 @@ small verifier's pass over [last, y_1..y_K] on its own slot cache, and the θ ru
 (``rules.twins.prove_rule_twin``; no correction token). A ``pard`` cycle (``pard_step``) is the same block pass on
 the draft model (its pending tokens: everything committed since its last pass, up to K + 1) and the target's greedy
 verification, as unfused prove-lossless. The host reads the record (the one sync of a cycle) and applies EOS, stop
-strings and ``max_new_tokens`` with the engine's ``Stopper``, exactly as the reference loop
-(``prove.decode.engine.run``) does; a block that ran past EOS is cut there.
+strings and ``max_new_tokens`` with the engine's ``Stopper``, in the one loop
+(``prove.decode.engine.run``) that runs the composed cycle too; a block that ran past EOS is cut there.
 
 Widths. The regular cycle has fixed widths (K and K + 1; 1 for ar; K² fused; prove 2K − 1 and the verifier's K + 1;
 pard the draft's 2K and K + 1). On CUDA it is captured once as a CUDA graph and replayed; elsewhere the same
@@ -34,28 +34,35 @@ block (greedy ar, prove-lossless fused or not, sd, pard, prove: ``cuts_on_host``
 width, the last ones too: the host cuts what runs past the token budget, which gives the tokens and stats of the
 reference's narrowed last cycle (``run`` says why), and the slots written past the budget are scratch
 (``slots_needed``). Greedy asd (its gate reads the block's K) and sampled cycles (other draws) narrow a cycle to
-the budget as the reference does and run it eagerly on the same slot cache (``Stats.fast['eager_cycles']``).
+the budget as the composed cycle does and run it eagerly on the same slot cache (``Stats.fast['eager_cycles']``).
 Prefill is eager. With graphs (``pipeline``), cycle c + 1 is launched before cycle c's record is read wherever it
 has the regular width and cycle c may leave budget, so the device never waits for the host's stopping work.
 
-Everything else (mars, nsd, sampled prove, ``draft_threshold``, a trace or an ``on_cycle`` hook)
-takes the reference path; ``fast=auto`` chooses this path on CUDA for a model the slot cache serves
-(``slot_cache.unsupported_reason``) after a self-check of the slot cache on the model (``self_check``, remembered
-per model and version: ``checked``).
+Everything else (mars, nsd, sampled prove, ``draft_threshold``, fuse_groups other than all, a trace or an
+``on_cycle`` hook) runs the composed cycle (``prove.decode.engine.loop.ComposedCycle``) in the same loop; which
+methods have a device cycle is the registry's (``Method.twin``, ``why_not``). ``fast=auto`` takes this cycle on CUDA.
 """
 
 from __future__ import annotations
 
 import gc
 import inspect
-import os
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
-from prove.decode.engine import Passes, Stats, Step, Stopper
+from prove.decode.engine.cache import (
+    GROUPED_SDPA,
+    SlotCache,
+    attention_window,
+    bucket,
+    linear_see,
+    pass_mask,
+    unsupported_reason,
+)
+from prove.decode.engine.graphs import Compiled
+from prove.decode.engine.loop import Passes, Stats, Step, Stopper
 from prove.decode.rules.block import leading_true
 from prove.decode.rules.speculative import sample_from_probs, warp_probs
 from prove.decode.rules.twins import (
@@ -65,16 +72,6 @@ from prove.decode.rules.twins import (
     prove_rule_twin,
     sd_sample_twin,
 )
-from prove.decode.slot_cache import (
-    GROUPED_SDPA,
-    SlotCache,
-    attention_window,
-    bucket,
-    linear_see,
-    pass_mask,
-    unsupported_reason,
-)
-from transformers import DynamicCache
 
 DEFAULT_CACHE_LEN = 4096
 """Slots the device cycle allocates first unless ``cache_len`` says otherwise (capped by ``max_position_embeddings``);
@@ -117,7 +114,7 @@ def why_not(method: Any, params: Any, model: Any, second: Any = None) -> str | N
 
 
 class FastEngine:
-    """The fast path for one method on the target model: ``ar`` (``block_size`` 0), ``prove-lossless`` (K;
+    """The device cycle for one method on the target model: ``ar`` (``block_size`` 0), ``prove-lossless`` (K;
     ``fused``), ``sd`` (``draft``; ``block_size`` = its k), ``prove`` (``verifier``, ``theta``), ``pard`` (``draft``,
     ``block_draft``) or greedy ``asd`` (``draft``, ``asd``); ar and sd sample when ``temperature`` > 0 (with
     ``top_k`` / ``top_p``, drawing from ``generator``).
@@ -214,7 +211,7 @@ class FastEngine:
         """The regular cycle runs through ``torch.compile`` (inductor): compiled on its first call (the capture's
         warm-up on CUDA), then captured as is. Other widths (eager cycles) and prefill stay eager."""
         if compile:
-            self._regular = _Compiled(self.step)
+            self._regular = Compiled(self.step)
         self.rule: GreedyTwin = GreedyTwin()
         """The greedy cycles' rule (ar, prove-lossless, greedy sd, pard): greedy matching, or a benchmark's
         (``set_rule``)."""
@@ -258,10 +255,10 @@ class FastEngine:
         """The fused tree of block size K with every group (``fuse_groups=all``, no second candidate): entries
         [c, y_1..y_{K−1}, G_0, …, G_{K−1}], each G_j of K − 1 placeholders, W = K² in all, written at slots
         pos..pos+W−1 in that order, so the chain c, y_1.. sits at slot = position and the groups in scratch slots
-        past it (never kept: the accepted y's are contiguous after the context, as in ``prove.decode.fused``).
+        past it (never kept: the accepted y's are contiguous after the context, as in ``prove.decode.engine.fused``).
         Positions: y_i at pos + i; G_j's placeholder r at pos + 1 + j + r. G_j's row r sees c, y_1..y_j and G_j's
         rows 0..r: the block pass from y_j."""
-        from prove.decode.fused import tree_layout
+        from prove.decode.engine.fused import tree_layout
 
         k = K - 1
         layout = tree_layout(k, [(j, k) for j in range(k + 1)])
@@ -285,7 +282,7 @@ class FastEngine:
 
     def fused_step(self) -> torch.Tensor:
         """One fused cycle: the tree pass verifies the carried proposal and drafts the next one after every
-        acceptance length (``prove.decode.fused``); the rule's twin picks n, and G_n's rows are the next proposal.
+        acceptance length (``prove.decode.engine.fused``); the rule's twin picks n, and G_n's rows are the next proposal.
         The first cycle of a request carries nothing (``have`` = 0): n = 0, the pass's first row is an AR step and
         G_0 drafts. No host sync, fixed width."""
         K, W, S = self.K, self.width, self.cache.view
@@ -353,7 +350,7 @@ class FastEngine:
         """One ``prove`` cycle (greedy): the target's block pass (``_block_pass``: its pending tokens are the
         committed y's) proposes y_1..y_k with p̃_i, the verifier's pass over [last, y_1..y_k] gives q_i, the rule's
         twin commits the leading run of p̃_i·q_i ≥ θ (y_1 always), with no correction token. The verifier's cache is
-        valid below ``pos`` after every cycle (it re-reads the last committed token), as the reference's runner is."""
+        valid below ``pos`` after every cycle (it re-reads the last committed token), as the composed cycle's runner is."""
         K = self.K
         # 1) propose
         conf, y = self._block_pass(k, "model")  # (k,), (k,)
@@ -414,7 +411,7 @@ class FastEngine:
         """One ``pard`` cycle: the draft's block pass (``_block_pass``: its pending tokens are everything committed
         since its last pass, the correction / bonus included, so up to K + 1 of them) proposes y_1..y_k, the target's
         verification pass over [last, y_1..y_k] and the greedy rule's twin commit y_1..y_n and the greedy token. k = 0
-        (the request's last token) runs no draft pass, as the reference proposes nothing: no cycle follows it."""
+        (the request's last token) runs no draft pass, as the composed cycle proposes nothing: no cycle follows it."""
         if k > 0:
             _, y = self._block_pass(k, "draft")  # (k,)
         else:
@@ -508,7 +505,9 @@ class FastEngine:
         y = torch.cat(ys) if ys else self.last[:0]  # (k,)
         chain = torch.cat([self.last, y])  # (k+1,): the tokens at pos..pos+k
         target = self._forward(chain, self.pos, k + 1)  # (k+1, V)
-        if self.asd is not None:  # the proposal the reference drafts ends at its first EOS: K of the gate
+        if (
+            self.asd is not None
+        ):  # the proposal the composed cycle drafts ends at its first EOS: K of the gate
             proposed = (leading_true(~self.is_eos.index_select(0, y)) + 1).clamp(max=k)
             n, extra, spent = asd_greedy_twin(y, target, self.spent, block_size=proposed, **self.asd)
             self.spent.copy_(spent)
@@ -545,7 +544,7 @@ class FastEngine:
             y = torch.softmax(proposal, -1).argmax(-1)  # (k,)
             # 2) verify: [y_1..y_k] at pos + 1.. (the placeholders' K/V overwritten). g_1, the greedy token after
             # last, is the block pass's row 0: the same token at the same slot over the same prefix, the row the
-            # verify pass would recompute (the reference loop's narrower verification, ``ModelRunner._known_row``):
+            # verify pass would recompute (the composed cycle's narrower verification, ``ModelRunner._known_row``):
             # k rows, not k + 1, so both passes of a cycle have the block's width
             greedy = torch.cat([proposal[:1].argmax(-1), self._forward(y, self.pos + 1, k).argmax(-1)])
         else:
@@ -628,7 +627,7 @@ class FastEngine:
 
     def _read(self, launched: tuple[torch.Tensor, Any, int], k: int) -> list[int]:
         """Wait for a launched cycle's record (the cycle's one sync) and return its committed tokens. The pass
-        counters count the cycle as the reference loop runs it, with a block of ``k`` (the budget's block, where a
+        counters count the cycle as the composed cycle runs it, with a block of ``k`` (the budget's block, where a
         regular-width cycle ran in its place: ``run``)."""
         host, event, _ = launched
         if event is not None:
@@ -763,7 +762,7 @@ class FastEngine:
         if need > self.capacity:
             raise ValueError(
                 f"the prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) need {need} KV slots but "
-                f"the fast path allocated {self.capacity}: build the Decoder with cache_len={need} or more, or pass "
+                f"the device cycle allocated {self.capacity}: build the Decoder with cache_len={need} or more, or pass "
                 "fast=false"
             )
 
@@ -771,7 +770,7 @@ class FastEngine:
         """The prompt less its last token into slots 0..P−2 of each model (sd's draft: less its last two, which its
         first pass re-feeds); the last token becomes the pending one. Where views are exact and the model's cycle
         starts with a linear pass (``_forward``: the target's verify or AR pass, sd's draft, prove's verifier) the
-        prompt is queued instead and that pass prepends it, as the reference loop's first pass feeds the whole
+        prompt is queued instead and that pass prepends it, as the composed cycle's first pass feeds the whole
         prompt: one pass a request fewer. A block pass (prove's target, pard's draft) or a tree pass (fused) gets a
         pass of its own."""
         P = len(prompt)
@@ -839,7 +838,7 @@ class FastEngine:
         """One cycle of the request (``engine.run``'s loop calls it with the tokens ``left`` to the budget): launch it (or
         take the one launched ahead), launch the next where the budget allows (``pipeline``), read its record.
 
-        The last cycles. The reference loop narrows a cycle's block to what the token budget allows, k = min(K,
+        The last cycles. The composed cycle narrows a cycle's block to what the token budget allows, k = min(K,
         left − 1) (prove: min(K, left), no correction token). A full-width method (``cuts_on_host``) runs the regular
         cycle of K instead, and the host's ``Stopper`` cuts its record at the budget; the tokens are the same. The
         block pass and the verify pass are causal: the rows y_1..y_k of a k-wide block equal the first k of the
@@ -849,11 +848,11 @@ class FastEngine:
         cycle's n is min(n_K, k) and its tokens are the first min(n_K, k) + 1 (prove: min(n_K, k)) of the full
         cycle's. Where n_K < k both commit the same tokens and the request goes on from the same state; where
         n_K ≥ k the narrow cycle commits k + 1 = left tokens (prove: k = left), the full one at least as many with
-        those first, and the cut at the budget keeps exactly those. The stats count the cycle as the reference
+        those first, and the cut at the budget keeps exactly those. The stats count the cycle as the composed cycle
         runs it: k proposed, min(n_K, k) accepted (capped by what was committed), the passes of a block of k (none
         of the block pass at k = 0). In floating point the usual caveat holds: passes of other widths may take
         other kernels (fp32 is the exactness reference). A fused cycle keeps its tree the same way."""
-        # the block a reference cycle would propose: what the budget allows, less the correction / bonus
+        # the block a composed cycle would propose: what the budget allows, less the correction / bonus
         k = min(self.K, left - self.adds_token)
         # a full-width method runs the regular cycle whatever the budget, and the host cuts (see above)
         width = self.K if self.cuts_on_host else k
@@ -895,164 +894,3 @@ class FastEngine:
             model_s=self.cycle_s - start_s,
         )
         return passes, fast
-
-
-class _Compiled:
-    """``torch.compile(step, fullgraph=True, dynamic=False)`` (inductor) for ``compile=true``. A call returns (record,
-    how many graphs dynamo compiled during it): the first call of a cycle compiles, and a later one that compiles
-    again (a guard that failed: shape or state drift) shows in ``FastEngine.counters['compiles']``. Every engine
-    compiles ``FastEngine.step``, one code object, so dynamo's per-code-object recompile limit (8) would stop
-    compiling after eight methods, widths or models in one process (gpu-check's rows): it is raised around the call."""
-
-    RECOMPILE_LIMIT = 256
-
-    def __init__(self, step: Any) -> None:
-        self.fn = torch.compile(step, fullgraph=True, dynamic=False)
-        self.last_s = 0.0
-
-    def __call__(self, k: int) -> tuple[torch.Tensor, int]:
-        import torch._dynamo as dynamo
-        from torch._dynamo.utils import counters
-
-        before = counters["stats"]["unique_graphs"]
-        t0 = time.perf_counter()
-        limits = {
-            "recompile_limit": self.RECOMPILE_LIMIT,
-            "accumulated_recompile_limit": 4 * self.RECOMPILE_LIMIT,
-        }
-        with dynamo.config.patch(limits):
-            record = self.fn(k)
-        self.last_s = time.perf_counter() - t0
-        return record, counters["stats"]["unique_graphs"] - before
-
-
-CHECKS_FILE = "slot-cache-checks.json"
-"""Where ``checked`` remembers the models that passed ``self_check``: in ``PROVE_CACHE_DIR``, else
-``$XDG_CACHE_HOME/prove``, else ``~/.cache/prove``."""
-
-
-def _checks_path() -> Path:
-    root = os.environ.get("PROVE_CACHE_DIR") or Path(
-        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "prove"
-    )
-    return Path(root) / CHECKS_FILE
-
-
-def check_key(model: Any) -> str:
-    """What a passed self-check holds for: the model's class and config (its path aside), dtype, device type and
-    attention, the torch and transformers versions, and the source of the slot cache and of this module."""
-    import hashlib
-    import json
-
-    import transformers
-    from prove.decode import slot_cache
-
-    config = {
-        k: v for k, v in model.config.to_dict().items() if k not in ("_name_or_path", "transformers_version")
-    }
-    p = next(model.parameters())
-    parts = {
-        "class": f"{type(model).__module__}.{type(model).__qualname__}",
-        "config": config,
-        "attn": getattr(model.config, "_attn_implementation", None),
-        "dtype": str(p.dtype),
-        "device": p.device.type,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "code": [Path(f).read_text() for f in (slot_cache.__file__, __file__)],
-    }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def checked(model: Any) -> str | None:
-    """``self_check``, remembered on this machine: a model whose ``check_key`` passed once is not checked again (the
-    check costs a few passes of the model each time a Decoder is built: ~0.5 s of SmolLM2 on a 2-core CPU). A
-    failure is never remembered; an unreadable or torn file is a miss."""
-    import json
-
-    path = _checks_path()
-    key = check_key(model)
-    try:
-        passed = set(json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
-        passed = set()
-    if key in passed:
-        return None
-    reason = self_check(model)
-    if reason is None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(sorted(passed | {key})))
-            tmp.replace(path)  # whole or not at all
-        except OSError:
-            pass  # a read-only home: the check runs again next time
-    return reason
-
-
-def self_check(model: Any, *, tokens: int = 6, atol: float | None = None) -> str | None:
-    """The slot cache against the model without a cache on a short pass (a prefill, then a pass after a rejected
-    one; outside fp32 ``DynamicCache`` too, to measure how far correct passes lie apart): None if their logits
-    agree, else a one-line reason. transformers may change its cache
-    interface between the 5.x releases this project allows; this catches it when a Decoder is built."""
-    device = next(model.parameters()).device
-    dtype = next(model.parameters()).dtype
-    try:
-        head = model.get_output_embeddings()
-        V = head.weight.shape[0] if head is not None else int(model.config.vocab_size)
-        g = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, V, (2 * tokens,), generator=g).to(device)
-        with torch.no_grad():
-            whole = model(input_ids=ids[None], use_cache=False).logits[0]  # the logits without a cache
-            if (
-                dtype == torch.float32
-            ):  # two correct passes of other widths agree to ~1e-6 here: no need to measure
-                ref_a, ref_b = whole[:tokens], whole[tokens:]
-            else:
-                dyn = DynamicCache(config=model.config)
-                ref_a = model(input_ids=ids[None, :tokens], past_key_values=dyn, use_cache=True).logits[0]
-                ref_b = model(
-                    input_ids=ids[None, tokens:],
-                    position_ids=torch.arange(tokens, 2 * tokens, device=device)[None],
-                    past_key_values=dyn,
-                    use_cache=True,
-                ).logits[0]
-            cache = SlotCache.for_model(model, 4 * tokens)
-            takes_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
-
-            def run(chunk: torch.Tensor, start: int) -> torch.Tensor:
-                pos = torch.arange(start, start + chunk.shape[0], device=device)
-                cache.set_slots(pos)
-                mask = pass_mask(model.config, linear_see(pos[0], chunk.shape[0], cache.capacity), pos, dtype)
-                keep = {"logits_to_keep": chunk.shape[0]} if takes_keep else {}  # as the engine calls it
-                return model(
-                    input_ids=chunk[None],
-                    position_ids=pos[None],
-                    past_key_values=cache,
-                    attention_mask=mask,
-                    use_cache=True,
-                    **keep,
-                ).logits[0]
-
-            got_a = run(ids[:tokens], 0)
-            run(ids.flip(0)[:tokens], tokens)  # a pass that gets rejected: stale slots past the valid length
-            got_b = run(ids[tokens:], tokens)
-    except Exception as err:  # noqa: BLE001 - any failure means: use the reference path
-        return f"the slot cache failed on this model ({type(err).__name__}: {err})"
-    scale = max(float(ref_a.abs().max()), 1.0)
-
-    def gap(a: torch.Tensor, b: torch.Tensor) -> float:
-        return float((a.float() - b.float()).abs().max()) / scale
-
-    # how far two correct passes of other widths (other kernels) lie apart in this dtype (DynamicCache's against
-    # the cacheless pass's) — in bf16 at 32B that alone is several percent of the logits' scale; 0 in fp32
-    noise = max(gap(whole[:tokens], ref_a), gap(whole[tokens:], ref_b))
-    floor = 1e-3 if dtype == torch.float32 else 5e-2
-    tol = atol if atol is not None else max(floor, 4 * noise)
-    diff = max(gap(got_a, ref_a), gap(got_b, ref_b))
-    if not diff <= tol:
-        return (
-            f"the slot cache's logits differ from the model's own (no cache) by {diff:.2e} (relative), over "
-            f"{tol:.2e} allowed (4x the {noise:.2e} two correct passes differ by in {str(dtype).split('.')[-1]})"
-        )
-    return None

@@ -326,7 +326,7 @@ def measure_pass_cost(
     benches on a noisy CPU.
 
     ``linear``: time the plain causal pass instead (``ModelRunner.forward``, no mask: what an unfused cycle runs),
-    for ``prove.decode.padding``."""
+    for ``prove.decode.engine.padding``."""
     if not context:
         raise ValueError("measure_pass_cost needs a context of at least one token")
     runner = ModelRunner(model)

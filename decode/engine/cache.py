@@ -1,4 +1,4 @@
-"""A static KV cache written at explicit slots (docs/design.md §3, "The fast path"): the fast path's cache.
+"""A static KV cache written at explicit slots (docs/design.md §3, "The device cycle"): the device cycle's cache.
 
 ``SlotCache`` is a ``transformers`` ``Cache`` whose layers preallocate their K/V (zeroed) for ``capacity``
 slots and write each pass's new entries at the slots the engine names (``set_slots``), never cropping (``resize`` reallocates it between requests). The engine owns the valid length: rejecting a draft leaves the length where it was, and the next
@@ -11,7 +11,7 @@ not the slots allocated, and the mask hides every slot in the view a row may not
 
 Stale slots never poison a pass: the buffers start zeroed and only ever hold K/V a model computed (finite), a
 masked key gets probability exactly 0, and a pass's padding rows write only to scratch slots past the valid
-length. A tree pass (``prove.decode.fused``) lays its chain out at slot = position; an accepted entry off the
+length. A tree pass (``prove.decode.engine.fused``) lays its chain out at slot = position; an accepted entry off the
 chain is moved into place by ``gated_copy``: a fixed number of (source, destination) slot pairs, each applied
 only where its gate is set, so the copy has one shape whatever was accepted.
 """
@@ -265,7 +265,7 @@ def tree_mask(
 
 
 GROUPED_SDPA = "prove_grouped_sdpa"
-"""The attention implementation the fast path runs an sdpa model's passes under (``grouped_sdpa``)."""
+"""The attention implementation the device cycle runs an sdpa model's passes under (``grouped_sdpa``)."""
 
 
 def grouped_sdpa(
@@ -320,9 +320,15 @@ def _register_grouped_sdpa() -> None:
 @contextmanager
 def native_gqa(*models: Any) -> Iterator[None]:
     """Run the ``models`` whose attention is sdpa under ``grouped_sdpa`` inside the block (transformers' own hook:
-    a registered attention implementation), and put sdpa back after it. Eager models are left as they are."""
+    a registered attention implementation), and put sdpa back after it. Eager models, and models whose every query
+    head has a K/V head of its own (nothing to fold: the wrapper would only cost a call a layer), are left as they
+    are."""
     _register_grouped_sdpa()
-    switched = [m.config for m in models if getattr(m.config, "_attn_implementation", None) == "sdpa"]
+    switched = [
+        m.config
+        for m in models
+        if getattr(m.config, "_attn_implementation", None) == "sdpa" and _grouped(m.config)
+    ]
     for cfg in switched:
         cfg._attn_implementation = GROUPED_SDPA
     try:
@@ -330,6 +336,13 @@ def native_gqa(*models: Any) -> Iterator[None]:
     finally:
         for cfg in switched:
             cfg._attn_implementation = "sdpa"
+
+
+def _grouped(config: Any) -> bool:
+    """Whether the model shares K/V heads between query heads (grouped-query attention)."""
+    heads = getattr(config, "num_attention_heads", None)
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    return bool(heads and kv and heads != kv)
 
 
 def unsupported_reason(config: Any) -> str | None:
