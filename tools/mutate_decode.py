@@ -18,9 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RULES = ["tests/decode/test_rules_speculative.py", "tests/decode/test_rules_block.py"]
 HARD = ["tests/decode/test_hardening.py"]
 MC = ["tests/decode/test_engine_montecarlo.py"]
-ENGINE = ["tests/decode/test_engine.py", "tests/decode/test_draft.py"]
-FUSED = ["tests/decode/test_fused.py"]
-PAD = ["tests/decode/test_padding.py"]
+ENGINE = ["tests/decode/engine/test_engine.py", "tests/decode/test_draft.py"]
+FUSED = ["tests/decode/engine/test_fused.py"]
+PAD = ["tests/decode/engine/test_padding.py"]
 
 # (name, file, original text, mutated text, test files): one mutant a line, so the table reads as one
 # fmt: off

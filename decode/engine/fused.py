@@ -22,7 +22,7 @@ for the m_j tokens after g_{j+1}, made with g_{j+1}'s position held by a placeho
 situation the proposer was trained for (the block's first slot is a placeholder too). When the rule
 accepts n tokens and commits the correction / bonus g_{n+1} at position L+n, G_n's outputs are the next
 cycle's proposal, whatever token was committed there (that position is masked), so the next cycle is
-again a single pass. ``tests/decode/test_fused.py`` checks this equivalence against separate block passes.
+again a single pass. ``tests/decode/engine/test_fused.py`` checks this equivalence against separate block passes.
 
 Layout and the KV cache. The y's come first and all groups after them, so the entries of the accepted
 y_1..y_n are contiguous right after the context and cropping stays contiguous; ``ModelRunner.forward_tree``

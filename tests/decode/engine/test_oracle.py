@@ -14,7 +14,7 @@ import pytest
 from prove.decode import Decoder
 from prove.decode.methods import get_method
 
-from tests.decode.test_fast_stale import build
+from tests.decode.engine.test_fast_stale import build
 from tests.oracle import oracle
 
 FAMILIES = ["qwen2-eager", "qwen2-sdpa", "llama-tied", "qwen3"]

@@ -29,7 +29,7 @@ from prove.decode.engine.fused import (
 from prove.decode.methods import get_method
 
 from tests.decode.decode_helpers import hf_generate, mask_ids
-from tests.decode.test_engine import _check_cache
+from tests.decode.engine.test_engine import _check_cache
 from tests.numerics import assert_logits_match
 
 pytestmark = pytest.mark.filterwarnings("ignore:checkpoint .* records no trained block size")
