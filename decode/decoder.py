@@ -88,13 +88,17 @@ class Decoder:
     ``fuse=True`` (block proposals the model verifies itself) makes each cycle one model pass: the
     verification pass also drafts the next block (``prove.decode.engine.fused``; ``fuse_groups="auto"``, "all" or m).
 
-    ``fast`` (``True``, ``False``, ``"auto"``; default auto) runs ``ar``, ``prove-lossless`` (fused or not),
-    ``sd`` (greedy or sampled), greedy ``prove``, ``pard`` and ``asd`` on the device cycle (``prove.decode.engine.device``: a
-    static slot cache, CUDA graphs on CUDA); auto takes it on CUDA only, and only after the slot cache agreed with
-    ``DynamicCache`` on this model. Its cache starts at min(max_position_embeddings, 4096) slots and grows when a
-    request needs more; ``cache_len`` fixes it (a request it cannot hold then takes the composed cycle under auto,
-    and is refused under ``fast=True``). A pass attends only the slots in use, whatever the allocation. Greedy
-    tokens are the same either way; sampled ones follow the same distribution from other draws.
+    Every decode runs through one loop (``prove.decode.engine.run``) on slot caches, by one of two kinds of cycle: the
+    composed cycle (the method's proposer, verifier and pure rule; every method and setting) or the device cycle
+    (``prove.decode.engine.device``: the rule's sync-free twin, CUDA graphs on CUDA), for the methods whose registry
+    entry names a twin — ``ar``, ``prove-lossless`` (unfused, or fused with ``fuse_groups="all"``), ``sd`` (greedy or
+    sampled), greedy ``prove``, ``pard`` and greedy ``asd``. ``fast`` (``True``, ``False``, ``"auto"``; default auto)
+    picks: auto takes the device cycle on CUDA where it applies, True wherever it applies (an error naming why not
+    elsewhere), False never. Every model is checked against its own cacheless pass when the Decoder is built (once per
+    machine and version). The device cycle's cache starts at min(max_position_embeddings, 4096) slots and grows when
+    a request needs more; ``cache_len`` fixes it (a request it cannot hold then takes the composed cycle under auto,
+    and is refused under ``fast=True``). A pass attends only the slots in use, whatever the allocation. Greedy tokens
+    are the same either way; sampled ones follow the same distribution from other draws.
 
     ``compile=True`` (with the device cycle) runs its regular cycle through ``torch.compile`` (inductor) before the CUDA
     graph is captured: fewer, fused kernels a pass, for a compile when the Decoder first decodes.

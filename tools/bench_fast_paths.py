@@ -1,7 +1,8 @@
-"""One checkpoint's methods on our engine's three ways of running a cycle, in one process: the reference loop
-(``fast=false``), the fast path (``fast=true``: slot cache, fixed-width cycle) and the fast path compiled
-(``fast=true compile=true``: the cycle through inductor). Tokens/s over the same prompts, the fastest of
-``--repeats`` passes over them, and whether each row's tokens equal the reference loop's (exit 1 if not).
+"""One checkpoint's methods on our engine's three ways of running a cycle, in one process: the composed cycle
+(``fast=false``, the path named ``reference``), the device cycle (``fast=true``, ``fast``: the rule's twin, a
+fixed-width cycle) and the device cycle compiled (``fast=true compile=true``, ``compiled``: the cycle through
+inductor); all on the slot cache. Tokens/s over the same prompts, the fastest of
+``--repeats`` passes over them, and whether each row's tokens equal the first row's (exit 1 if not).
 
     .venv/bin/python tools/bench_fast_paths.py --model runs/smollm2-r5/round-5/mars \\
         --prompts runs/data/smollm2-mix/test.jsonl --chat

@@ -65,8 +65,11 @@ class ModelRunner:
         """The last linear pass's logits (rows, V) and the prefix length its row 0 follows: row j predicts the
         token after ``fed[:start + j]`` (``_known_row``)."""
         self._unmaskable = attention_window(self.model.config)[0] is None
-        """A one-row pass at the last slot in use sees every slot: it runs with no mask (transformers then builds
-        none, or the causal one, which is the same; sdpa's unmasked kernel is the cheaper one on a CPU)."""
+        """A linear pass of a model without a sliding window runs with no mask of ours: its view is exactly the valid
+        prefix (at slot = position) and its own rows, the cache reports the prefix as its length and the view as its
+        mask size, so the causal mask transformers builds from them (or none: a one-row pass, sdpa's cheaper kernel)
+        is exactly the one the pass needs — what it built over a ``DynamicCache``. A sliding model's window is ours
+        (``pass_mask`` in position space)."""
 
     @property
     def cached(self) -> int:
@@ -210,8 +213,8 @@ class ModelRunner:
         slots = torch.arange(start, end, device=device)
         if tree is None:
             positions = slots
-            if width == 1 and self._unmaskable:
-                mask = None  # one row that sees every slot (``_unmaskable``)
+            if self._unmaskable:
+                mask = None  # causal over exactly the slots in use: transformers' own mask (``_unmaskable``)
             else:
                 mask = pass_mask(self.model.config, linear_see(slots[0], width, end), positions, self.dtype)
         else:
