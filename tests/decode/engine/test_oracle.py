@@ -97,3 +97,28 @@ def test_every_method_on_both_cycles_equals_the_oracle(models, family, K, case, 
             assert (out.stats.fast is not None) == (d.fast_engine is not None), (
                 "the cycle kind asked for did not run"
             )
+
+
+WINDOW = 6
+"""A window the 70-token prompt outruns many times over, wider than a block (K = 4)."""
+
+
+@pytest.mark.parametrize("case", ["ar", "prove-lossless", "fused-2", "mars"])
+@pytest.mark.parametrize("kind", ["qwen2", "mistral"])
+def test_the_composed_cycle_applies_a_sliding_window(kind, case, tokenizer, prompts):
+    """A context many times the window (``WINDOW``) on the composed cycle, linear and tree passes: fails if its runner
+    drops the window or applies it to a mixed model's full-attention layers, against the cacheless oracle
+    (transformers applies the window itself)."""
+    from tests.decode.engine.test_fast_stale import build_sliding
+
+    target = build_sliding(kind, len(tokenizer), window=WINDOW)
+    kw = dict(CASES[case][0], block_size=4) if case != "ar" else {"method": "ar"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "records no trained block size"
+        dec = Decoder(target, tokenizer, fast=False, **kw)
+    _, name, params = CASES[case]
+    p = prompts[3]  # 70 tokens
+    want = oracle(
+        name, target, p, N, K=4, mask_id=dec.models.mask_token_id, allowed=dec.models.allowed, **params
+    )
+    assert dec.generate(p, max_new_tokens=N, eos_token_id=[]).token_ids == want
