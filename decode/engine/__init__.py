@@ -1,6 +1,6 @@
 """The decode engine (docs/design.md §3): one loop (``loop``) over two kinds of cycle — the composed cycle of a
 method's proposer, verifier and pure rule on ``ModelRunner``s (``runner``), and the device cycle of its rule twin
-(``device``; compiled: ``graphs``) — all on the slot cache (``cache``, checked on each model by ``check``); the fused
+(``device``, its cycles by kind ``cycles``; compiled: ``graphs``) — all on the slot cache (``cache``, checked on each model by ``check``); the fused
 verify-and-draft cycle (``fused``) and padded passes (``padding``)."""
 
 from prove.decode.engine.loop import (

@@ -92,7 +92,7 @@ def _trainer_loss(model, batch, k, tmp_path):
     trainer = MarsTrainer(model=model, args=args, mask_token_id=MASK, block_size=k)
     with torch.no_grad():
         loss = trainer.compute_loss(model, dict(batch))
-    (mask,) = trainer._masks.values()
+    (mask,) = trainer.step._masks.values()  # the masks the step kept for this batch layout
     return loss, type(mask).__name__
 
 

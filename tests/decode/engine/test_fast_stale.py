@@ -15,6 +15,7 @@ import warnings
 import pytest
 import torch
 from prove.decode import Decoder
+from prove.decode.engine import cycles
 from prove.decode.engine import device as fast
 
 from tests.conftest import make_qwen2, redraw
@@ -266,7 +267,7 @@ def test_a_mask_one_slot_too_wide_fails(models, tokenizer, prompts, monkeypatch)
     def wide(start, width, view):  # each row also sees the slot after its own
         return slot_cache.linear_see(start + 1, width, view)
 
-    assert _fails(models, tokenizer, prompts, lambda: monkeypatch.setattr(fast, "linear_see", wide))
+    assert _fails(models, tokenizer, prompts, lambda: monkeypatch.setattr(cycles, "linear_see", wide))
 
 
 def test_a_read_past_the_view_fails(models, tokenizer, prompts, monkeypatch):
@@ -281,6 +282,6 @@ def test_a_read_past_the_view_fails(models, tokenizer, prompts, monkeypatch):
 
     def mutate():
         monkeypatch.setattr(fast.SlotCache, "update", whole)
-        monkeypatch.setattr(fast, "linear_see", lambda s, w, _view: slot_cache.linear_see(s, w, 1024))
+        monkeypatch.setattr(cycles, "linear_see", lambda s, w, _view: slot_cache.linear_see(s, w, 1024))
 
     assert _fails(models, tokenizer, prompts, mutate)
