@@ -104,11 +104,11 @@ test-fast: install ## the suite without tests marked slow
 	$(OFFLINE) $(PY) -m pytest -q -m "not slow" tests
 
 lint: install ## ruff (rules and formatting) over the packages and tests
-	$(VENV)/bin/ruff check decode train data recipes tests tools
-	$(VENV)/bin/ruff format --check decode train data recipes tests tools
+	$(VENV)/bin/ruff check common decode train data recipes tests tools
+	$(VENV)/bin/ruff format --check common decode train data recipes tests tools
 
 typecheck: install ## mypy over the packages and the recipe drivers
-	$(VENV)/bin/mypy decode train data recipes
+	$(VENV)/bin/mypy common decode train data recipes
 
 # prove-train launcher (docs/training.md): the deepspeed launcher with a HOSTFILE (started from one node; ssh to
 # all), torchrun for several processes (run on each node with its NODE_RANK), else one plain process (CPU, 1 GPU).
@@ -152,18 +152,18 @@ train-verifier: install ## distil the verifier on the proposer's outputs: [verif
 	$(if $(VERIFIER_SFT),$(TRAIN_ENV) $(TRAIN_LAUNCH) recipe=$(RECIPE) stage=sft stage.role=verifier $(ARGS))
 	$(TRAIN_ENV) $(TRAIN_LAUNCH) recipe=$(RECIPE) stage=distill $(ARGS)
 
-# make train: the recipe's `steps` (its own list; `python -m prove.train.steps recipe=<recipe>` prints them, with the
+# make train: the recipe's `steps` (its own list; `python -m prove.train.recipe recipe=<recipe>` prints them, with the
 # on-policy rounds written out), one prove-train run each, in order: tiny sft -> mars -> verifier sft -> distill;
 # smollm2-135m (after install-real and its prompts) self-distill -> mars -> round r's relabel -> mars, r = 2..rounds.count
 # -> the verifier's distill. A rerun skips each finished stage and resumes the unfinished one (as train-proposer).
 # ARGS reach every run and the step list (ARGS="rounds.count=6" adds a round).
 REAL_PROMPTS ?= runs/data/smollm2-mix
-TRAIN_STEPS = $(shell $(PY) -m prove.train.steps recipe=$(RECIPE) --joiner '^' $(ARGS))
+TRAIN_STEPS = $(shell $(PY) -m prove.train.recipe recipe=$(RECIPE) --joiner '^' $(ARGS))
 TRAIN_NEEDS_smollm2-135m = install-real $(REAL_PROMPTS)/train.jsonl
 CHAT_PROMPTS ?= runs/data/smollm2-chat
 TRAIN_NEEDS_smollm2-chat = install-real $(CHAT_PROMPTS)/train.jsonl
 train: install $(TRAIN_NEEDS_$(RECIPE)) ## the recipe's whole training pipeline, in order (its `steps`: proposer, on-policy rounds, verifier) (RECIPE, ARGS, launch variables)
-	$(foreach step,$(or $(TRAIN_STEPS),$(error make train: no steps for RECIPE=$(RECIPE): see python -m prove.train.steps's error above)),$(TRAIN_ENV) $(TRAIN_LAUNCH) recipe=$(RECIPE) $(subst ^, ,$(step)) $(ARGS)$(newline))
+	$(foreach step,$(or $(TRAIN_STEPS),$(error make train: no steps for RECIPE=$(RECIPE): see python -m prove.train.recipe's error above)),$(TRAIN_ENV) $(TRAIN_LAUNCH) recipe=$(RECIPE) $(subst ^, ,$(step)) $(ARGS)$(newline))
 
 # The prompts of recipes/smollm2-135m.yaml: 4,000 generated prompts of two kinds (its training set: 2,000 for
 # self-distillation, 400 a later round) and 100 held out of each (test-<kind>.jsonl, make bench-real's). Made once.
@@ -215,7 +215,7 @@ bench: install ## speedup, tokens/cycle, agreement with AR, accuracy, plots of e
 
 # make bench-real: the bench of recipes/smollm2-135m.yaml once its steps have run: ar, mars, prove over a θ sweep,
 # prove-lossless unfused and fused, on the first REAL_N held-out prompts of each kind -> $(REAL_OUT)/<kind>.
-# REAL_MODEL: the proposer benched (the last on-policy round's: python -m prove.train.steps --proposer; another
+# REAL_MODEL: the proposer benched (the last on-policy round's: python -m prove.train.recipe --proposer; another
 # round's, e.g. REAL_MODEL=runs/smollm2-135m/mars for round 1). REAL_BASE scores every row's output (its quality
 # section: log-likelihood under the base SmolLM2 relative to AR's output, token agreement, length, distinct-n).
 # The prove rows need step 3's verifier (REAL_VERIFIER): without its prove.json they are left out and the verifier
@@ -223,8 +223,8 @@ bench: install ## speedup, tokens/cycle, agreement with AR, accuracy, plots of e
 # follows it: prove's θ sweep only where prove is named). 256 new tokens reach the answers (responses average ~130).
 # ARGS adds any key, e.g. ARGS="backend=vllm vllm_methods=[ar,prove-lossless] vllm_concurrency=[1,6]".
 REAL_RUN ?= runs/smollm2-135m
-REAL_MODEL ?= $(shell $(PY) -m prove.train.steps recipe=smollm2-135m run_dir=$(REAL_RUN) --proposer)
-REAL_BASE ?= $(shell $(PY) -m prove.train.steps recipe=smollm2-135m --base)
+REAL_MODEL ?= $(shell $(PY) -m prove.train.recipe recipe=smollm2-135m run_dir=$(REAL_RUN) --proposer)
+REAL_BASE ?= $(shell $(PY) -m prove.train.recipe recipe=smollm2-135m --base)
 REAL_OUT ?= outputs/smollm2-135m
 REAL_KINDS ?= arithmetic lists
 REAL_N ?= 30
@@ -276,7 +276,7 @@ GPU_CHECK_ARGS ?=
 GPU_CHECK_PKG := outputs/.gpu-check-pkg
 .PHONY: gpu-check
 gpu-check: ## prove the GPU path and measure the pass cost curve + predicted speedups -> outputs/gpu-check (GPU_CHECK_ARGS)
-	@mkdir -p $(GPU_CHECK_PKG)/prove && for p in decode train data recipes; do ln -sfn $(CURDIR)/$$p $(GPU_CHECK_PKG)/prove/$$p; done
+	@mkdir -p $(GPU_CHECK_PKG)/prove && for p in common decode train data recipes; do ln -sfn $(CURDIR)/$$p $(GPU_CHECK_PKG)/prove/$$p; done
 	PYTHONPATH=$(GPU_CHECK_PKG)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_CHECK_PY) -m prove.recipes.gpu_check $(GPU_CHECK_ARGS)
 
 # make serve: vLLM's OpenAI-compatible server (/v1/completions, /v1/chat/completions) for a method vLLM runs — ar,

@@ -1,6 +1,6 @@
 """prove.data — chat datasets (Dolci schema) and the tiny task.
 
-- ``load``: :func:`~prove.data.load.load_chat_dataset` (hub id, JSONL / JSON / parquet, globs, folders, save_to_disk)
+- ``conversations``: :func:`~prove.data.conversations.load_chat_dataset` (hub id, JSONL / JSON / parquet, globs, folders, save_to_disk)
 - ``chat``: :func:`~prove.data.chat.tokenize_conversation` (docs/design.md §2.1 ids / labels), row validation, ``SkipReport``
 - ``build``: :func:`~prove.data.build.build_tokenized_dataset` (``datasets.map`` over a whole dataset)
 - ``synthetic``: the arithmetic word-problem task of docs/design.md §5, task mixtures, the answer checker, the CLI

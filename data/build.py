@@ -26,7 +26,7 @@ def build_tokenized_dataset(
     """Tokenize every conversation of ``dataset``; returns ``(tokenized dataset, report)``.
 
     Args:
-        dataset: rows in the Dolci schema (see :func:`prove.data.load.load_chat_dataset`).
+        dataset: rows in the Dolci schema (see :func:`prove.data.conversations.load_chat_dataset`).
         tokenizer: a tokenizer with a chat template (:func:`prove.data.chat.ensure_chat_template`).
         max_len: longest example kept; longer ones are right-truncated, and a prompt this long drops the row.
         num_proc: worker processes for ``datasets.map``.

@@ -9,12 +9,12 @@ Every key of ``prove.decode.config.DecodeConfig`` is overridable; ``method=NAME`
 
 from __future__ import annotations
 
+from prove.common.errors import hydra_cli
 from prove.decode.config import DecodeConfig, register_configs
-from prove.decode.errors import hydra_cli
 
 
 def run(config: DecodeConfig) -> None:
-    from prove.decode.prompts import run as decode_file
+    from prove.decode.records import run as decode_file
 
     print(decode_file(config))
 

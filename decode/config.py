@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from prove.common.schema import schema_node
 from prove.data.loading import DTYPES as DTYPES  # one home of the dtype names (decode, bench, eval, train)
 from prove.data.loading import check_dtype
 
@@ -335,27 +336,6 @@ def parse_pad_widths(value: Any) -> str:
     if value is False or (isinstance(value, str) and value.lower() in ("off", "false")):
         return "off"
     raise ValueError(f"pad_widths={value!r}: give auto or off")
-
-
-def schema_node(cls: type) -> Any:
-    """``cls``'s structured config for Hydra's ConfigStore, every ``engine_args`` in it (vLLM's free-form engine
-    arguments, ``VllmOptions.engine_args``) open to new keys: ``vllm.engine_args.KEY=VALUE`` composes as written,
-    with or without Hydra's ``+`` (under struct mode an empty typed dict refuses a key it lacks). Every other key of
-    the schema stays closed: a misspelt one still fails."""
-    from omegaconf import DictConfig, OmegaConf
-
-    def walk(node: DictConfig) -> None:
-        for key in node.keys():
-            child = node._get_node(key)
-            if isinstance(child, DictConfig):
-                if key == "engine_args":
-                    OmegaConf.set_struct(child, False)
-                else:
-                    walk(child)
-
-    root = OmegaConf.structured(cls)
-    walk(root)
-    return root
 
 
 def register_configs() -> None:

@@ -18,9 +18,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
-from prove.data import loading
-from prove.decode import engine
-from prove.decode.checkpoint import (
+from prove.common.checkpoint import (
     MASK_TOKEN,
     ProveMeta,
     find_mask_token_id,
@@ -28,6 +26,8 @@ from prove.decode.checkpoint import (
     resolve_block_size,
     vocab_difference,
 )
+from prove.data import loading
+from prove.decode import engine
 from prove.decode.config import DecodeParams
 from prove.decode.engine import CycleEvent, ModelRunner, Models, Stats, Stopper
 from prove.decode.methods import Method, resolve_params

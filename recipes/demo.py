@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from prove.decode.checkpoint import read_prove_json
+from prove.common.checkpoint import read_prove_json
 
 RECIPE = "tiny"
 METHODS = ("ar", "mars", "prove", "prove-lossless", "sd", "nsd", "asd")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MAPPING = {
+    "common": "prove.common",
     "decode": "prove.decode",
     "train": "prove.train",
     "data": "prove.data",

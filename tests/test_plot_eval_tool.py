@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from prove.decode.checkpoint import ProveMeta, write_prove_json
+from prove.common.checkpoint import ProveMeta, write_prove_json
 
 from tests.tools_helpers import load_tool
 

@@ -12,7 +12,7 @@ parameters) on the same batches and the same initial weights:
 - ``plain``: ``model(input_ids, attention_mask, labels)``, transformers' own causal-LM loss on the answer (the rows
   as stage sft collates them, no block padding);
 - ``mars``: the trainer's step (``MarsTrainer.compute_loss``) without a Trainer, the same
-  ``prove.train.step.MarsStep``: ``trimmed_inputs`` (the noisy blocks from (P − 1) // K on), the attention ``stage.attention`` picks
+  ``prove.train.mars_step.MarsStep``: ``trimmed_inputs`` (the noisy blocks from (P − 1) // K on), the attention ``stage.attention`` picks
   (``mars_attention_impl``: by default the block attention of ``prove.train.attention`` under sdpa) and its
   ``trimmed_attention_mask``, ``final_hidden`` (the input embedding from ``target_embedding``), then the head
   (``target_head``: the ``<|mask|>`` row's gradient its own row's) and the cross-entropy at the targets only
@@ -309,10 +309,10 @@ def plain_loss(model: Any, batch: dict[str, Any], cfg: Any, mask_id: int) -> tup
 
 
 def mars_loss_now(model: Any, batch: dict[str, Any], cfg: Any, mask_id: int) -> tuple[Any, int, int]:
-    """``MarsTrainer.compute_loss`` without the Trainer: the same :class:`prove.train.step.MarsStep` (no accelerator
+    """``MarsTrainer.compute_loss`` without the Trainer: the same :class:`prove.train.mars_step.MarsStep` (no accelerator
     wrapper: ``model`` is its own unwrapped model; the mask built every step), ``stage.depth_decay``'s weights
     included: ``(loss, tokens fed, targets)``."""
-    from prove.train.step import MarsStep
+    from prove.train.mars_step import MarsStep
 
     step = MarsStep.for_model(
         model, cfg.stage.attention, mask_id, cfg.stage.block_size,

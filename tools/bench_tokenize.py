@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from prove.data.build import build_tokenized_dataset
-    from prove.data.load import load_chat_dataset
+    from prove.data.conversations import load_chat_dataset
     from prove.data.tokenizer import train_chatml_bpe
 
     out = Path(args.out)

@@ -20,7 +20,7 @@ from typing import Any
 
 def history(run: Path) -> tuple[list[dict[str, Any]], int | None]:
     """``(eval logs, trained K)`` of a stage folder: prove.json's eval history, else its newest checkpoint's."""
-    from prove.decode.checkpoint import read_prove_json
+    from prove.common.checkpoint import read_prove_json
 
     meta = read_prove_json(run)
     if meta is not None:

@@ -28,7 +28,7 @@ Output layout (``run_dir = runs/<run_name>``, ``output_dir = <run_dir>/<stage>``
 Layout: :mod:`~prove.train.pipeline` runs the same steps for every stage and asks the stage's unit
 (:mod:`~prove.train.stages`: sft, mars, distill behind one interface, in a registry) what differs — pre-training
 work, dataset, collator, trainer, the prove.json fields. Pure parts (:mod:`~prove.train.masks`,
-:mod:`~prove.train.losses`, :mod:`~prove.train.collate`) import only torch; :mod:`~prove.train.step` composes
+:mod:`~prove.train.losses`, :mod:`~prove.train.collate`) import only torch; :mod:`~prove.train.mars_step` composes
 the MARS step from them once (torch and transformers only: the trainer, ``tools/bench_mars_step.py`` and
 ``make gpu-check`` run it); the Trainer subclasses (:mod:`~prove.train.trainer`) override ``compute_loss`` and
 ``log``; :mod:`~prove.train.modeling` builds the model

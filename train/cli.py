@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
-from prove.decode.errors import exit_on_sigterm, exit_on_user_error, reject_unknown_keys
+from prove.common.errors import exit_on_sigterm, exit_on_user_error, reject_unknown_keys
 from prove.train.config import TrainConfig, register_configs
 
 register_configs()

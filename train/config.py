@@ -18,9 +18,10 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
+from prove.common.schema import schema_node
 from prove.data.gguf import is_gguf, locate, package_file
 from prove.data.loading import MASK_TOKEN, check_dtype
-from prove.decode.config import BACKENDS, VllmOptions, schema_node
+from prove.decode.config import BACKENDS, VllmOptions
 
 
 class _Choice(str, Enum):  # noqa: UP042 - StrEnum formats and reprs otherwise; OmegaConf reads these
@@ -497,7 +498,7 @@ class TrainConfig:
     """The round this run trains: 1 = the recipe's stages as written; r ≥ 2 = round r's relabelling
     (``stage=distill stage.role=proposer``) or MARS (``stage=mars``), in ``<run_dir>/round-r`` (:mod:`prove.train.rounds`)."""
     steps: list[str] = field(default_factory=lambda: ["stage=sft", "stage=mars", "stage=distill"])
-    """``make train``'s prove-train runs, in order (``python -m prove.train.steps``): each the overrides of one
+    """``make train``'s prove-train runs, in order (``python -m prove.train.recipe``): each the overrides of one
     run; a run of consecutive entries holding ``{round}`` repeats for each round 2..``rounds.count``."""
 
     run_name: str = "default"

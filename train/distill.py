@@ -62,10 +62,10 @@ from typing import TYPE_CHECKING, Any
 import datasets
 import torch
 import torch.distributed as dist
+from prove.common.checkpoint import read_prove_json
 from prove.data import loading
 from prove.data.chat import IGNORE_INDEX
 from prove.decode import Decoder
-from prove.decode.checkpoint import read_prove_json
 from prove.decode.methods import get_method
 from prove.train import distill_vllm
 from prove.train.distill_prompts import GENERATION_JSON as GENERATION_JSON

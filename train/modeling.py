@@ -9,16 +9,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from peft import LoraConfig, get_peft_model
+from prove.common.checkpoint import read_prove_json
 from prove.data import loading
 from prove.data.chat import ensure_chat_template
 from prove.data.loading import load_tokenizer
 from prove.data.tokenizer import build_tiny_tokenizer
-from prove.decode.checkpoint import read_prove_json
-from prove.train.rows import load_rows
 
-# re-exported: they moved to prove.train.step (the GPU check runs them without peft)
-from prove.train.step import target_embedding as target_embedding
-from prove.train.step import target_head as target_head
+# re-exported: they moved to prove.train.mars_step (the GPU check runs them without peft)
+from prove.train.mars_step import target_embedding as target_embedding
+from prove.train.mars_step import target_head as target_head
+from prove.train.rows import load_rows
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
 
 if TYPE_CHECKING:

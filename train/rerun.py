@@ -37,7 +37,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from prove.decode.checkpoint import read_prove_json
+from prove.common.checkpoint import read_prove_json
 from prove.train.config import Stage, TrainConfig, config_dict
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prove.data.build import build_tokenized_dataset
-from prove.data.load import load_chat_dataset
+from prove.data.conversations import load_chat_dataset
 from prove.data.synthetic import main as write_synthetic
 from prove.train.universal import wait_for
 

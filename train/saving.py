@@ -10,8 +10,8 @@ from typing import Any, cast
 
 import torch
 from peft import PeftModel
+from prove.common.checkpoint import ProveMeta, read_prove_json, write_prove_json
 from prove.data.loading import load_model
-from prove.decode.checkpoint import ProveMeta, read_prove_json, write_prove_json
 from prove.train.config import PeftKind, TrainConfig, config_dict
 from prove.train.modeling import embedding_rows, start_source
 from prove.train.stages import StageUnit

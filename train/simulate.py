@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="outputs/simulate/result.json")
     args = p.parse_args(argv)
 
-    from prove.decode.checkpoint import read_prove_json
+    from prove.common.checkpoint import read_prove_json
 
     meta = read_prove_json(args.model)
     if meta is None or not meta.block_size:

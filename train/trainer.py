@@ -14,7 +14,7 @@ from prove.decode.engine import end_of_turn_ids
 from prove.train import universal
 from prove.train.acceptance import AcceptanceSums, allowed_argmax, block_acceptance
 from prove.train.losses import distill_loss
-from prove.train.step import MarsStep, target_head
+from prove.train.mars_step import MarsStep, target_head
 from transformers import Trainer, TrainerCallback
 
 log = logging.getLogger(__name__)
@@ -54,14 +54,14 @@ class MarsTrainer(TermLogTrainer):
     """Trains an ordinary causal LM to fill K placeholders in one pass.
 
     Batches hold ``input_ids`` / ``labels`` / ``attention_mask`` ``(B, L)`` with each example a multiple of K long
-    (:class:`prove.train.collate.Collator`). ``compute_loss`` is :meth:`prove.train.step.MarsStep.loss` (the step
+    (:class:`prove.train.collate.Collator`). ``compute_loss`` is :meth:`prove.train.mars_step.MarsStep.loss` (the step
     composed once for it, ``tools/bench_mars_step.py`` and ``make gpu-check``): it turns them into
     ``[noisy | clean]`` without the noisy blocks before ``(P − 1) // K`` (:func:`prove.train.masks.trimmed_inputs`: they hold
     no target and nothing reads them), builds each example's block attention as ``attention`` (``stage.attention``)
     says — ``auto``: under sdpa the model switches to :mod:`prove.train.attention`'s block attention (the clean
     stream causal on its own, a mask of the noisy rows only), under ``flex_attention`` a FlexAttention
     ``BlockMask``; ``mask``: one float additive 4D mask over the whole input —, runs the decoder and applies the
-    head (:func:`prove.train.step.target_head`: a trainable ``<|mask|>`` row's gradient is its own row's) and the
+    head (:func:`prove.train.mars_step.target_head`: a trainable ``<|mask|>`` row's gradient is its own row's) and the
     cross-entropy only at the positions with a target, ``ce_chunk_rows`` at a time
     (:func:`prove.train.losses.head_cross_entropy`); the loss is :func:`prove.train.losses.mars_loss_terms`.
 
@@ -89,7 +89,7 @@ class MarsTrainer(TermLogTrainer):
             self.model, attention, mask_token_id, block_size,
             ar_weight=ar_weight, ce_chunk_rows=ce_chunk_rows, depth_decay=depth_decay, cache_masks=True,
         )  # fmt: skip
-        """The step (:class:`prove.train.step.MarsStep`: the masks kept per batch layout); the model is switched to the
+        """The step (:class:`prove.train.mars_step.MarsStep`: the masks kept per batch layout); the model is switched to the
         block attention when that is the one :func:`prove.train.attention.mars_attention_impl` picks."""
         self.eval_batch_size = eval_batch_size or self.args.per_device_train_batch_size
         self.eval_tau = eval_tau

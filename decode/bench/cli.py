@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from prove.common.errors import hydra_cli
 from prove.decode.bench.config import BenchConfig, register_configs
-from prove.decode.errors import hydra_cli
 
 
 def run(config: BenchConfig) -> None:

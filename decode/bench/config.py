@@ -7,9 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from prove.common.schema import schema_node
 from prove.data.loading import check_dtype
 from prove.decode.bench.rows import as_values
-from prove.decode.config import BACKENDS, VllmOptions, schema_node
+from prove.decode.config import BACKENDS, VllmOptions
 
 SWEEP_KEYS = (
     "theta",

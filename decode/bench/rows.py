@@ -187,7 +187,7 @@ class HFRow:
         }
         if stop:
             kw.update(stop_strings=list(stop), tokenizer=self.tokenizer)
-        from prove.decode.checkpoint import MASK_TOKEN
+        from prove.common.checkpoint import MASK_TOKEN
 
         mask = None if self.tokenizer is None else self.tokenizer.get_vocab().get(MASK_TOKEN)
         if mask is not None:  # our Decoder never outputs <|mask|>; transformers' rows suppress it alike

@@ -55,7 +55,7 @@ from prove.decode.bench.rows import (
 
 def load_models(cfg: BenchConfig) -> dict[str, Any]:
     """The tokenizer and every model, loaded once and shared by all rows."""
-    from prove.decode.checkpoint import vocab_difference
+    from prove.common.checkpoint import vocab_difference
     from prove.decode.decoder import check_source, load_model, load_tokenizer
 
     for role in ("model", "verifier", "draft"):

@@ -19,8 +19,9 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
+from prove.common.schema import schema_node
 from prove.data.loading import check_dtype
-from prove.decode.config import BACKENDS, DecodeParams, VllmOptions, schema_node
+from prove.decode.config import BACKENDS, DecodeParams, VllmOptions
 
 
 @dataclass
@@ -122,7 +123,7 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in ("lm-eval", "lm_eval"):
         lm_eval_main(sys.argv[2:])
         return
-    from prove.decode.errors import hydra_cli
+    from prove.common.errors import hydra_cli
 
     register_configs()
     hydra_cli("prove-eval", "prove.conf.eval", "eval", run)()

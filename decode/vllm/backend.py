@@ -27,7 +27,7 @@ Every method's registry entry says how vLLM runs it (``Method.vllm``, an ``OnVll
 With ``parallel_drafting`` the drafter reads ``[bonus, <|mask|> × (K−1)]`` on top of its own KV cache and fills K
 proposals in one pass: ProVe-lossless's cycle with the checkpoint as its own drafter (its y₁ is always accepted). The
 drafter's mask id is read from its config.json (``mask_token_id``), which block checkpoints carry
-(``prove.decode.checkpoint``); an older one gets it added here. ``draft_model`` loads the drafter's weights a second
+(``prove.common.checkpoint``); an older one gets it added here. ``draft_model`` loads the drafter's weights a second
 time, with a KV cache of its own.
 
 vLLM is imported only when an engine starts (:func:`start_llm`), so this module loads with the CLI. vLLM starts its
@@ -45,8 +45,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from prove.data import loading
-from prove.decode.checkpoint import (
+from prove.common.checkpoint import (
     MASK_TOKEN,
     config_mask_id,
     find_mask_token_id,
@@ -54,6 +53,7 @@ from prove.decode.checkpoint import (
     resolve_block_size,
     write_config_mask_id,
 )
+from prove.data import loading
 from prove.decode.config import DecodeParams, VllmOptions
 from prove.decode.methods import METHODS, Method, OnVllm, get_method, resolve_params
 from prove.decode.vllm import plugin
@@ -259,7 +259,7 @@ def start_llm(args: Mapping[str, Any]) -> Any:
 
 def prepare_block_drafter(path: str, block_size: int | None, role: str = "model") -> tuple[int, int]:
     """(mask id, K) of a checkpoint vLLM runs as a parallel drafter: it must have ``<|mask|>`` and a trained block
-    size (prove.json), K ≤ that (:func:`~prove.decode.checkpoint.resolve_block_size`, the rule our Decoder applies),
+    size (prove.json), K ≤ that (:func:`~prove.common.checkpoint.resolve_block_size`, the rule our Decoder applies),
     and its config.json must carry ``mask_token_id`` (added here to an older checkpoint)."""
     if not Path(path).is_dir():
         raise ValueError(

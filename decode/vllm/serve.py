@@ -27,8 +27,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from prove.decode.config import DecodeParams, VllmOptions, schema_node
-from prove.decode.errors import hydra_cli
+from prove.common.errors import hydra_cli
+from prove.common.schema import schema_node
+from prove.decode.config import DecodeParams, VllmOptions
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Part 1, train: MARS steps on a real shape, FlexAttention ``BlockMask`` against the dense float mask.
 
-The step is ``MarsTrainer.compute_loss``'s own, ``prove.train.step.MarsStep`` (the noisy blocks from (P − 1) // K on,
+The step is ``MarsTrainer.compute_loss``'s own, ``prove.train.mars_step.MarsStep`` (the noisy blocks from (P − 1) // K on,
 the head and the CE at targets only), with the mask ``stage.attention=mask`` builds for each attention; the model is a random-weight one of ``train_shape`` (``prove.decode.random_models``). Both attention paths start from
 the same weights and read the same batches: the first step's losses must agree to the dtype's tolerance, and every
 gradient must be finite. A plain causal-LM step on the same rows and weights (the model's own loss: the head at every
@@ -21,7 +21,7 @@ from prove.recipes.gpu_check.config import SHAPES, CheckConfig
 from prove.recipes.gpu_check.runtime import check_entry, describe_error, free, peak_gib, peak_reset, sync
 
 if TYPE_CHECKING:
-    from prove.train.step import MarsStep
+    from prove.train.mars_step import MarsStep
 
 
 def train_batches(cfg: CheckConfig, vocab: int, mask_id: int, device: str) -> list[tuple[Any, Any]]:
@@ -45,11 +45,11 @@ CE_CHUNK_ROWS = 4096
 
 
 def mars_step(impl: str, block_size: int, mask_id: int) -> MarsStep:
-    """The trainer's step (:class:`prove.train.step.MarsStep`, as ``MarsTrainer.compute_loss`` runs it) on a model
+    """The trainer's step (:class:`prove.train.mars_step.MarsStep`, as ``MarsTrainer.compute_loss`` runs it) on a model
     whose attention is ``impl``, with the mask ``stage.attention=mask`` builds for it (a FlexAttention ``BlockMask``
     under ``flex_attention``, else the dense float mask), MARS's uniform loss, the mask built every step (its time is
     the step's)."""
-    from prove.train.step import MarsStep
+    from prove.train.mars_step import MarsStep
 
     return MarsStep(mask_id, block_size, impl, ce_chunk_rows=CE_CHUNK_ROWS)
 

@@ -9,7 +9,7 @@ import datasets
 import pytest
 from prove.data.build import build_tokenized_dataset
 from prove.data.chat import SkipReport, tokenize_conversation
-from prove.data.load import load_chat_dataset
+from prove.data.conversations import load_chat_dataset
 
 
 @pytest.fixture(scope="module")

@@ -176,7 +176,7 @@ def test_a_template_without_tool_support_is_counted_not_trained(tokenizer):
 
 def test_shipped_sample_counts_every_unusable_row_by_reason(sample_path, tokenizer):
     from prove.data.build import build_tokenized_dataset
-    from prove.data.load import load_chat_dataset
+    from prove.data.conversations import load_chat_dataset
 
     ds = load_chat_dataset(str(sample_path))
     assert {"id", "messages", "source"} == set(ds.column_names)

@@ -4,7 +4,7 @@ and a saved checkpoint that satisfies the checkpoint contract (model + tokenizer
 from __future__ import annotations
 
 import pytest
-from prove.decode.checkpoint import MASK_TOKEN, ProveMeta, write_prove_json
+from prove.common.checkpoint import MASK_TOKEN, ProveMeta, write_prove_json
 
 TRAINED_BLOCK = 4
 

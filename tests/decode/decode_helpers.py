@@ -9,7 +9,7 @@ import torch
 
 def mask_ids(tokenizer) -> list[int]:
     """The ``<|mask|>`` id of ``tokenizer`` as a list (empty without one): what the Decoder never outputs."""
-    from prove.decode.checkpoint import MASK_TOKEN
+    from prove.common.checkpoint import MASK_TOKEN
 
     vocab = tokenizer.get_vocab()
     return [vocab[MASK_TOKEN]] if MASK_TOKEN in vocab else []

@@ -68,7 +68,7 @@ def test_mask_token_without_embedding_row(tmp_path, make_lm, stock_tokenizer):
     """A <|mask|> added to the tokenizer without resizing the embeddings."""
     import copy
 
-    from prove.decode.checkpoint import MASK_TOKEN
+    from prove.common.checkpoint import MASK_TOKEN
 
     tok = copy.deepcopy(stock_tokenizer)
     path = tmp_path / "unresized"

@@ -20,7 +20,7 @@ from prove.data.prompts import read_prompts
 from prove.decode.cli import register_configs
 from prove.decode.config import DecodeConfig
 from prove.decode.methods import METHODS, resolve_params
-from prove.decode.prompts import run
+from prove.decode.records import run
 
 BIN = Path(sys.executable).parent
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -313,7 +313,7 @@ def test_bad_input_is_one_line_and_exit_status_2(tmp_path):
 
 
 def test_exit_on_user_error_keeps_the_traceback_with_hydra_full_error(monkeypatch):
-    from prove.decode.errors import exit_on_user_error
+    from prove.common.errors import exit_on_user_error
 
     with pytest.raises(SystemExit) as e, exit_on_user_error("prog"):
         raise ValueError("pass x=1")

@@ -383,7 +383,7 @@ def test_prove_decode_runs_the_family_from_checkpoints(checkpoints, tmp_path):
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
     from prove.decode.cli import register_configs
-    from prove.decode.prompts import run
+    from prove.decode.records import run
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Ana has 3 apples\nHow many coins does Dev have?\n")

@@ -204,7 +204,7 @@ def test_bad_parameters_fail_before_the_cli_reads_a_file_or_loads_a_model(tmp_pa
     from prove.decode.bench.config import BenchConfig
     from prove.decode.bench.run import run_bench
     from prove.decode.config import DecodeConfig
-    from prove.decode.prompts import run
+    from prove.decode.records import run
 
     missing = str(tmp_path / "missing")
     with pytest.raises(ValueError, match="nucleus mass"):

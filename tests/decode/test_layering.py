@@ -55,3 +55,31 @@ def test_decode_keeps_at_most_twelve_top_level_modules_and_the_engine_its_own_pa
     assert len(top) <= 12, top
     engine = {p.stem for p in (DECODE / "engine").glob("*.py")}
     assert {"loop", "runner", "cache", "device", "cycles", "graphs", "check", "fused"} <= engine
+
+
+def test_common_imports_neither_side_nor_the_recipes():
+    """``prove.common`` (errors, the config schema helper, the checkpoint contract) sits under both train and decode:
+    a helper there that reached into either would tie the two sides together again."""
+    import prove.common
+
+    common = Path(prove.common.__file__).parent
+    names = ["prove.common"] + [m.name for m in pkgutil.walk_packages(prove.common.__path__, "prove.common.")]
+    assert {"prove.common.errors", "prove.common.schema", "prove.common.checkpoint"} <= set(names)
+    code = (
+        "import importlib, sys\n"
+        f"for name in {names!r}:\n"
+        "    importlib.import_module(name)\n"
+        "bad = sorted(m for m in sys.modules if m.startswith(('prove.train', 'prove.decode', 'prove.recipes', 'hydra')))\n"
+        "sys.exit(f'prove.common imports {bad}' if bad else 0)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
+    offenders = [
+        f"{p.name}:{i}"
+        for p in sorted(common.rglob("*.py"))
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if line.lstrip().startswith(
+            ("from prove.train", "from prove.decode", "import prove.train", "import prove.decode")
+        )
+    ]
+    assert not offenders

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from prove.common.checkpoint import ProveMeta, write_prove_json
 from prove.data.loading import MASK_TOKEN
-from prove.decode.checkpoint import ProveMeta, write_prove_json
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

@@ -397,8 +397,8 @@ def test_training_rows_are_prove_data_tokenization(tmp_path, arithmetic_jsonl, m
 
 @pytest.mark.slow
 def test_distill_stage_trains_the_verifier_and_decodes_with_it(tmp_path, arithmetic_jsonl, models, tokenizer):
+    from prove.common.checkpoint import read_prove_json
     from prove.decode import Decoder
-    from prove.decode.checkpoint import read_prove_json
     from prove.train.pipeline import train
     from transformers import AutoModelForCausalLM
 

@@ -1,4 +1,4 @@
-"""The MARS training step is composed once (:class:`prove.train.step.MarsStep`) and run by three callers: the
+"""The MARS training step is composed once (:class:`prove.train.mars_step.MarsStep`) and run by three callers: the
 trainer (``MarsTrainer.compute_loss``), the step benchmark (``tools/bench_mars_step.py``'s ``mars`` variant) and the
 GPU check (``prove.recipes.gpu_check.training``). On the same weights and batch, in fp32, the three give the same loss
 (within 1e-6), each through ``MarsStep.loss``: a caller that goes back to a step of its own, or one whose settings
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from prove.train import step as step_module
-from prove.train.step import MarsStep
+from prove.train.mars_step import MarsStep
 
 from tests.tools_helpers import load_tool
 

@@ -39,7 +39,7 @@ def test_mars_is_k16_lora_with_a_held_out_acceptance_curve():
 
 
 def test_steps_write_out_the_on_policy_rounds_in_order():
-    from prove.train.steps import expand
+    from prove.train.recipe import expand
 
     recipe = cfg("stage=mars")
     assert recipe.rounds.count == 3 and recipe.rounds.num_prompts == 240 and recipe.rounds.max_steps == 30

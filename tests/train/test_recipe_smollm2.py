@@ -90,7 +90,7 @@ def pipeline(recipe):
 def test_steps_are_the_recipes_with_the_round_written_out():
     """make train's runs: the recipe's `steps` with its {round} group once a round, in order (fails if the group
     is expanded entry by entry, relabelling round 3 before round 2's MARS exists, or a step is lost)."""
-    from prove.train.steps import expand
+    from prove.train.recipe import expand
 
     recipe_steps = train_config(["recipe=smollm2-135m", "stage=mars", "model.name_or_path=x"]).steps
     assert expand(recipe_steps, 3) == [
@@ -134,7 +134,7 @@ def test_self_distillation_set_is_the_bases_own_greedy_output(pipeline, recipe, 
 def test_mars_full_finetuning_adds_a_trained_mask_row_and_keeps_the_contract(
     pipeline, recipe, stock_tokenizer
 ):
-    from prove.decode.checkpoint import read_prove_json
+    from prove.common.checkpoint import read_prove_json
     from transformers import AutoTokenizer
 
     mars = pipeline[1]
@@ -157,8 +157,8 @@ def test_mars_full_finetuning_adds_a_trained_mask_row_and_keeps_the_contract(
 
 
 def test_lora_trains_the_new_mask_row_and_merges_into_the_contract(pipeline, recipe, stock_tokenizer):
+    from prove.common.checkpoint import read_prove_json
     from prove.data.loading import load_model
-    from prove.decode.checkpoint import read_prove_json
     from safetensors.torch import load_file
 
     run, run_dir, base = recipe
@@ -198,8 +198,8 @@ def test_lora_trains_the_new_mask_row_and_merges_into_the_contract(pipeline, rec
 
 
 def test_verifier_is_cut_from_the_base_and_distilled_on_the_mars_outputs(pipeline, recipe):
+    from prove.common.checkpoint import read_prove_json
     from prove.decode import Decoder
-    from prove.decode.checkpoint import read_prove_json
     from transformers import AutoConfig
 
     mars, verifier = pipeline[3], pipeline[-1]
@@ -223,8 +223,8 @@ def test_round_two_relabels_unread_prompts_with_round_ones_proposer_and_continue
     """Round 2: its own folder, round 1's MARS model's greedy outputs for prompts round 1 did not read, then MARS
     continued from round 1's model with its own acceptance curve (fails if the round re-reads round 1's prompts,
     relabels with the base, starts MARS from the base, or writes over round 1's folders)."""
+    from prove.common.checkpoint import read_prove_json
     from prove.decode import Decoder
-    from prove.decode.checkpoint import read_prove_json
 
     generated, mars, relabelled, mars2, _ = pipeline
     _, run_dir, _ = recipe

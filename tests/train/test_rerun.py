@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from prove.decode.checkpoint import ProveMeta, write_prove_json
+from prove.common.checkpoint import ProveMeta, write_prove_json
 from prove.train.config import config_dict
 from prove.train.rerun import IGNORED, START_RECORD, config_differences, plan_stage, record_start
 

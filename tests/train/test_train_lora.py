@@ -39,7 +39,7 @@ def test_mask_token_takes_a_spare_row_else_resizes(stock_tokenizer, qwen2_factor
 @pytest.mark.slow
 def test_lora_mars_adapter_reloads_and_merges(tmp_path, stock_tokenizer, qwen2_factory, arithmetic_jsonl):
     from peft import PeftModel
-    from prove.decode.checkpoint import config_mask_id
+    from prove.common.checkpoint import config_mask_id
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

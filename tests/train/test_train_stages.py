@@ -69,7 +69,7 @@ def test_mars_loss_falls_and_every_parameter_and_the_mask_row_change(stages):
 
 
 def test_checkpoint_contract(stages):
-    from prove.decode.checkpoint import config_mask_id, read_prove_json
+    from prove.common.checkpoint import config_mask_id, read_prove_json
     from transformers import AutoTokenizer
 
     run_dir, sft, mars = stages

@@ -14,8 +14,8 @@ PNG = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def bench_dir(tmp_path_factory, lm, small, tokenizer):
     """A MARS-like checkpoint (K=4) and a verifier/draft with the same tokenizer, plus 2 prompts with answers."""
+    from prove.common.checkpoint import MASK_TOKEN, ProveMeta, write_prove_json
     from prove.data.synthetic import as_prompt, generate_arithmetic, write_jsonl
-    from prove.decode.checkpoint import MASK_TOKEN, ProveMeta, write_prove_json
 
     root = tmp_path_factory.mktemp("bench")
     for name, model, stage in (("mars", lm, "mars"), ("verifier", small, "sft")):

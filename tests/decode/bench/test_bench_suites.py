@@ -214,7 +214,7 @@ def test_config_takes_prompts_or_a_suite():
 
 @pytest.fixture(scope="module")
 def mars_dir(tmp_path_factory, lm, tokenizer):
-    from prove.decode.checkpoint import MASK_TOKEN, ProveMeta, write_prove_json
+    from prove.common.checkpoint import MASK_TOKEN, ProveMeta, write_prove_json
 
     root = tmp_path_factory.mktemp("suite-bench")
     lm.save_pretrained(root / "mars")
@@ -281,7 +281,7 @@ def test_bench_over_two_suites_reports_by_category(mars_dir):
 
 def test_prove_decode_writes_each_records_category(mars_dir, tmp_path):
     from prove.decode.config import DecodeConfig
-    from prove.decode.prompts import run as decode_file
+    from prove.decode.records import run as decode_file
 
     cfg = DecodeConfig(
         model=str(mars_dir / "mars"),

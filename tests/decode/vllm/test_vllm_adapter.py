@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from prove.decode.checkpoint import CONFIG_MASK_KEY, config_mask_id
+from prove.common.checkpoint import CONFIG_MASK_KEY, config_mask_id
 from prove.decode.config import DecodeConfig, DecodeParams, VllmOptions
 from prove.decode.methods import get_method
 from prove.decode.vllm import backend as vllm_backend

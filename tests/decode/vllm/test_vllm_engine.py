@@ -26,8 +26,8 @@ import torch
 
 vllm = pytest.importorskip("vllm", reason="backend=vllm needs vLLM (`make install` installs it)")
 
+from prove.common.checkpoint import config_mask_id  # noqa: E402
 from prove.decode import Decoder  # noqa: E402
-from prove.decode.checkpoint import config_mask_id  # noqa: E402
 from prove.decode.config import DecodeParams, VllmOptions  # noqa: E402
 from prove.decode.vllm.backend import VllmDecoder  # noqa: E402
 
@@ -146,7 +146,7 @@ def test_stop_strings_and_eos_end_where_ours_end(lossless, ckpts, ours, prompts,
 def test_prove_decode_backend_vllm_writes_our_records(lossless, ckpts, tokenizer, tmp_path, monkeypatch):
     """``prove-decode backend=vllm`` (``prompts.run``): the same record per prompt as backend=engine, resumed alike;
     the engine is the shared one (its arguments are checked to be what the CLI asked for)."""
-    from prove.decode import prompts as prompt_runs
+    from prove.decode import records as prompt_runs
     from prove.decode.config import DecodeConfig
     from prove.decode.vllm import backend as vllm_backend
 

@@ -242,7 +242,7 @@ def test_each_documented_override_composes(override):
         module, name, base = "prove.conf.decode", "decode", ["model=m", "prompts=p", "output=o"]
     else:
         from hydra.core.config_store import ConfigStore
-        from prove.decode.config import schema_node
+        from prove.common.schema import schema_node
         from prove.decode.vllm.serve import ServeConfig
 
         ConfigStore.instance().store(name="serve_schema", node=schema_node(ServeConfig))

@@ -6,7 +6,7 @@ import json
 
 import datasets
 import pytest
-from prove.data.load import load_chat_dataset
+from prove.data.conversations import load_chat_dataset
 
 ROWS = [
     {

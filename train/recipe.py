@@ -1,8 +1,8 @@
 """``make train``'s runs for a recipe: its ``steps`` with the on-policy rounds written out, one prove-train run a line.
 
-    python -m prove.train.steps recipe=smollm2-135m            # one line of overrides a run, in order
-    python -m prove.train.steps recipe=smollm2-135m --proposer # the last round's MARS model (make bench-real)
-    python -m prove.train.steps recipe=smollm2-135m --base     # the base it was trained from (bench-real's quality)
+    python -m prove.train.recipe recipe=smollm2-135m            # one line of overrides a run, in order
+    python -m prove.train.recipe recipe=smollm2-135m --proposer # the last round's MARS model (make bench-real)
+    python -m prove.train.recipe recipe=smollm2-135m --base     # the base it was trained from (bench-real's quality)
 
 A run of consecutive ``steps`` entries holding ``{round}`` repeats, as a group, for each round 2..``rounds.count``
 (round r's relabelling needs round r − 1's MARS model). ``--joiner`` replaces the spaces inside a line, so that
@@ -61,13 +61,13 @@ def main(argv: list[str] | None = None) -> None:
         try:
             print(cfg.model.name_or_path)
         except Exception as e:  # the recipe's GGUF not installed: one line, not a traceback inside make
-            sys.exit(f"prove.train.steps --base: {str(e).splitlines()[0]}")
+            sys.exit(f"prove.train.recipe --base: {str(e).splitlines()[0]}")
         return
     steps = [str(s) for s in OmegaConf.to_container(cfg.steps)]  # type: ignore[union-attr]
     for line in expand(steps, count):
         if args.joiner != " " and args.joiner in line:
             sys.exit(
-                f"prove.train.steps: the step {line!r} holds the joiner {args.joiner!r}: pick another --joiner"
+                f"prove.train.recipe: the step {line!r} holds the joiner {args.joiner!r}: pick another --joiner"
             )
         print(args.joiner.join(line.split()))
 

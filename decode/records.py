@@ -216,7 +216,7 @@ def decode_records(
     seed: int = 0,
     progress: bool = True,
 ) -> Path:
-    """``prove-decode backend=vllm``: ``prove.decode.prompts.decode_prompts`` with every unfinished prompt handed to
+    """``prove-decode backend=vllm``: ``prove.decode.records.decode_prompts`` with every unfinished prompt handed to
     vLLM at once (``options.concurrency`` in flight), one record appended and flushed per prompt as it finishes —
     the same records, resumed the same way, prompt i seeded with ``seed + i``."""
 
