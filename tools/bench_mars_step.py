@@ -53,8 +53,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
-import random
 import resource
 import statistics
 import subprocess
@@ -65,9 +63,27 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+# run as a script, tools/ is on the path; loaded by file (its tests), it is not: its sibling modules need it
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_step_report import (  # noqa: E402 - after the path above
+    PROFILE_KINDS,
+    breakdown,
+    headline,
+    profiled,
+    provenance,
+    summarise,
+    table,
+)
+from bench_step_rows import IGNORE_INDEX, file_rows, synthetic_rows  # noqa: E402
+
+__all__ = [
+    "PROFILE_KINDS", "IGNORE_INDEX", "breakdown", "file_rows", "headline", "main", "parse_args", "provenance",
+    "run_variant", "schedule", "summarise", "synthetic_rows", "table",
+]  # fmt: skip
+
 VARIANTS = ("plain", "mars", "mars-full")
 RANDOM_SOURCE = "random"
-IGNORE_INDEX = -100  # prove.data.chat.IGNORE_INDEX, without importing it before --help
 
 
 @dataclass(frozen=True)
@@ -148,54 +164,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.rows is None and (args.prompt_len < 1 or args.answer_len < 1 or not 0 <= args.jitter < 1):
         p.error("--prompt-len and --answer-len must be ≥ 1 and --jitter in [0, 1)")
     return args
-
-
-# -- rows ---------------------------------------------------------------------------------------------------------
-
-
-def synthetic_rows(
-    n: int, prompt_len: int, answer_len: int, jitter: float, n_tokens: int, mask_id: int, eos_id: int,
-    max_len: int, seed: int = 0,
-) -> list[dict[str, list[int]]]:  # fmt: skip
-    """``n`` chat-shaped rows ``{input_ids, labels}``: a prompt then an answer, each ``round(len · U(1 ± jitter))``
-    random ids in ``[3, n_tokens)`` other than ``mask_id``, the answer's last token EOS (the end of the turn), labels
-    −100 on the prompt, the row cut at ``max_len`` (a prompt that long is cut to leave one answer token)."""
-    rng = random.Random(seed)
-
-    def length(mean: int) -> int:
-        return max(1, round(mean * rng.uniform(1 - jitter, 1 + jitter)))
-
-    def ids(k: int) -> list[int]:
-        return [t if t != mask_id else 3 for t in (rng.randrange(3, n_tokens) for _ in range(k))]
-
-    rows = []
-    for _ in range(n):
-        prompt = ids(min(length(prompt_len), max_len - 1))
-        answer = (ids(length(answer_len) - 1) + [eos_id])[: max_len - len(prompt)]
-        rows.append({"input_ids": prompt + answer, "labels": [IGNORE_INDEX] * len(prompt) + answer})
-    return rows
-
-
-def file_rows(path: Path, n: int, max_len: int) -> list[dict[str, list[int]]]:
-    """``n`` rows from a JSONL file of ``{prompt_ids, answer_ids}`` or ``{input_ids, labels}`` (cycled when it holds
-    fewer), cut at ``max_len`` as ``prove.data.build`` cuts them."""
-    rows = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        rec = json.loads(line)
-        if "prompt_ids" in rec:
-            ids = list(rec["prompt_ids"]) + list(rec["answer_ids"])
-            labels = [IGNORE_INDEX] * len(rec["prompt_ids"]) + list(rec["answer_ids"])
-        elif "input_ids" in rec:
-            ids, labels = list(rec["input_ids"]), list(rec["labels"])
-        else:
-            raise ValueError(f"{path}: a row needs prompt_ids + answer_ids, or input_ids + labels")
-        if any(t != IGNORE_INDEX for t in labels[:max_len]):
-            rows.append({"input_ids": ids[:max_len], "labels": labels[:max_len]})
-    if not rows:
-        raise ValueError(f"{path}: no row with an answer token within max_len={max_len}")
-    return [rows[i % len(rows)] for i in range(n)]
 
 
 # -- one variant's steps (in its own process) ---------------------------------------------------------------------
@@ -341,46 +309,6 @@ def mars_loss_full(model: Any, batch: dict[str, Any], cfg: Any, mask_id: int) ->
 LOSSES = {"plain": plain_loss, "mars": mars_loss_now, "mars-full": mars_loss_full}
 
 
-PROFILE_KINDS = ("matmul", "attention", "vocabulary", "other")
-
-
-def breakdown(ops: list[tuple[str, list[list[int]], float]], vocab: int) -> dict[str, float]:
-    """Seconds of operators' own CPU time by kind, from ``(name, input shapes, self seconds)`` rows (the profiler's
-    averages grouped by input shape): ``vocabulary`` where any input has a dimension of ``vocab`` (the embedding
-    rows: the head's products, the cross-entropy's softmax, the merged weight of a trainable ``<|mask|>`` row),
-    else ``attention`` for the scaled-dot-product kernels, ``matmul`` for the other matrix products, ``other`` for
-    the rest; with ``total``."""
-    out = dict.fromkeys(PROFILE_KINDS, 0.0)
-    for name, shapes, seconds in ops:
-        if any(vocab in shape for shape in shapes if isinstance(shape, list)):
-            kind = "vocabulary"
-        elif "scaled_dot_product" in name:
-            kind = "attention"
-        elif name in ("aten::mm", "aten::addmm", "aten::bmm"):
-            kind = "matmul"
-        else:
-            kind = "other"
-        out[kind] += seconds
-    out["total"] = sum(out[k] for k in PROFILE_KINDS)
-    return out
-
-
-def profiled(step: Any) -> list[tuple[str, list[list[int]], float]]:
-    """Run ``step()`` under ``torch.profiler`` (CPU, shapes recorded); its operators as :func:`breakdown` reads them."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        step()
-    return [
-        (
-            e.key,
-            [list(s) if isinstance(s, (list, tuple)) else s for s in e.input_shapes],
-            e.self_cpu_time_total / 1e6,
-        )
-        for e in prof.key_averages(group_by_input_shape=True)
-    ]
-
-
 def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
@@ -496,124 +424,6 @@ def spawn(argv: list[str], variant: str) -> dict[str, Any]:
         if rc != 0:
             raise SystemExit(f"bench_mars_step: the {variant} process exited with {rc}")
         return json.loads(out.read_text())
-
-
-def summarise(runs: list[dict[str, Any]], order: list[str]) -> dict[str, Any]:
-    """Per variant the median over repeats of its s/step and the largest peak RSS; the ratios of mars to plain and to
-    mars-full per repeat (one machine state each), ``ratios`` the median over repeats of those pairwise ratios (the
-    statistic; ``ratios_of_medians`` the ratio of the variants' medians, for comparison), and ``headline``: MARS /
-    plain with MARS's s/step beside it (a slower plain step lowers the ratio, not MARS's seconds)."""
-
-    def ratios(s: dict[str, float]) -> dict[str, float]:
-        pairs = {"mars/plain": ("mars", "plain"), "mars/mars-full": ("mars", "mars-full")}
-        return {name: s[a] / s[b] for name, (a, b) in pairs.items() if a in s and b in s}
-
-    by_repeat: dict[int, dict[str, float]] = {}
-    for r in runs:
-        by_repeat.setdefault(r["repeat"], {})[r["variant"]] = r["median_s"]
-    variants = {
-        v: {
-            "median_s": statistics.median(r["median_s"] for r in runs if r["variant"] == v),
-            "peak_rss_bytes": max(r["peak_rss_bytes"] for r in runs if r["variant"] == v),
-            "first_loss": next(r["first_loss"] for r in runs if r["variant"] == v),
-        }
-        for v in order
-    }
-    per_repeat = [ratios(by_repeat[k]) for k in sorted(by_repeat)]
-    names = [n for n in ("mars/plain", "mars/mars-full") if all(n in rat for rat in per_repeat)]
-    pairwise = {n: statistics.median(rat[n] for rat in per_repeat) for n in names}
-    top = None
-    if "mars/plain" in pairwise:
-        top = {
-            "mars_over_plain": pairwise["mars/plain"],
-            "pairs": [rat["mars/plain"] for rat in per_repeat],
-            "mars_s": variants["mars"]["median_s"],
-            "plain_s": variants["plain"]["median_s"],
-        }
-    return {
-        "variants": variants,
-        "ratios": pairwise,
-        "ratios_of_medians": ratios({v: s["median_s"] for v, s in variants.items()}),
-        "ratios_by_repeat": per_repeat,
-        "headline": top,
-    }
-
-
-def headline(summary: dict[str, Any]) -> str | None:
-    """One line: MARS / plain (the median of the pairwise ratios, and the pairs) with MARS's and plain's s/step."""
-    h = summary.get("headline")
-    if h is None:
-        return None
-    pairs = ", ".join(f"{x:.2f}×" for x in h["pairs"])
-    return (
-        f"MARS / plain: **{h['mars_over_plain']:.2f}×** (median of {len(h['pairs'])} pairwise ratios: {pairs}); "
-        f"MARS {h['mars_s']:.3g} s/step, plain {h['plain_s']:.3g} s/step"
-    )
-
-
-def table(result: dict[str, Any]) -> str:
-    """The Markdown table: a row per repeat (its order) and one of the medians (each variant's median s/step, and the
-    median of the pairwise ratios), then :func:`headline`."""
-    order, runs, summary = result["order"], result["runs"], result["summary"]
-    isolated = all(r["isolated"] for r in runs)
-
-    def cell(s: float, rss: int) -> str:
-        return f"{s:.3g} s, {rss / 1e9:.2f} GB" if isolated else f"{s:.3g} s"
-
-    names = [n for n in ("mars/plain", "mars/mars-full") if n in summary["ratios"]]
-    head = ["run", *order, *(n.replace("/", " / ") for n in names)]
-    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
-    for k, rat in enumerate(summary["ratios_by_repeat"]):
-        mine = sorted((r for r in runs if r["repeat"] == k), key=lambda r: r["index"])
-        by = {r["variant"]: r for r in mine}
-        label = f"{k + 1} ({', '.join(r['variant'] for r in mine)})"
-        cells = [cell(by[v]["median_s"], by[v]["peak_rss_bytes"]) for v in order]
-        lines.append("| " + " | ".join([label, *cells, *(f"{rat[n]:.2f}×" for n in names)]) + " |")
-    med = summary["variants"]
-    cells = [cell(med[v]["median_s"], med[v]["peak_rss_bytes"]) for v in order]
-    rat = summary["ratios"]
-    lines.append("| " + " | ".join(["median", *cells, *(f"**{rat[n]:.2f}×**" for n in names)]) + " |")
-    if not isolated:
-        lines.append("\n(--in-process: one process ran every variant, so no peak RSS per variant)")
-    # per variant, its last repeat's profile
-    profiles = {r["variant"]: r["profile"] for r in runs if r.get("profile")}
-    if profiles:
-        lines += [
-            "",
-            "| profiled step (operators' own CPU s) | " + " | ".join([*PROFILE_KINDS, "total"]) + " |",
-        ]
-        lines.append("|---|" + "---:|" * (len(PROFILE_KINDS) + 1))
-        for v in order:
-            if v in profiles:
-                cells = [f"{profiles[v][k]:.2f}" for k in (*PROFILE_KINDS, "total")]
-                lines.append("| " + " | ".join([v, *cells]) + " |")
-    if (line := headline(summary)) is not None:
-        lines += ["", line]
-    return "\n".join(lines)
-
-
-def provenance() -> dict[str, Any]:
-    """The code and the machine: commit (+ whether train/ or tools/ had local changes), CPUs, load."""
-
-    root = Path(__file__).resolve().parents[1]
-
-    def git(*cmd: str) -> str | None:
-        try:
-            r = subprocess.run(["git", *cmd], capture_output=True, text=True, cwd=root)
-        except OSError:
-            return None
-        return r.stdout.strip() if r.returncode == 0 else None
-
-    status = git("status", "--porcelain", "--", "train", "tools", "data")
-    return {
-        "commit": git("rev-parse", "--short", "HEAD"),
-        "local_changes": bool(status) if status is not None else None,
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-        "loadavg_start": list(os.getloadavg()),
-    }
 
 
 def main(argv: list[str] | None = None) -> int:
