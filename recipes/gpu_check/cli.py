@@ -35,11 +35,18 @@ from prove.recipes.gpu_check.report import render_md, write_plot
 from prove.recipes.gpu_check.runtime import check_entry, describe_error
 from prove.recipes.gpu_check.training import run_train
 
+PART_RUNNERS = (
+    ("train", run_train),
+    ("decode", run_decode),
+    ("curve", run_curve),
+    ("engine", run_engine),
+    ("pipeline", run_pipeline),
+)
+
 
 def run(cfg: CheckConfig) -> dict[str, Any]:
     """Run the parts, write gpu-check.json / .md / cost_curve.png to ``cfg.out``; returns the report."""
     import torch
-    from prove.decode.bench.report import _jsonable, environment
 
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
@@ -52,7 +59,25 @@ def run(cfg: CheckConfig) -> dict[str, Any]:
     cfg = dataclasses.replace(cfg, widths=curve_widths(ladder, prediction_widths(acc, cfg.sd_k)))
     added = sorted(set(cfg.widths) - set(ladder))
     checks: list[dict[str, Any]] = []
-    report: dict[str, Any] = {
+    report = new_report(cfg, checks)
+    run_parts(cfg, report, checks)
+    curve = report.get("curve")
+    if curve and curve["ms"]:
+        report["prediction"] = prediction(cfg, acceptance, curve, ladder, added)
+        report["predictor_check"] = predictor_check(report.get("decode"), curve)
+        report["plot"], report["plot_note"] = write_plot(curve, out)
+    report["wall_s"] = time.perf_counter() - t0
+    report["ok"] = all(c["ok"] for c in checks)
+    write_report(report, out)
+    return report
+
+
+def new_report(cfg: CheckConfig, checks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The report before any part ran: the schema, the config, the environment, and the (shared) checks list."""
+    import torch
+    from prove.decode.bench.report import environment
+
+    return {
         "schema": SCHEMA,
         "tiny": cfg.tiny,
         "config": {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()},
@@ -60,13 +85,12 @@ def run(cfg: CheckConfig) -> dict[str, Any]:
         "cuda": torch.version.cuda if torch.device(cfg.device).type == "cuda" else None,
         "checks": checks,
     }
-    for part, fn in (
-        ("train", run_train),
-        ("decode", run_decode),
-        ("curve", run_curve),
-        ("engine", run_engine),
-        ("pipeline", run_pipeline),
-    ):
+
+
+def run_parts(cfg: CheckConfig, report: dict[str, Any], checks: list[dict[str, Any]]) -> None:
+    """Each part of ``cfg.parts`` in order, its result under its name; a part that raises is a failed check and
+    the next still runs."""
+    for part, fn in PART_RUNNERS:
         if part not in cfg.parts:
             continue
         print(f"gpu-check: {part} …", file=sys.stderr, flush=True)
@@ -76,51 +100,59 @@ def run(cfg: CheckConfig) -> dict[str, Any]:
         except Exception as e:
             checks.append(check_entry(f"{part}: ran", False, describe_error(e)))
         print(f"gpu-check: {part} done in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
-    curve = report.get("curve")
-    if curve and curve["ms"]:
-        curves = {s: {int(w): t for w, t in c.items()} for s, c in curve["ms"].items()}
-        timed_too = (
-            f" The curve also timed w = {', '.join(map(str, added))}: widths this prediction reads beyond "
-            f"{ladder[-1]}."
-            if added
-            else ""
-        )
-        report["prediction"] = {
-            "source": acceptance.get("source", "?"),
-            "acceptance": acceptance["methods"],
-            "draft": cfg.draft_shape,
-            "verifier": cfg.verifier_shape,
-            "widths_added": added,
-            "note": (
-                f"prove uses a {cfg.verifier_shape}-shaped verifier, sd a {cfg.draft_shape}-shaped draft at "
-                f"k = {cfg.sd_k}. Fused = one pass per cycle of the widest fused tree, fuse_groups=all with the "
-                "second candidate ((K + 3)(K − 1) + 2 entries: 79 at K = 8, 287 at K = 16). The acceptance "
-                "rates decide everything: pass `--acceptance bench.json` from `prove-bench` on your own model "
-                "and task. Host overhead per cycle is not counted, and tokens/cycle is the steady state of long "
-                "outputs (a response's EOS cuts its last cycle short): both make this an upper bound."
-                + timed_too
-            ),
-            "rows": predict(
-                curves,
-                acc,
-                draft=cfg.draft_shape,
-                verifier=cfg.verifier_shape,
-                sd_k=cfg.sd_k,
-                sizes=curve["param_bytes"],
-            ),
-        }
-        report["predictor_check"] = predictor_check(report.get("decode"), curve)
-        path, note = write_plot(curve, out)
-        report["plot"] = path
-        report["plot_note"] = note
-    report["wall_s"] = time.perf_counter() - t0
-    report["ok"] = all(c["ok"] for c in checks)
+
+
+def prediction(
+    cfg: CheckConfig,
+    acceptance: dict[str, Any],
+    curve: dict[str, Any],
+    ladder: tuple[int, ...],
+    added: list[int],
+) -> dict[str, Any]:
+    """Each method's predicted speedup over AR from the measured t(w) and the acceptance's per-depth rates, with
+    the note that says what it leaves out (and which widths the curve timed for it beyond the ladder)."""
+    curves = {s: {int(w): t for w, t in c.items()} for s, c in curve["ms"].items()}
+    acc = {m: v["acceptance_by_depth"] for m, v in acceptance["methods"].items()}
+    timed_too = (
+        f" The curve also timed w = {', '.join(map(str, added))}: widths this prediction reads beyond {ladder[-1]}."
+        if added
+        else ""
+    )
+    return {
+        "source": acceptance.get("source", "?"),
+        "acceptance": acceptance["methods"],
+        "draft": cfg.draft_shape,
+        "verifier": cfg.verifier_shape,
+        "widths_added": added,
+        "note": (
+            f"prove uses a {cfg.verifier_shape}-shaped verifier, sd a {cfg.draft_shape}-shaped draft at "
+            f"k = {cfg.sd_k}. Fused = one pass per cycle of the widest fused tree, fuse_groups=all with the "
+            "second candidate ((K + 3)(K − 1) + 2 entries: 79 at K = 8, 287 at K = 16). The acceptance "
+            "rates decide everything: pass `--acceptance bench.json` from `prove-bench` on your own model "
+            "and task. Host overhead per cycle is not counted, and tokens/cycle is the steady state of long "
+            "outputs (a response's EOS cuts its last cycle short): both make this an upper bound." + timed_too
+        ),
+        "rows": predict(
+            curves,
+            acc,
+            draft=cfg.draft_shape,
+            verifier=cfg.verifier_shape,
+            sd_k=cfg.sd_k,
+            sizes=curve["param_bytes"],
+        ),
+    }
+
+
+def write_report(report: dict[str, Any], out: Path) -> None:
+    """gpu-check.json (the report as data) and gpu-check.md (:func:`render_md` of the same dict)."""
+    from prove.decode.bench.report import _jsonable
+
     (out / "gpu-check.json").write_text(json.dumps(_jsonable(report), indent=1, ensure_ascii=False) + "\n")
     (out / "gpu-check.md").write_text(render_md(report))
-    return report
 
 
-def parse_args(argv: Sequence[str] | None) -> CheckConfig:
+def argument_parser() -> argparse.ArgumentParser:
+    """The command line: every option maps onto a :class:`CheckConfig` field (:func:`parse_args`)."""
     ap = argparse.ArgumentParser(
         prog="python -m prove.recipes.gpu_check",
         description="Prove the GPU path (bf16 MARS training with FlexAttention, CUDA decoding) and measure the "
@@ -162,12 +194,21 @@ def parse_args(argv: Sequence[str] | None) -> CheckConfig:
     ap.add_argument(
         "--flex", action="store_true", help="with --tiny: also run the FlexAttention path (compiles on CPU)"
     )
-    args = ap.parse_args(argv)
-    kw: dict[str, Any] = {"out": args.out, "parts": tuple(p for p in args.parts.split(",") if p)}
+    return ap
+
+
+def _names(csv: str) -> tuple[str, ...]:
+    return tuple(s for s in csv.split(",") if s)
+
+
+def parse_args(argv: Sequence[str] | None) -> CheckConfig:
+    """The config the command line asks for: the tiny CPU one with ``--tiny``, else the real check's."""
+    args = argument_parser().parse_args(argv)
+    kw: dict[str, Any] = {"out": args.out, "parts": _names(args.parts)}
     if args.device:
         kw["device"] = args.device
     if args.shapes:
-        kw["shapes"] = tuple(s for s in args.shapes.split(",") if s)
+        kw["shapes"] = _names(args.shapes)
     if args.widths:
         kw["widths"] = tuple(int(w) for w in args.widths.split(","))
     if args.cache_len:
@@ -177,11 +218,11 @@ def parse_args(argv: Sequence[str] | None) -> CheckConfig:
     if args.acceptance:
         kw["acceptance"] = args.acceptance
     if args.engine_shapes:
-        kw["engine_shapes"] = tuple(s for s in args.engine_shapes.split(",") if s)
+        kw["engine_shapes"] = _names(args.engine_shapes)
     if args.engine_hf_compile is not None:
-        kw["engine_hf_compile_shapes"] = tuple(s for s in args.engine_hf_compile.split(",") if s)
+        kw["engine_hf_compile_shapes"] = _names(args.engine_hf_compile)
     if args.engine_compile is not None:
-        kw["engine_compile_shapes"] = tuple(s for s in args.engine_compile.split(",") if s)
+        kw["engine_compile_shapes"] = _names(args.engine_compile)
     if args.from_stage:
         kw["pipeline_from"] = args.from_stage
     if args.no_flex:

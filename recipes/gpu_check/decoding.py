@@ -110,13 +110,54 @@ def hf_greedy(model: Any, prompt: list[int], n: int, **generate_kwargs: Any) -> 
     return out[0, len(prompt) :].tolist()
 
 
+@dataclass
+class DecodeRun:
+    """What every row of one dtype shares: the models, the prompts, transformers' greedy tokens for them."""
+
+    cfg: CheckConfig
+    dtype_name: str
+    target: Any
+    draft: Any
+    vocab: int
+    prompts: list[list[int]]
+    timer: Timer
+    reference: list[list[int]] = field(default_factory=list)
+    """transformers' greedy ``generate`` per prompt: what a lossless row must equal."""
+
+    @property
+    def n(self) -> int:
+        return self.cfg.decode_new_tokens
+
+    @property
+    def checked(self) -> bool:
+        """Token-for-token checks run in fp32 only (bf16's batch-shape-dependent numerics can flip near-ties)."""
+        return self.dtype_name == "float32"
+
+
 def decode_dtype(
     cfg: CheckConfig, dtype_name: str, specs: list[DecodeSpec], checks: list[dict[str, Any]]
 ) -> dict:
     """Every row of ``specs`` in one dtype, timed prompt by prompt after a warm-up; appends their checks."""
-    from prove.decode.bench.metrics import first_divergence, rate_by_depth
-    from prove.decode.decoder import Decoder
+    run = start_run(cfg, dtype_name)
+    rows: dict[str, Any] = {"hf-greedy": time_reference(run)}
+    distinct = len({t for r in run.reference for t in r})
+    for spec in specs:
+        rows[spec.name] = row = measure_row(run, spec)
+        checks += row_checks(run, spec, row)
+    add_speedups(rows)
+    n_prompts = len(run.prompts)
+    del run
+    free()
+    return {
+        "prompts": n_prompts,
+        "new_tokens": cfg.decode_new_tokens,
+        "distinct_reference_tokens": distinct,
+        "rows": rows,
+    }
 
+
+def start_run(cfg: CheckConfig, dtype_name: str) -> DecodeRun:
+    """The random target and its layer-skip draft in ``dtype_name`` on the device, and the seeded prompts."""
     vocab = SHAPES[cfg.decode_shape]["vocab_size"]
     target, draft = random_target_and_draft(
         SHAPES[cfg.decode_shape],
@@ -126,100 +167,119 @@ def decode_dtype(
         device=cfg.device,
         std=cfg.decode_std,
     )
-    n = cfg.decode_new_tokens
     lo, hi = (4, 8) if cfg.tiny else (16, 48)
     prompts = prompt_ids(cfg.decode_prompts, vocab, lo, hi, cfg.seed + 1)
-    timer = Timer(cfg.device)
-    hf_greedy(target, prompts[0], min(n, 8))  # warm-up
-    ref: list[list[int]] = []
-    ref_ms = 0.0
-    for p in prompts:
-        ms, tokens = timer(hf_greedy, target, p, n)
-        ref_ms += ms
-        ref.append(tokens)
-    rows: dict[str, Any] = {"hf-greedy": {"ms": ref_ms, "tokens": sum(map(len, ref))}}
-    distinct = len({t for r in ref for t in r})
-    for spec in specs:
-        params = dict(spec.params)
-        row: dict[str, Any] = {"method": spec.method, "params": params, "lossless": spec.lossless}
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # no prove.json: "records no trained block size"
-                models = {
-                    "draft": draft if spec.draft else None,
-                    "verifier": draft if spec.verifier else None,
-                    "mask_token_id": vocab - 1 if spec.block else None,
-                    "device": cfg.device,
-                }
-                if spec.method == "prove":
-                    at = {"mask_token_id": vocab - 1, "device": cfg.device, **spec.params}
-                    params["theta"] = prove_theta(target, draft, prompts[0], n, **at)
-                dec = Decoder(target, None, method=spec.method, **models, **params)
-                ref_dec = (  # in fp32, where it is checked (the reference loop is the slow part of a row)
-                    Decoder(target, None, method=spec.method, **models, **{**params, "fast": False})
-                    if spec.against_reference and dtype_name == "float32"
-                    else None
-                )
-            dec.generate(prompts[0], max_new_tokens=min(n, 8))  # warm-up
-            outs, stats, ms = [], [], 0.0
-            for i, p in enumerate(prompts):
-                t, res = timer(dec.generate, p, max_new_tokens=n, seed=cfg.seed + i)
-                ms += t
-                outs.append(res.token_ids)
-                stats.append(res.stats)
-            tokens = sum(map(len, outs))
-            div = [first_divergence(o, r) for o, r in zip(outs, ref, strict=True)]
-            row.update(
-                ms=ms,
-                tokens=tokens,
-                valid=all(len(o) == n and all(0 <= t < vocab for t in o) for o in outs),
-                tokens_per_cycle=tokens / max(1, sum(s.cycles for s in stats)),
-                model_passes_per_token=sum(s.model_passes for s in stats) / max(1, tokens),
-                draft_passes_per_token=sum(s.draft_passes for s in stats) / max(1, tokens),
-                acceptance_by_depth=rate_by_depth(
-                    (s.accepted_by_depth for s in stats), (s.proposed_by_depth for s in stats)
-                ),
-                agreement=sum(d is None for d in div) / len(div),
-                first_divergence=div,
-                path="fast" if all(s.fast is not None for s in stats) else "reference",
+    return DecodeRun(cfg, dtype_name, target, draft, vocab, prompts, Timer(cfg.device))
+
+
+def time_reference(run: DecodeRun) -> dict[str, Any]:
+    """transformers' greedy tokens for every prompt (kept in ``run.reference``), timed after a warm-up."""
+    hf_greedy(run.target, run.prompts[0], min(run.n, 8))  # warm-up
+    ms = 0.0
+    for p in run.prompts:
+        t, tokens = run.timer(hf_greedy, run.target, p, run.n)
+        ms += t
+        run.reference.append(tokens)
+    return {"ms": ms, "tokens": sum(map(len, run.reference))}
+
+
+def decoders(run: DecodeRun, spec: DecodeSpec, params: dict[str, Any]) -> tuple[Any, Any]:
+    """The row's decoder, and our reference path's (``fast=false``) where the row is checked against it, in fp32
+    (the reference loop is the slow part of a row). prove's θ goes into ``params`` (:func:`prove_theta`)."""
+    from prove.decode.decoder import Decoder
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no prove.json: "records no trained block size"
+        models = {
+            "draft": run.draft if spec.draft else None,
+            "verifier": run.draft if spec.verifier else None,
+            "mask_token_id": run.vocab - 1 if spec.block else None,
+            "device": run.cfg.device,
+        }
+        if spec.method == "prove":
+            at = {"mask_token_id": run.vocab - 1, "device": run.cfg.device, **spec.params}
+            params["theta"] = prove_theta(run.target, run.draft, run.prompts[0], run.n, **at)
+        dec = Decoder(run.target, None, method=spec.method, **models, **params)
+        if not (spec.against_reference and run.checked):
+            return dec, None
+        return dec, Decoder(run.target, None, method=spec.method, **models, **{**params, "fast": False})
+
+
+def measure_row(run: DecodeRun, spec: DecodeSpec) -> dict[str, Any]:
+    """One row: its decoder over every prompt (timed, after a warm-up), measured against the reference tokens and,
+    for a greedy lossy row, against our reference path; an error is the row's, not the run's."""
+    params = dict(spec.params)
+    row: dict[str, Any] = {"method": spec.method, "params": params, "lossless": spec.lossless}
+    try:
+        dec, ref_dec = decoders(run, spec, params)
+        dec.generate(run.prompts[0], max_new_tokens=min(run.n, 8))  # warm-up
+        outs, stats, ms = [], [], 0.0
+        for i, p in enumerate(run.prompts):
+            t, res = run.timer(dec.generate, p, max_new_tokens=run.n, seed=run.cfg.seed + i)
+            ms += t
+            outs.append(res.token_ids)
+            stats.append(res.stats)
+        row.update(ms=ms, **row_measures(run, outs, stats))
+        if ref_dec is not None:
+            theirs = [ref_dec.generate(p, max_new_tokens=run.n).token_ids for p in run.prompts]
+            row["agreement_with_reference"] = sum(o == t for o, t in zip(outs, theirs, strict=True)) / len(
+                outs
             )
-            if ref_dec is not None:
-                theirs = [ref_dec.generate(p, max_new_tokens=n).token_ids for p in prompts]
-                row["agreement_with_reference"] = sum(
-                    o == t for o, t in zip(outs, theirs, strict=True)
-                ) / len(outs)
-        except Exception as e:
-            row["error"] = describe_error(e)
-        rows[spec.name] = row
-        forced = (
-            spec.params.get("fast") is True
-        )  # the row is there to check the fast cycle: it must have run it
-        what = f"decode {dtype_name} {spec.name}: runs on {cfg.device}" + (" (fast path)" if forced else "")
-        ran = "error" not in row and row["valid"] and (not forced or row["path"] == "fast")
-        checks.append(check_entry(what, ran, row.get("error")))
-        if spec.lossless and dtype_name == "float32" and "error" not in row:
-            checks.append(
-                check_entry(
-                    f"decode float32 {spec.name} = transformers generate, token for token "
-                    f"({row['agreement']:.0%} of {len(prompts)} prompts)",
-                    row["agreement"] == 1.0,
-                )
-            )
-        if spec.against_reference and dtype_name == "float32" and "error" not in row:
-            checks.append(
-                check_entry(
-                    f"decode float32 {spec.name} = our reference path (fast=false), token for token "
-                    f"({row['agreement_with_reference']:.0%} of {len(prompts)} prompts)",
-                    row["agreement_with_reference"] == 1.0,
-                )
-            )
+    except Exception as e:
+        row["error"] = describe_error(e)
+    return row
+
+
+def row_measures(run: DecodeRun, outs: list[list[int]], stats: list[Any]) -> dict[str, Any]:
+    """A row's tokens, validity, tokens per cycle, passes per token, acceptance by depth, agreement with generate
+    and first divergences, and the path its cycles took."""
+    from prove.decode.bench.metrics import first_divergence, rate_by_depth
+
+    tokens = sum(map(len, outs))
+    div = [first_divergence(o, r) for o, r in zip(outs, run.reference, strict=True)]
+    return {
+        "tokens": tokens,
+        "valid": all(len(o) == run.n and all(0 <= t < run.vocab for t in o) for o in outs),
+        "tokens_per_cycle": tokens / max(1, sum(s.cycles for s in stats)),
+        "model_passes_per_token": sum(s.model_passes for s in stats) / max(1, tokens),
+        "draft_passes_per_token": sum(s.draft_passes for s in stats) / max(1, tokens),
+        "acceptance_by_depth": rate_by_depth(
+            (s.accepted_by_depth for s in stats), (s.proposed_by_depth for s in stats)
+        ),
+        "agreement": sum(d is None for d in div) / len(div),
+        "first_divergence": div,
+        "path": "fast" if all(s.fast is not None for s in stats) else "reference",
+    }
+
+
+def row_checks(run: DecodeRun, spec: DecodeSpec, row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The row ran (on the fast path where it forces it); in fp32, a lossless row equals generate and a greedy lossy
+    one our reference path, token for token."""
+    forced = spec.params.get("fast") is True  # the row is there to check the fast cycle: it must have run it
+    what = f"decode {run.dtype_name} {spec.name}: runs on {run.cfg.device}" + (
+        " (fast path)" if forced else ""
+    )
+    ran = "error" not in row and row["valid"] and (not forced or row["path"] == "fast")
+    checks = [check_entry(what, ran, row.get("error"))]
+    if not run.checked or "error" in row:
+        return checks
+    of = f"of {len(run.prompts)} prompts"
+    if spec.lossless:
+        what = f"decode float32 {spec.name} = transformers generate, token for token ({row['agreement']:.0%} {of})"
+        checks.append(check_entry(what, row["agreement"] == 1.0))
+    if spec.against_reference:
+        agree = row["agreement_with_reference"]
+        what = f"decode float32 {spec.name} = our reference path (fast=false), token for token ({agree:.0%} {of})"
+        checks.append(check_entry(what, agree == 1.0))
+    return checks
+
+
+def add_speedups(rows: dict[str, Any]) -> None:
+    """Each timed row's speedup over the ar row, per token (rows may differ in tokens)."""
     ar_ms = rows.get("ar", {}).get("ms")
     for row in rows.values():
         if ar_ms and row.get("ms") and row.get("tokens"):
             row["speedup_vs_ar"] = ar_ms / row["ms"] * row["tokens"] / rows["ar"]["tokens"]
-    del target, draft
-    free()
-    return {"prompts": len(prompts), "new_tokens": n, "distinct_reference_tokens": distinct, "rows": rows}
 
 
 def run_decode(cfg: CheckConfig, checks: list[dict[str, Any]]) -> dict[str, Any]:

@@ -108,96 +108,38 @@ def _row_of(dec: Any, prompt: list[int], n: int, timer: Timer, ref: list[int]) -
     return row
 
 
+EngineSpec = tuple[str, str, dict[str, Any], list[int] | None]
+"""A row of ours: its name, method, Decoder parameters and injected accepted counts (None: the rule decides)."""
+
+
 def run_shape(shape: str, cfg: CheckConfig, checks: list[dict[str, Any]]) -> dict[str, Any]:
     """Every row of one shape (see the module's docstring)."""
     import torch
 
-    dtype = getattr(torch, cfg.engine_dtype)
     config = shape_config(SHAPES[shape])
     vocab = config.vocab_size
-    model = random_model(config, cfg.device, dtype, std=cfg.decode_std, seed=cfg.seed)
+    model = random_model(
+        config, cfg.device, getattr(torch, cfg.engine_dtype), std=cfg.decode_std, seed=cfg.seed
+    )
     prompt = random_prompts(1, cfg.engine_prompt_len, vocab, seed=cfg.seed + 5)[0]
     n = cfg.engine_new_tokens
     timer = Timer(cfg.device)
-    rows: dict[str, Any] = {}
     hf_greedy(model, prompt, min(n, 8))  # warm-up
     ms, ref = timer(hf_greedy, model, prompt, n)
-    rows["transformers eager"] = {"ms": ms, "tokens": len(ref), "tok_s": len(ref) / (ms / 1e3)}
+    rows: dict[str, Any] = {
+        "transformers eager": {"ms": ms, "tokens": len(ref), "tok_s": len(ref) / (ms / 1e3)}
+    }
     if shape in cfg.engine_hf_compile_shapes:
-        try:
-            t0 = time.perf_counter()
-            hf_static(model, prompt, n)  # compiles
-            hf_static(model, prompt, n)
-            compile_s = time.perf_counter() - t0
-            frames = _dynamo_frames()
-            ms, toks = timer(hf_static, model, prompt, n)
-            after = _dynamo_frames()
-            rows["transformers static compiled"] = {
-                "ms": ms,
-                "tokens": len(toks),
-                "tok_s": len(toks) / (ms / 1e3),
-                "warmup_s": compile_s,
-                "recompiles": None if frames < 0 else after - frames,
-                "agree_with_transformers": toks == ref,
-            }
-        except Exception as e:  # noqa: BLE001 - reported, the other rows still run
-            rows["transformers static compiled"] = {"error": describe_error(e)}
-    K = cfg.block_size
-    unfused = {"fast": True, "block_size": K}
-    fused = {**unfused, "fuse": True, "fuse_groups": "all"}
-    specs: list[tuple[str, str, dict[str, Any], list[int] | None]] = [
-        ("ours reference ar", "ar", {"fast": False}, None),
-        ("ours fast ar", "ar", {"fast": True}, None),
-        ("ours fast ar, request-sized cache", "ar", {"fast": True, "cache_len": cache_len(cfg)}, None),
-        ("ours fast prove-lossless", "prove-lossless", unfused, None),
-        ("ours fast prove-lossless fused", "prove-lossless", fused, None),
-    ]
-    for tpc in cfg.engine_injected:  # the same accepted counts for unfused and fused
-        for label, params in (("", unfused), (" fused", fused)):
-            specs.append(
-                (f"ours fast prove-lossless{label}, {tpc:g} tok/cycle injected", "prove-lossless", params,
-                 injected_counts(tpc))
-            )  # fmt: skip
-    if shape in cfg.engine_compile_shapes:  # the cycle through inductor: does fusing its kernels pay?
-        top = max(cfg.engine_injected, default=None)
-        specs.append(("ours fast ar compiled", "ar", {"fast": True, "compile": True}, None))
-        for label, params in (("", unfused), (" fused", fused)):
-            if top is not None:
-                specs.append(
-                    (f"ours fast prove-lossless{label} compiled, {top:g} tok/cycle injected", "prove-lossless",
-                     {**params, "compile": True}, injected_counts(top))
-                )  # fmt: skip
-    for name, method, params, inject in specs:
-        try:
-            dec = _ours(model, method, params, cfg, vocab)
-            if inject is not None:
-                dec.fast_engine.set_rule(InjectedAcceptance(inject, dec.fast_engine.device))
-            rows[name] = _row_of(dec, prompt, n, timer, ref)
-            if inject is not None:
-                rows[name]["injected"] = inject
-            del dec
-        except Exception as e:  # noqa: BLE001
-            rows[name] = {"error": describe_error(e)}
-        ok = (
-            "error" not in rows[name]
-            and rows[name]["tokens"] == n
-            and not rows[name].get("compiles_while_timed")
-        )
-        checks.append(check_entry(f"engine {shape}: {name} runs", ok, rows[name].get("error")))
-    base = rows.get("transformers static compiled", {}).get("tok_s")
-    for row in rows.values():
-        if base and row.get("tok_s"):
-            row["vs_transformers_compiled_ar"] = row["tok_s"] / base
+        rows["transformers static compiled"] = hf_static_row(model, prompt, n, timer, ref)
+    for name, method, params, inject in engine_specs(shape, cfg):
+        rows[name] = row = our_row(model, method, params, inject, cfg, vocab, prompt, timer, ref)
+        ok = "error" not in row and row["tokens"] == n and not row.get("compiles_while_timed")
+        checks.append(check_entry(f"engine {shape}: {name} runs", ok, row.get("error")))
+    add_ratios(rows)
     fast_ar = rows.get("ours fast ar", {})
-    sized = rows.get("ours fast ar, request-sized cache", {})
-    if fast_ar.get("tok_s") and sized.get(
-        "tok_s"
-    ):  # the default cache's cost: the same passes, if views work
-        fast_ar["default_cache_over_request_sized"] = sized["tok_s"] / fast_ar["tok_s"]
-    if "agree_with_transformers" in fast_ar:
+    if "agree_with_transformers" in fast_ar and cfg.engine_dtype == "float32":
         what = f"engine {shape}: fast ar = transformers greedy ({cfg.engine_dtype}; bf16 may flip near-ties)"
-        if cfg.engine_dtype == "float32":
-            checks.append(check_entry(what, fast_ar["agree_with_transformers"]))
+        checks.append(check_entry(what, fast_ar["agree_with_transformers"]))
     try:
         curve: dict[int, float] | dict[str, str] = graph_curve(model, cfg, vocab)
     except Exception as e:  # noqa: BLE001 - the rows above stand without the curve
@@ -207,6 +149,87 @@ def run_shape(shape: str, cfg: CheckConfig, checks: list[dict[str, Any]]) -> dic
     del model
     free()
     return {"rows": rows, "graph_curve_ms": curve}
+
+
+def hf_static_row(model: Any, prompt: list[int], n: int, timer: Timer, ref: list[int]) -> dict[str, Any]:
+    """transformers' compiled baseline: two untimed decodes (the first compiles), then a timed one, with the frames
+    dynamo compiled while timed (a recompile there would charge the baseline its compile)."""
+    try:
+        t0 = time.perf_counter()
+        hf_static(model, prompt, n)  # compiles
+        hf_static(model, prompt, n)
+        compile_s = time.perf_counter() - t0
+        frames = _dynamo_frames()
+        ms, toks = timer(hf_static, model, prompt, n)
+        after = _dynamo_frames()
+        return {
+            "ms": ms,
+            "tokens": len(toks),
+            "tok_s": len(toks) / (ms / 1e3),
+            "warmup_s": compile_s,
+            "recompiles": None if frames < 0 else after - frames,
+            "agree_with_transformers": toks == ref,
+        }
+    except Exception as e:  # noqa: BLE001 - reported, the other rows still run
+        return {"error": describe_error(e)}
+
+
+def engine_specs(shape: str, cfg: CheckConfig) -> list[EngineSpec]:
+    """Our rows of one shape: reference and fast ar, fast prove-lossless unfused and fused, each injected acceptance
+    unfused and fused alike, and on ``engine_compile_shapes`` the compiled cycle (does fusing its kernels pay?)."""
+    unfused = {"fast": True, "block_size": cfg.block_size}
+    fused = {**unfused, "fuse": True, "fuse_groups": "all"}
+    kinds = (("", unfused), (" fused", fused))
+    specs: list[EngineSpec] = [
+        ("ours reference ar", "ar", {"fast": False}, None),
+        ("ours fast ar", "ar", {"fast": True}, None),
+        ("ours fast ar, request-sized cache", "ar", {"fast": True, "cache_len": cache_len(cfg)}, None),
+        ("ours fast prove-lossless", "prove-lossless", unfused, None),
+        ("ours fast prove-lossless fused", "prove-lossless", fused, None),
+    ]
+    for tpc in cfg.engine_injected:  # the same accepted counts for unfused and fused
+        for label, params in kinds:
+            name = f"ours fast prove-lossless{label}, {tpc:g} tok/cycle injected"
+            specs.append((name, "prove-lossless", params, injected_counts(tpc)))
+    if shape in cfg.engine_compile_shapes:
+        top = max(cfg.engine_injected, default=None)
+        specs.append(("ours fast ar compiled", "ar", {"fast": True, "compile": True}, None))
+        for label, params in kinds:
+            if top is not None:
+                name = f"ours fast prove-lossless{label} compiled, {top:g} tok/cycle injected"
+                specs.append((name, "prove-lossless", {**params, "compile": True}, injected_counts(top)))
+    return specs
+
+
+def our_row(
+    model: Any, method: str, params: dict[str, Any], inject: list[int] | None, cfg: CheckConfig, vocab: int,
+    prompt: list[int], timer: Timer, ref: list[int],
+) -> dict[str, Any]:  # fmt: skip
+    """One row of ours on the shape's model, its acceptance injected where ``inject`` is set; an error is the
+    row's, not the shape's."""
+    try:
+        dec = _ours(model, method, params, cfg, vocab)
+        if inject is not None:
+            dec.fast_engine.set_rule(InjectedAcceptance(inject, dec.fast_engine.device))
+        row = _row_of(dec, prompt, cfg.engine_new_tokens, timer, ref)
+        if inject is not None:
+            row["injected"] = inject
+        return row
+    except Exception as e:  # noqa: BLE001
+        return {"error": describe_error(e)}
+
+
+def add_ratios(rows: dict[str, Any]) -> None:
+    """Each row's tok/s over transformers' compiled AR, and the default cache's cost against a request-sized one
+    (the same passes, if views work)."""
+    base = rows.get("transformers static compiled", {}).get("tok_s")
+    for row in rows.values():
+        if base and row.get("tok_s"):
+            row["vs_transformers_compiled_ar"] = row["tok_s"] / base
+    fast_ar = rows.get("ours fast ar", {})
+    sized = rows.get("ours fast ar, request-sized cache", {})
+    if fast_ar.get("tok_s") and sized.get("tok_s"):
+        fast_ar["default_cache_over_request_sized"] = sized["tok_s"] / fast_ar["tok_s"]
 
 
 def graph_curve(model: Any, cfg: CheckConfig, vocab: int) -> dict[int, float]:

@@ -17,6 +17,21 @@ def _f(v: Any, spec: str = ".2f") -> str:
 
 def render_md(report: Mapping[str, Any]) -> str:
     """gpu-check.md: the checks, then a section per part that ran, the prediction and the predictor check."""
+    lines = render_header(report)
+    lines += render_train(report.get("train"))
+    lines += render_decode(report.get("decode"), report["env"]["device"])
+    lines += render_curve(report.get("curve"))
+    lines += render_prediction(report.get("prediction"))
+    lines += render_predictor_check(report.get("predictor_check"))
+    lines += render_engine(report.get("engine"), report.get("curve"))
+    lines += render_pipeline(report.get("pipeline"))
+    if report.get("plot_note"):
+        lines += ["", report["plot_note"]]
+    return "\n".join(lines) + "\n"
+
+
+def render_header(report: Mapping[str, Any]) -> list[str]:
+    """The title (device, and whether it was the tiny CPU run), the versions and commit, then the checks."""
     env = report["env"]
     lines = [
         f"# gpu-check — {env['device_name']} ({env['device']})"
@@ -30,103 +45,112 @@ def render_md(report: Mapping[str, Any]) -> str:
     ]
     lines += [f"- {'✅' if c['ok'] else '❌'} {c['check']}" + (f" — `{c['error']}`" if "error" in c else "")
               for c in report["checks"]]  # fmt: skip
-    train = report.get("train")
-    if train:
-        lines += ["", f"## 1. Training path: MARS, {train['shape']}, {train['dtype']}, batch {train['batch']} × "
-                      f"{train['length']} tokens (the model reads 2 × {train['length']}), K = {train['block_size']}",
-                  "", "| attention | mask | loss step 1 | loss last | tokens/s | step ms | first step ms | peak GiB |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
-        for r in train["runs"].values():
-            if "error" in r:
-                lines.append(f"| {r['attn_implementation']} | error: {r['error']} | | | | | | |")
-                continue
-            lines.append(
-                f"| {r['attn_implementation']} | {r['mask']} | {r['losses'][0]:.4f} | {r['losses'][-1]:.4f} | "
-                f"{r['tokens_per_s']:.0f} | {r['step_ms']:.1f} | {r['first_step_ms']:.0f} | {_f(r['peak_gib'])} |"
-            )
-        plain = train.get("plain")
-        if plain and "error" not in plain:
-            lines.append(
-                f"| {plain['attn_implementation']} | {plain['mask']} | {plain['losses'][0]:.4f} | "
-                f"{plain['losses'][-1]:.4f} | {plain['tokens_per_s']:.0f} | {plain['step_ms']:.1f} | "
-                f"{plain['first_step_ms']:.0f} | {_f(plain['peak_gib'])} |"
-            )
-        elif plain:
-            lines.append(
-                f"| {plain['attn_implementation']} | plain step error: {plain['error']} | | | | | | |"
-            )
-        if train.get("mars_over_plain"):
-            ratios = ", ".join(f"{impl} {x:.2f}×" for impl, x in train["mars_over_plain"].items())
-            lines += ["", f"MARS step / plain causal-LM step on the same rows (step ms): {ratios}."]
-        if train.get("note"):
-            lines += ["", train["note"]]
-    dec = report.get("decode")
-    if dec:
-        lines += ["", f"## 2. Decoding on {env['device']}: random {dec['shape']} (weight std {dec['weight_std']}), "
-                      f"draft = its first {dec['draft_layers']} layers, K = {dec['block_size']}, k = {dec['k']}"]  # fmt: skip
-        for dt, d in dec["dtypes"].items():
-            lines += ["", f"### {dt}: {d['prompts']} prompts × {d['new_tokens']} tokens "
-                          f"({d['distinct_reference_tokens']} distinct tokens in the reference)", "",
-                      "| method | = generate | first div. | tok/cycle | model passes/tok | accepted by depth | speedup vs ar "
-                      "| path |",
-                      "|---|---:|---|---:|---:|---|---:|---|"]  # fmt: skip
-            for name, r in d["rows"].items():
-                if name == "hf-greedy":
-                    continue
-                if "error" in r:
-                    lines.append(f"| {name} | error: {r['error']} | | | | | | |")
-                    continue
-                agree = f"{r['agreement']:.0%}" if r["lossless"] else "(sampling)"
-                # greedy, lossy: checked against our reference path (in fp32)
-                if "agreement_with_reference" in r:
-                    agree = f"{r['agreement_with_reference']:.0%} = ours, fast=false"
-                acc = " ".join(_f(v) for v in r["acceptance_by_depth"]) or "–"
-                divs = (
-                    ",".join("–" if v is None else str(v) for v in r["first_divergence"])
-                    if r["lossless"]
-                    else ""
-                )
-                lines.append(
-                    f"| {name} | {agree} | {divs} | {r['tokens_per_cycle']:.2f} | {r['model_passes_per_token']:.2f} | "
-                    f"{acc} | {_f(r.get('speedup_vs_ar'))}× | {r.get('path', '')} |"
-                )
-    curve = report.get("curve")
-    if curve:
-        widths = sorted({int(w) for c in curve["ms"].values() for w in c})
-        lines += ["", f"## 3. Cost curve: ms per pass of w tokens on a warm cache of {curve['cache_len']} "
-                      f"({curve['dtype']}, median of {curve['repeats']} after {curve['warmup']} warm-up)", "",
-                  "| shape | " + " | ".join(f"w={w}" for w in widths) + " | t(64)/t(1) |",
-                  "|---|" + "---:|" * (len(widths) + 1)]  # fmt: skip
-        for shape, c in curve["ms"].items():
-            ratio = c.get("64", math.nan) / c["1"] if "1" in c else math.nan
-            lines.append(
-                f"| {shape} | " + " | ".join(_f(c.get(str(w))) for w in widths) + f" | {_f(ratio)} |"
-            )
-        for shape, why in curve["skipped"].items():
-            lines += ["", f"**{shape} skipped**: {why}."]
-        for shape, why in curve["errors"].items():
-            lines += ["", f"**{shape} failed**: `{why}`."]
-    pred = report.get("prediction")
-    if pred:
-        lines += ["", f"## Predicted speedup over AR (from t(w) and the per-depth acceptance of {pred['source']})", "",
-                  pred["note"], "", "| target | method | size | tokens/cycle | passes per cycle | cycle ms | speedup |",
-                  "|---|---|---|---:|---|---:|---:|"]  # fmt: skip
-        for r in pred["rows"]:
-            lines.append(
-                f"| {r['target']} | {r['method']} | {r['size']} | {r['tokens_per_cycle']:.2f} | {r['passes']} | "
-                f"{r['cycle_ms']:.2f} | **{r['speedup']:.2f}×** |"
-            )
-    pc = report.get("predictor_check")
-    if pc:
-        lines += ["", f"Predictor check — prove-lossless K = {pc['block_size']} on the decode model ({pc['shape']}, "
-                      f"{pc['dtype']}, {pc['tokens_per_cycle_measured']:.2f} tokens/cycle): predicted from t(w) "
-                      f"{pc['predicted']:.2f}×, measured {pc['measured']:.2f}× over ar (the gap is the engine's "
-                      "per-cycle host work, which t(w) leaves out)."]  # fmt: skip
-    lines += render_engine(report.get("engine"), report.get("curve"))
-    lines += render_pipeline(report.get("pipeline"))
-    if report.get("plot_note"):
-        lines += ["", report["plot_note"]]
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def render_train(train: Mapping[str, Any] | None) -> list[str]:
+    """Part 1's section: a row per attention implementation's MARS step, the plain step's row, their ratio."""
+    if not train:
+        return []
+    lines = ["", f"## 1. Training path: MARS, {train['shape']}, {train['dtype']}, batch {train['batch']} × "
+                 f"{train['length']} tokens (the model reads 2 × {train['length']}), K = {train['block_size']}",
+             "", "| attention | mask | loss step 1 | loss last | tokens/s | step ms | first step ms | peak GiB |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines += [train_table_row(r, "error") for r in train["runs"].values()]
+    if plain := train.get("plain"):
+        lines.append(train_table_row(plain, "plain step error"))
+    if train.get("mars_over_plain"):
+        ratios = ", ".join(f"{impl} {x:.2f}×" for impl, x in train["mars_over_plain"].items())
+        lines += ["", f"MARS step / plain causal-LM step on the same rows (step ms): {ratios}."]
+    if train.get("note"):
+        lines += ["", train["note"]]
+    return lines
+
+
+def train_table_row(r: Mapping[str, Any], failed: str) -> str:
+    """One training run's table row, or its error under ``failed``."""
+    if "error" in r:
+        return f"| {r['attn_implementation']} | {failed}: {r['error']} | | | | | | |"
+    return (
+        f"| {r['attn_implementation']} | {r['mask']} | {r['losses'][0]:.4f} | {r['losses'][-1]:.4f} | "
+        f"{r['tokens_per_s']:.0f} | {r['step_ms']:.1f} | {r['first_step_ms']:.0f} | {_f(r['peak_gib'])} |"
+    )
+
+
+def render_decode(dec: Mapping[str, Any] | None, device: str) -> list[str]:
+    """Part 2's section: per dtype, a row per method (agreement with generate, acceptance, speedup)."""
+    if not dec:
+        return []
+    lines = ["", f"## 2. Decoding on {device}: random {dec['shape']} (weight std {dec['weight_std']}), "
+                 f"draft = its first {dec['draft_layers']} layers, K = {dec['block_size']}, k = {dec['k']}"]  # fmt: skip
+    for dt, d in dec["dtypes"].items():
+        lines += ["", f"### {dt}: {d['prompts']} prompts × {d['new_tokens']} tokens "
+                      f"({d['distinct_reference_tokens']} distinct tokens in the reference)", "",
+                  "| method | = generate | first div. | tok/cycle | model passes/tok | accepted by depth | speedup vs ar "
+                  "| path |",
+                  "|---|---:|---|---:|---:|---|---:|---|"]  # fmt: skip
+        lines += [decode_table_row(name, r) for name, r in d["rows"].items() if name != "hf-greedy"]
+    return lines
+
+
+def decode_table_row(name: str, r: Mapping[str, Any]) -> str:
+    """One method's decoding row: a lossless method's agreement with generate and first divergences, a greedy lossy
+    one's agreement with our fp32 reference path, a sampling one's neither."""
+    if "error" in r:
+        return f"| {name} | error: {r['error']} | | | | | | |"
+    agree = f"{r['agreement']:.0%}" if r["lossless"] else "(sampling)"
+    if "agreement_with_reference" in r:
+        agree = f"{r['agreement_with_reference']:.0%} = ours, fast=false"
+    acc = " ".join(_f(v) for v in r["acceptance_by_depth"]) or "–"
+    divs = ",".join("–" if v is None else str(v) for v in r["first_divergence"]) if r["lossless"] else ""
+    return (
+        f"| {name} | {agree} | {divs} | {r['tokens_per_cycle']:.2f} | {r['model_passes_per_token']:.2f} | "
+        f"{acc} | {_f(r.get('speedup_vs_ar'))}× | {r.get('path', '')} |"
+    )
+
+
+def render_curve(curve: Mapping[str, Any] | None) -> list[str]:
+    """Part 3's section: ms per pass of w tokens by shape, with t(64)/t(1); the shapes skipped or failed."""
+    if not curve:
+        return []
+    widths = sorted({int(w) for c in curve["ms"].values() for w in c})
+    lines = ["", f"## 3. Cost curve: ms per pass of w tokens on a warm cache of {curve['cache_len']} "
+                 f"({curve['dtype']}, median of {curve['repeats']} after {curve['warmup']} warm-up)", "",
+             "| shape | " + " | ".join(f"w={w}" for w in widths) + " | t(64)/t(1) |",
+             "|---|" + "---:|" * (len(widths) + 1)]  # fmt: skip
+    for shape, c in curve["ms"].items():
+        ratio = c.get("64", math.nan) / c["1"] if "1" in c else math.nan
+        lines.append(f"| {shape} | " + " | ".join(_f(c.get(str(w))) for w in widths) + f" | {_f(ratio)} |")
+    for shape, why in curve["skipped"].items():
+        lines += ["", f"**{shape} skipped**: {why}."]
+    for shape, why in curve["errors"].items():
+        lines += ["", f"**{shape} failed**: `{why}`."]
+    return lines
+
+
+def render_prediction(pred: Mapping[str, Any] | None) -> list[str]:
+    """The predicted speedups over AR, from t(w) and a source's per-depth acceptance."""
+    if not pred:
+        return []
+    lines = ["", f"## Predicted speedup over AR (from t(w) and the per-depth acceptance of {pred['source']})", "",
+             pred["note"], "", "| target | method | size | tokens/cycle | passes per cycle | cycle ms | speedup |",
+             "|---|---|---|---:|---|---:|---:|"]  # fmt: skip
+    for r in pred["rows"]:
+        lines.append(
+            f"| {r['target']} | {r['method']} | {r['size']} | {r['tokens_per_cycle']:.2f} | {r['passes']} | "
+            f"{r['cycle_ms']:.2f} | **{r['speedup']:.2f}×** |"
+        )
+    return lines
+
+
+def render_predictor_check(pc: Mapping[str, Any] | None) -> list[str]:
+    """One paragraph: the speedup t(w) predicts for prove-lossless beside the one the decode part measured."""
+    if not pc:
+        return []
+    return ["", f"Predictor check — prove-lossless K = {pc['block_size']} on the decode model ({pc['shape']}, "
+                f"{pc['dtype']}, {pc['tokens_per_cycle_measured']:.2f} tokens/cycle): predicted from t(w) "
+                f"{pc['predicted']:.2f}×, measured {pc['measured']:.2f}× over ar (the gap is the engine's "
+                "per-cycle host work, which t(w) leaves out)."]  # fmt: skip
 
 
 def render_engine(engine: Mapping[str, Any] | None, curve: Mapping[str, Any] | None) -> list[str]:

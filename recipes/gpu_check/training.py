@@ -165,45 +165,12 @@ def train_plain(cfg: CheckConfig, impl: str, batches: list[tuple[Any, Any]]) -> 
 
 def run_train(cfg: CheckConfig, checks: list[dict[str, Any]]) -> dict[str, Any]:
     """Both attention paths (FlexAttention where torch has it, then the dense mask); appends their checks."""
-    import torch
-
     vocab = SHAPES[cfg.train_shape]["vocab_size"]
     mask_id = vocab - 1  # a spare embedding row stands in for <|mask|>
     batches = train_batches(cfg, vocab, mask_id, cfg.device)
-    impls = [cfg.dense_attn]
-    flex_note = None
-    if cfg.flex:
-        try:
-            import torch.nn.attention.flex_attention  # noqa: F401
-
-            impls.insert(0, "flex_attention")
-        except ImportError as e:
-            flex_note = f"FlexAttention unavailable in torch {torch.__version__}: {e}"
-    runs: dict[str, Any] = {}
-    for impl in impls:
-        try:
-            runs[impl] = train_one(cfg, impl, batches, mask_id)
-        except Exception as e:  # one path failing must not hide the other
-            runs[impl] = {"attn_implementation": impl, "error": describe_error(e)}
-        free()
-        r = runs[impl]
-        ok = "error" not in r and r["grads_finite"]
-        what = f"train {impl}: steps run, gradients finite"
-        if "error" not in r and not r["backward"]:
-            what = f"train {impl}: forward runs (no backward on {cfg.device})"
-        checks.append(check_entry(what, ok, r.get("error")))
-    try:
-        plain = train_plain(cfg, cfg.dense_attn, batches)
-    except Exception as e:
-        plain = {"attn_implementation": cfg.dense_attn, "error": describe_error(e)}
-    free()
-    ok = "error" not in plain and plain["grads_finite"]
-    checks.append(
-        check_entry(
-            f"train plain causal LM ({cfg.dense_attn}): steps run, gradients finite", ok, plain.get("error")
-        )
-    )
-    tol = 2e-2 if cfg.train_dtype in ("bfloat16", "float16") else 1e-4
+    impls, flex_note = attention_impls(cfg)
+    runs = {impl: mars_path(cfg, impl, batches, mask_id, checks) for impl in impls}
+    plain = plain_path(cfg, batches, checks)
     result: dict[str, Any] = {
         "shape": cfg.train_shape,
         "dtype": cfg.train_dtype,
@@ -221,19 +188,71 @@ def run_train(cfg: CheckConfig, checks: list[dict[str, Any]]) -> dict[str, Any]:
         "note": flex_note,
     }
     if len(runs) == 2 and all("error" not in r for r in runs.values()):
-        flex, dense = runs["flex_attention"]["losses"], runs[cfg.dense_attn]["losses"]
-        # Same weights and batches: step 1 must agree; later steps drift apart with the rounding of updates.
-        rel = [abs(a - b) / max(abs(b), 1e-6) for a, b in zip(flex, dense, strict=True)]
-        result["loss_rel_diff"] = rel
-        result["loss_tolerance"] = tol
-        gf, gd = runs["flex_attention"]["grad_norms"], runs[cfg.dense_attn]["grad_norms"]
-        if gf and gd:
-            result["grad_norm_rel_diff_step1"] = abs(gf[0] - gd[0]) / max(gd[0], 1e-12)
-        kind = runs["flex_attention"]["mask"]
-        checks.append(
-            check_entry(
-                f"train: FlexAttention ({kind}) loss = dense-mask loss at step 1 (rel. diff {rel[0]:.2e} ≤ {tol:g})",
-                rel[0] <= tol and kind == "BlockMask",
-            )
-        )
+        result.update(flex_against_dense(cfg, runs, checks))
     return result
+
+
+def attention_impls(cfg: CheckConfig) -> tuple[list[str], str | None]:
+    """The attentions to train with: FlexAttention first where ``cfg.flex`` asks and torch has it (else a note
+    why not), then ``cfg.dense_attn``."""
+    import torch
+
+    if not cfg.flex:
+        return [cfg.dense_attn], None
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError as e:
+        return [cfg.dense_attn], f"FlexAttention unavailable in torch {torch.__version__}: {e}"
+    return ["flex_attention", cfg.dense_attn], None
+
+
+def mars_path(
+    cfg: CheckConfig, impl: str, batches: list[tuple[Any, Any]], mask_id: int, checks: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """:func:`train_one` with attention ``impl`` and its check (one path failing must not hide the other)."""
+    try:
+        r = train_one(cfg, impl, batches, mask_id)
+    except Exception as e:
+        r = {"attn_implementation": impl, "error": describe_error(e)}
+    free()
+    ok = "error" not in r and r["grads_finite"]
+    what = f"train {impl}: steps run, gradients finite"
+    if "error" not in r and not r["backward"]:
+        what = f"train {impl}: forward runs (no backward on {cfg.device})"
+    checks.append(check_entry(what, ok, r.get("error")))
+    return r
+
+
+def plain_path(
+    cfg: CheckConfig, batches: list[tuple[Any, Any]], checks: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """:func:`train_plain`, the baseline, with the dense attention and its check."""
+    try:
+        plain = train_plain(cfg, cfg.dense_attn, batches)
+    except Exception as e:
+        plain = {"attn_implementation": cfg.dense_attn, "error": describe_error(e)}
+    free()
+    ok = "error" not in plain and plain["grads_finite"]
+    what = f"train plain causal LM ({cfg.dense_attn}): steps run, gradients finite"
+    checks.append(check_entry(what, ok, plain.get("error")))
+    return plain
+
+
+def flex_against_dense(
+    cfg: CheckConfig, runs: dict[str, Any], checks: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Same weights and batches: the FlexAttention ``BlockMask`` path's step-1 loss must equal the dense mask's
+    to the dtype's tolerance (later steps drift apart with the rounding of updates)."""
+    tol = 2e-2 if cfg.train_dtype in ("bfloat16", "float16") else 1e-4
+    flex, dense = runs["flex_attention"]["losses"], runs[cfg.dense_attn]["losses"]
+    rel = [abs(a - b) / max(abs(b), 1e-6) for a, b in zip(flex, dense, strict=True)]
+    out: dict[str, Any] = {"loss_rel_diff": rel, "loss_tolerance": tol}
+    gf, gd = runs["flex_attention"]["grad_norms"], runs[cfg.dense_attn]["grad_norms"]
+    if gf and gd:
+        out["grad_norm_rel_diff_step1"] = abs(gf[0] - gd[0]) / max(gd[0], 1e-12)
+    kind = runs["flex_attention"]["mask"]
+    what = (
+        f"train: FlexAttention ({kind}) loss = dense-mask loss at step 1 (rel. diff {rel[0]:.2e} ≤ {tol:g})"
+    )
+    checks.append(check_entry(what, rel[0] <= tol and kind == "BlockMask"))
+    return out
