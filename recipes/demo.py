@@ -31,6 +31,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from prove.common.checkpoint import read_prove_json
 
@@ -93,7 +94,7 @@ def _say(msg: str) -> None:
     print(f"\n== {msg}", flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m prove.recipes.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--run-dir", default=f"runs/{RECIPE}", help="checkpoints: <run-dir>/{sft,mars,verifier-*}")
     p.add_argument(
@@ -112,12 +113,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="an extra prove-train override for every stage (repeatable)")  # fmt: skip
     p.add_argument("--no-vllm", action="store_true", help="no vLLM rows, even with vLLM installed")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     run_dir, data, out = Path(args.run_dir), Path(args.data), Path(args.out)
-    extra = [*(SMOKE_TRAIN if args.smoke else ()), *args.train_arg]
     t_start = time.perf_counter()
-    # 1) train: proposer sft → mars, verifier sft → distill (prove-train skips a finished stage of the same config)
+    train_stages(run_dir, data, [*(SMOKE_TRAIN if args.smoke else ()), *args.train_arg])
+    from prove.decode.bench.run import run_bench
+
+    cfg = bench_config(args, bench_methods())
+    _say(f"bench: {', '.join(cfg.methods)} on {cfg.n_prompts} held-out prompts\n$ {bench_command_line(cfg)}")
+    report = run_bench(cfg)
+    print()
+    print((out / "bench.md").read_text())
+    print(f"bench.json: {out / 'bench.json'}")
+    for name, path in report["plots"].items():
+        print(f"plot {name}: {path}")
+    print(f"\ndemo done in {(time.perf_counter() - t_start) / 60:.1f} min")
+    return 0
+
+
+def train_stages(run_dir: Path, data: Path, extra: list[str]) -> None:
+    """Proposer sft → mars, verifier sft → distill, each through prove-train in a subprocess (which skips a
+    finished stage of the same config)."""
     for stage in STAGES:
         cmd = train_command(stage, run_dir, data, extra)
         _say(f"{stage.title} -> {run_dir / stage.dir}\n$ prove-train {shlex.join(cmd[3:])}")
@@ -125,46 +145,60 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run(cmd, check=True)
         print(f"   {stage.title}: {time.perf_counter() - t0:.0f} s", flush=True)
 
-    # 2) bench every method on the held-out prompts
-    import importlib.util
 
-    from prove.decode.bench.config import BenchConfig
-    from prove.decode.bench.run import run_bench
-    from prove.decode.config import VllmOptions
+def bench_methods() -> list[str]:
+    """The demo's methods that ``prove.decode.methods`` registers (a note names those it does not)."""
     from prove.decode.methods import METHODS as REGISTERED
 
     methods = [m for m in METHODS if m in REGISTERED]
     missing = sorted(set(METHODS) - set(methods))
     if missing:
         print(f"note: method(s) {missing} are not registered in prove.decode.methods; benching without them")
-    verifier = str(run_dir / STAGES[-1].dir)
-    method_params: dict[str, dict[str, list]] = {}
+    return methods
+
+
+def method_params(methods: list[str]) -> dict[str, dict[str, list]]:
+    """The sweeps of our rows: prove over ``THETAS``, prove-lossless unfused and fused by ``FUSE_GROUPS``, sd by
+    ``DRAFT_THRESHOLDS``."""
+    params: dict[str, dict[str, list]] = {}
     if "prove" in methods:
-        method_params["prove"] = {"theta": list(THETAS)}
+        params["prove"] = {"theta": list(THETAS)}
     if "prove-lossless" in methods:
-        method_params["prove-lossless"] = {"fuse": [False, True], "fuse_groups": list(FUSE_GROUPS)}
+        params["prove-lossless"] = {"fuse": [False, True], "fuse_groups": list(FUSE_GROUPS)}
     if "sd" in methods:
-        method_params["sd"] = {"draft_threshold": list(DRAFT_THRESHOLDS)}
+        params["sd"] = {"draft_threshold": list(DRAFT_THRESHOLDS)}
+    return params
+
+
+def bench_config(args: argparse.Namespace, methods: list[str]) -> Any:
+    """The bench of the trained MARS model on the held-out prompts (test.jsonl beside the training rows), the
+    distilled verifier as prove's verifier and the draft; vLLM's rows where vLLM is installed and the run is no
+    smoke run (its head size of 16 is below what vLLM's CPU attention takes, 32)."""
+    import importlib.util
+
+    from prove.decode.bench.config import BenchConfig
+    from prove.decode.config import VllmOptions
+
+    run_dir, data = Path(args.run_dir), Path(args.data)
+    verifier = str(run_dir / STAGES[-1].dir)
     n_prompts = 2 if args.smoke else args.n_prompts
-    # the smoke run's head size of 16 is below what vLLM's CPU attention takes (32)
     with_vllm = not (args.no_vllm or args.smoke) and importlib.util.find_spec("vllm") is not None
-    # a short sweep here (the first command a new user runs); make bench / prove-bench sweep 1..64
-    concurrency = [c for c in DEMO_CONCURRENCY if c <= n_prompts]
-    cfg = BenchConfig(
+    return BenchConfig(
         model=str(run_dir / "mars"),
         verifier=verifier,
         draft=verifier,
         prompts=str(data.parent / "test.jsonl"),
         methods=methods,
-        method_params=method_params,
+        method_params=method_params(methods),
         n_prompts=n_prompts,
         max_new_tokens=24 if args.smoke else args.max_new_tokens,
         repeats=1 if args.smoke else args.repeats,
         pass_cost_widths=8 if args.smoke else pass_cost_widths(run_dir / "mars"),
-        output_dir=str(out),
+        output_dir=str(Path(args.out)),
         device=args.device,
         backend="vllm" if with_vllm else "engine",
-        vllm_concurrency=concurrency,
+        # a short sweep here (the first command a new user runs); make bench / prove-bench sweep 1..64
+        vllm_concurrency=[c for c in DEMO_CONCURRENCY if c <= n_prompts],
         vllm_method_params={"prove": {"theta": list(VLLM_THETAS)}} if with_vllm else None,
         vllm_methods=[
             "ar",
@@ -175,33 +209,29 @@ def main(argv: list[str] | None = None) -> int:
         # four engines at once: 0.5 GiB of KV cache each
         vllm=VllmOptions(kv_cache_gb=0.5, max_model_len=1024),
     )
+
+
+def bench_command_line(cfg: Any) -> str:
+    """The ``prove-bench`` command that runs ``cfg`` (printed, so the bench can be rerun by hand)."""
     sweep = ",".join(f"{t:g}" for t in THETAS)
     groups = ",".join(map(str, FUSE_GROUPS))
     cuts = ",".join(f"{t:g}" for t in DRAFT_THRESHOLDS)
-    _say(
-        f"bench: {', '.join(methods)} on {cfg.n_prompts} held-out prompts\n$ prove-bench model={cfg.model} "
-        f"verifier={verifier} draft={verifier} prompts={cfg.prompts} methods=[{','.join(methods)}] "
+    line = (
+        f"prove-bench model={cfg.model} verifier={cfg.verifier} draft={cfg.draft} prompts={cfg.prompts} "
+        f"methods=[{','.join(cfg.methods)}] "
         f"'method_params={{prove:{{theta:[{sweep}]}},prove-lossless:{{fuse:[false,true],fuse_groups:[{groups}]}},"
         f"sd:{{draft_threshold:[{cuts}]}}}}' "
         f"n_prompts={cfg.n_prompts} max_new_tokens={cfg.max_new_tokens} repeats={cfg.repeats} "
-        f"pass_cost_widths={cfg.pass_cost_widths} output_dir={out}"
-        + (
-            f" backend=vllm 'vllm_methods=[ar,prove-lossless,sd,prove]' "
-            f"'vllm_method_params={{prove:{{theta:[{','.join(f'{t:g}' for t in VLLM_THETAS)}]}}}}' "
-            f"vllm_concurrency=[{','.join(map(str, concurrency))}] vllm.kv_cache_gb=0.5 "
-            "vllm.max_model_len=1024"
-            if with_vllm
-            else ""
-        )
+        f"pass_cost_widths={cfg.pass_cost_widths} output_dir={cfg.output_dir}"
     )
-    report = run_bench(cfg)
-    print()
-    print((out / "bench.md").read_text())
-    print(f"bench.json: {out / 'bench.json'}")
-    for name, path in report["plots"].items():
-        print(f"plot {name}: {path}")
-    print(f"\ndemo done in {(time.perf_counter() - t_start) / 60:.1f} min")
-    return 0
+    if cfg.backend != "vllm":
+        return line
+    return line + (
+        f" backend=vllm 'vllm_methods=[ar,prove-lossless,sd,prove]' "
+        f"'vllm_method_params={{prove:{{theta:[{','.join(f'{t:g}' for t in VLLM_THETAS)}]}}}}' "
+        f"vllm_concurrency=[{','.join(map(str, cfg.vllm_concurrency))}] vllm.kv_cache_gb=0.5 "
+        "vllm.max_model_len=1024"
+    )
 
 
 if __name__ == "__main__":
