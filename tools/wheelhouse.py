@@ -273,42 +273,8 @@ def build(args: argparse.Namespace) -> int:
     TARGET_ENV.clear()
     TARGET_ENV.update(marker_env(args.python_version))
     target = target_args(args.python_version, args.platform)
-    with tempfile.TemporaryDirectory() as tmp:
-        stubs, constraints = Path(tmp) / "stubs", Path(tmp) / "constraints.txt"
-        stubs.mkdir()
-        pins = []
-        for name, version in node.items():
-            if version is not None:
-                write_stub(stubs, name, version)
-                pins.append(f"{name}=={version}")
-        constraints.write_text("\n".join(pins) + "\n")
-        install = resolve(roots, target, [out, stubs], constraints)
-        keep = needed(install, roots, node)
-        # the build backend of `pip install -e .` (its own resolution: the node's setuptools may be older)
-        build_install = resolve(build_requirements(pyproject), target, [out], Path(os.devnull))
-        keep.update(needed(build_install, build_requirements(pyproject), {}))
-    wanted = {n: Version(e["metadata"]["version"]) for n, e in keep.items()}
-
-    def held(p: Path) -> tuple[str, Version]:
-        name, version = parse_wheel_filename(p.name)[:2]
-        return canonicalize_name(name), version
-
-    have = {held(p) for p in out.glob("*.whl")}
-    fetch = sorted(f"{keep[n]['metadata']['name']}=={v}" for n, v in wanted.items() if (n, v) not in have)
-    if fetch:
-        r = pip("download", "--no-deps", *target, "-d", str(out), *fetch)
-        if r.returncode:
-            raise SystemExit(f"wheelhouse: pip download failed:\n{r.stderr[-3000:]}")
-    files = {}
-    for p in sorted(out.glob("*.whl")):
-        name, got = held(p)
-        if wanted.get(name) == got:
-            files[name] = p
-        else:
-            p.unlink()  # a stale wheel of an earlier build (another node, another target)
-    missing = sorted(set(keep) - set(files))
-    if missing:
-        raise SystemExit(f"wheelhouse: no wheel came for {', '.join(missing)}")
+    keep = wheels_to_keep(pyproject, roots, node, target, out)
+    files = fetch_wheels(out, keep, target)
     (out / REQUIREMENTS).write_text("\n".join(roots) + "\n")
     sizes = {n: p.stat().st_size for n, p in files.items()}
     manifest = {
@@ -326,6 +292,57 @@ def build(args: argparse.Namespace) -> int:
         print(f"{sizes[n] / 1e6:9.2f} MB  {files[n].name}")
     print(f"{sum(sizes.values()) / 1e6:9.2f} MB  in {len(files)} wheels: {out}")
     return 0
+
+
+def wheels_to_keep(
+    pyproject: Path, roots: list[str], node: dict[str, str | None], target: list[str], out: Path
+) -> dict[str, dict]:
+    """What the node lacks of the resolution of ``roots`` for the target, with the node's own versions pinned (as
+    stub wheels, so pip takes them as installed), plus the build backend of ``pip install -e .`` (resolved on its
+    own: the node's setuptools may be older)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        stubs, constraints = Path(tmp) / "stubs", Path(tmp) / "constraints.txt"
+        stubs.mkdir()
+        pins = []
+        for name, version in node.items():
+            if version is not None:
+                write_stub(stubs, name, version)
+                pins.append(f"{name}=={version}")
+        constraints.write_text("\n".join(pins) + "\n")
+        install = resolve(roots, target, [out, stubs], constraints)
+        keep = needed(install, roots, node)
+        build_install = resolve(build_requirements(pyproject), target, [out], Path(os.devnull))
+        keep.update(needed(build_install, build_requirements(pyproject), {}))
+    return keep
+
+
+def _held(p: Path) -> tuple[str, Version]:
+    """A wheel file's canonical name and version."""
+    name, version = parse_wheel_filename(p.name)[:2]
+    return canonicalize_name(name), version
+
+
+def fetch_wheels(out: Path, keep: dict[str, dict], target: list[str]) -> dict[str, Path]:
+    """Download the kept wheels ``out`` does not hold yet, drop the stale ones of an earlier build (another node,
+    another target); the wheel file of every kept name, or exit naming those that did not come."""
+    wanted = {n: Version(e["metadata"]["version"]) for n, e in keep.items()}
+    have = {_held(p) for p in out.glob("*.whl")}
+    fetch = sorted(f"{keep[n]['metadata']['name']}=={v}" for n, v in wanted.items() if (n, v) not in have)
+    if fetch:
+        r = pip("download", "--no-deps", *target, "-d", str(out), *fetch)
+        if r.returncode:
+            raise SystemExit(f"wheelhouse: pip download failed:\n{r.stderr[-3000:]}")
+    files = {}
+    for p in sorted(out.glob("*.whl")):
+        name, got = _held(p)
+        if wanted.get(name) == got:
+            files[name] = p
+        else:
+            p.unlink()
+    missing = sorted(set(keep) - set(files))
+    if missing:
+        raise SystemExit(f"wheelhouse: no wheel came for {', '.join(missing)}")
+    return files
 
 
 # ---- on the node -------------------------------------------------------------------------------------------------
@@ -365,6 +382,10 @@ def _satisfies(version: str, req: Requirement) -> bool:
         return False
 
 
+Wheels = dict[str, list[tuple[Version, Path, frozenset]]]
+"""The wheelhouse's wheels by canonical name: (version, file, tags)."""
+
+
 def check(
     folder: Path,
     requirements: list[str] | None = None,
@@ -381,11 +402,30 @@ def check(
             *manifest.get("build_requirements", [])]  # fmt: skip
     have = installed_versions() if installed is None else dict(installed)
     supported = list(tags if tags is not None else sys_tags())
-    rank = {t: i for i, t in enumerate(supported)}
-    wheels: dict[str, list[tuple[Version, Path, frozenset]]] = {}
+    gaps = walk_gaps(reqs, have, wheels_by_name(folder), {t: i for i, t in enumerate(supported)})
+    if not gaps:
+        return []
+    gaps.sort(key=lambda g: not node_stack(g[0]))  # torch missing is the node's to fix: said first
+    shown = "; ".join(gap for _, gap in gaps[:SHOWN])
+    if len(gaps) > SHOWN:  # still one line: the rest by name
+        shown += f"; and {len(gaps) - SHOWN} more: {', '.join(name for name, _ in gaps[SHOWN:])}"
+    return [f"wheelhouse: {folder} holds {shown}: rebuild it with {fix_call(folder, manifest)}"]
+
+
+def wheels_by_name(folder: Path) -> Wheels:
+    wheels: Wheels = {}
     for p in folder.glob("*.whl"):
         name, version, _, wtags = parse_wheel_filename(p.name)
         wheels.setdefault(canonicalize_name(name), []).append((version, p, wtags))
+    return wheels
+
+
+def walk_gaps(
+    reqs: list[str], have: Mapping[str, str], wheels: Wheels, rank: Mapping[object, int]
+) -> list[tuple[str, str]]:
+    """Breadth first from ``reqs``: a requirement met by what is installed stops there (its dependencies are the
+    node's business); else the newest wheel for this interpreter's tags meets it and its dependencies follow; a
+    requirement neither meets is a gap, ``(name, what is wrong)``."""
     gaps: list[tuple[str, str]] = []
     seen: set[tuple[str, frozenset[str]]] = set()
     todo = [(Requirement(r), "prove") for r in reqs]
@@ -396,7 +436,7 @@ def check(
             continue
         seen.add((name, frozenset(req.extras)))
         if name in have and _satisfies(have[name], req):
-            continue  # the node's own (its dependencies are its business)
+            continue
         candidates = [
             (v, p, t) for v, p, t in wheels.get(name, []) if req.specifier.contains(v, prereleases=True)
         ]
@@ -407,32 +447,37 @@ def check(
             held = sorted(p.name for _, p, _ in candidates) or sorted(
                 p.name for _, p, _ in wheels.get(name, [])
             )
-            gap = (
-                f"{_short(req)} (needed by {parent}) only as {', '.join(held)}, built for another Python or platform "
-                f"than this {sys.implementation.name} {sys.version_info.major}.{sys.version_info.minor}"
-                if held
-                else f"no {_short(req)} (needed by {parent})"
-            )
-            if name in have:
-                gap += f", and {name} {have[name]} installed here does not satisfy it"
-            if node_stack(name):
-                gap += " — the torch / CUDA stack is the node's own: install its build here first"
-            gaps.append((name, gap))
+            gaps.append((name, gap_line(req, parent, held, have)))
             continue
-        for dep in wheel_metadata(usable[0][1]):
-            d = Requirement(dep)
-            if d.marker is not None and not any(
-                d.marker.evaluate({"extra": e}) for e in (req.extras or {""})
-            ):
-                continue
-            todo.append((d, name))
-    if not gaps:
-        return []
-    gaps.sort(key=lambda g: not node_stack(g[0]))  # torch missing is the node's to fix: said first
-    shown = "; ".join(gap for _, gap in gaps[:SHOWN])
-    if len(gaps) > SHOWN:  # still one line: the rest by name
-        shown += f"; and {len(gaps) - SHOWN} more: {', '.join(name for name, _ in gaps[SHOWN:])}"
-    return [f"wheelhouse: {folder} holds {shown}: rebuild it with {fix_call(folder, manifest)}"]
+        todo += [(d, name) for d in wheel_requirements(usable[0][1], req)]
+    return gaps
+
+
+def gap_line(req: Requirement, parent: str, held: list[str], have: Mapping[str, str]) -> str:
+    """What is wrong with one requirement: wheels only for another Python or platform, or none; and whether the
+    installed version falls short, or it is the node's own torch / CUDA stack."""
+    name = canonicalize_name(req.name)
+    gap = (
+        f"{_short(req)} (needed by {parent}) only as {', '.join(held)}, built for another Python or platform "
+        f"than this {sys.implementation.name} {sys.version_info.major}.{sys.version_info.minor}"
+        if held
+        else f"no {_short(req)} (needed by {parent})"
+    )
+    if name in have:
+        gap += f", and {name} {have[name]} installed here does not satisfy it"
+    if node_stack(name):
+        gap += " — the torch / CUDA stack is the node's own: install its build here first"
+    return gap
+
+
+def wheel_requirements(wheel: Path, req: Requirement) -> list[Requirement]:
+    """A wheel's dependencies that apply to ``req``'s extras."""
+    deps = [Requirement(dep) for dep in wheel_metadata(wheel)]
+    return [
+        d
+        for d in deps
+        if d.marker is None or any(d.marker.evaluate({"extra": e}) for e in (req.extras or {""}))
+    ]
 
 
 def install(folder: Path, project: Path) -> int:
