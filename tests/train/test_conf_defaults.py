@@ -89,3 +89,49 @@ def test_the_check_sees_a_restated_default():
     assert restated_defaults({"model": {"scratch": {"layers": 4, "hidden": 64}}}, TrainConfig) == [
         "model.scratch.layers=4"
     ]
+
+
+def _scalar_defaults(cls: type, path: str = "") -> dict[str, Any]:
+    """Every field of ``cls`` (recursing into nested dataclasses) whose default is a number or a non-empty string."""
+    hints = typing.get_type_hints(cls, vars(schema))
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        nested = _dataclass_of(hints[f.name])
+        if nested is not None:
+            out.update(_scalar_defaults(nested, f"{path}{f.name}."))
+            continue
+        default = _default(f)
+        default = default.value if isinstance(default, Enum) else default
+        if isinstance(default, (int, float, str)) and not isinstance(default, bool) and default != "":
+            out[f"{path}{f.name}"] = default
+    return out
+
+
+def comment_restatements(text: str, defaults: dict[str, Any]) -> list[str]:
+    """Comment lines that give a schema field's default value beside its name (``ar_weight: 1.0``, ``r 16``)."""
+    import re
+
+    found = []
+    for line in text.splitlines():
+        comment = line.split("#", 1)[1] if "#" in line else ""
+        for key, value in defaults.items():
+            name = re.escape(key.rsplit(".", 1)[-1])
+            if re.search(rf"\b{name}\b\s*[:=]?\s*{re.escape(str(value))}(?![\w.])", comment):
+                found.append(f"{key} = {value!r} in: {line.strip()}")
+    return found
+
+
+@pytest.mark.parametrize(("group", "path"), _yaml_files(), ids=lambda x: x if isinstance(x, str) else x.name)
+def test_yaml_comments_restate_no_schema_default(group: str, path: Path):
+    """A comment that says a default drifts from the schema the day the default changes: name the schema instead."""
+    assert comment_restatements(path.read_text(), _scalar_defaults(TrainConfig)) == []
+
+
+def test_the_comment_check_sees_a_restated_default():
+    defaults = _scalar_defaults(TrainConfig)
+    assert defaults["peft.r"] == 16 and defaults["stage.ar_weight"] == 1.0
+    text = "# Defaults (r 16, alpha 32): the schema\nr: 32  # not a comment restatement\n# ar_weight: 1.0 by default"
+    assert comment_restatements(text, {k: defaults[k] for k in ("peft.r", "stage.ar_weight")}) == [
+        "peft.r = 16 in: # Defaults (r 16, alpha 32): the schema",
+        "stage.ar_weight = 1.0 in: # ar_weight: 1.0 by default",
+    ]
