@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ["tests/decode/test_rules_speculative.py", "tests/decode/test_rules_block.py"]
-HARD = ["tests/decode/test_hardening.py"]
+HARD = ["tests/decode/test_sampling.py", "tests/decode/test_decoder.py", "tests/decode/test_validation.py"]
 MC = ["tests/decode/test_engine_montecarlo.py"]
 ENGINE = ["tests/decode/engine/test_engine.py", "tests/decode/test_draft.py"]
 FUSED = ["tests/decode/engine/test_fused.py"]
