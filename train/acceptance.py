@@ -87,6 +87,51 @@ def allowed_argmax(logits: torch.Tensor, allowed: torch.Tensor | None) -> tuple[
     return idx, conf
 
 
+def response_span(labels: torch.Tensor, stop_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row ``(P, e)``, both ``(B,)``: the first labelled position, and the last a decode may commit (the first
+    end-of-turn label, else the last label)."""
+    length = labels.shape[1]
+    pos = torch.arange(length, device=labels.device)
+    has = labels != IGNORE_INDEX  # (B, L)
+    first = torch.where(has, pos, length).min(dim=1).values  # (B,) P
+    stop = torch.zeros_like(has)
+    for t in stop_ids:
+        stop |= labels == t
+    stop &= has
+    last = torch.where(has, pos, -1).max(dim=1).values  # (B,) the last label
+    eot = torch.where(stop, pos, length).min(dim=1).values  # (B,)
+    return first, torch.where(eot < length, eot, last)
+
+
+def by_block(x: torch.Tensor, k: int, shift: int = 0) -> torch.Tensor:
+    """``x`` ``(B, L)`` read at s + i + ``shift`` for every block start s and in-block index i: ``(B, C, K)``
+    (a position before 0 reads 0)."""
+    bsz, length = x.shape
+    c = length // k
+    s = torch.arange(c, device=x.device) * k  # (C,) block starts
+    i = torch.arange(k, device=x.device)  # (K,) in-block index
+    at = (s[:, None] + i[None, :] + shift).clamp(min=0).expand(bsz, c, k).reshape(bsz, -1)
+    return x.gather(1, at).view(bsz, c, k)
+
+
+def leading_runs(
+    proposal_ok: torch.Tensor, label_ok: torch.Tensor, confident: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """From ``(B, C, K)`` tests at in-block index i — the noisy argmax there equals the clean one (depth i + 2), the
+    label there is the clean argmax before it, the noisy argmax's p̃ reaches τ — the accepted depths ``(B, C, K)``
+    (depth d at index d − 1: depth 1 always, depth d while every proposal and label before it holds), the
+    prove-lossless run ``(B, C)`` and the MARS rule's ``(B, C)``, each 1..K."""
+    k = proposal_ok.shape[-1]
+    ones = torch.ones_like(proposal_ok[..., :1])
+    proposed = torch.cat([ones, proposal_ok[..., : k - 1]], dim=-1)
+    labels_before = torch.cat(
+        [ones, label_ok.cumprod(dim=-1).bool()[..., : k - 1]], dim=-1
+    )  # of y_1..y_{d−1}
+    accepted = (proposed & labels_before).cumprod(dim=-1)  # leading run
+    mars_ok = torch.cat([ones, confident[..., : k - 1]], dim=-1).cumprod(dim=-1)
+    return accepted, accepted.sum(dim=-1), mars_ok.sum(dim=-1)
+
+
 def block_acceptance(
     clean_pred: torch.Tensor,
     noisy_pred: torch.Tensor,
@@ -105,42 +150,16 @@ def block_acceptance(
     bsz, length = labels.shape
     k = block_size
     assert length % k == 0, f"length {length} is not a multiple of K = {k}"
-    dev = labels.device
-    c = length // k
-    pos = torch.arange(length, device=dev)
-    has = labels != IGNORE_INDEX  # (B, L)
-    first = torch.where(has, pos, length).min(dim=1).values  # (B,) P
-    stop = torch.zeros_like(has)
-    for t in stop_ids:
-        stop |= labels == t
-    stop &= has
-    last = torch.where(has, pos, -1).max(dim=1).values  # (B,) the last label
-    eot = torch.where(stop, pos, length).min(dim=1).values  # (B,)
-    eot = torch.where(eot < length, eot, last)  # (B,) e: the last position a decode may commit
+    first, eot = response_span(labels, stop_ids)  # (B,) each
+    lab = by_block(labels, k)  # x_{s+i}
+    labels_on_policy = lab == by_block(clean_pred, k, -1)  # x_{s+i} = ĝ_{s+i−1}, the greedy guess for s + i
+    proposal_ok = by_block(noisy_pred, k) == by_block(
+        clean_pred, k
+    )  # noisy argmax at s + i (depth i + 2) = ĝ_{s+i}
+    accepted, run, mars_run = leading_runs(proposal_ok, labels_on_policy, by_block(noisy_conf, k) >= tau)
 
-    s = torch.arange(c, device=dev) * k  # (C,) block starts
-    i = torch.arange(k, device=dev)  # (K,) in-block index
-    at = (s[:, None] + i[None, :]).expand(bsz, c, k).reshape(bsz, -1)  # (B, C·K) = positions s + i
-    prev = (at - 1).clamp(min=0)  # s + i − 1
-    g_prev = clean_pred.gather(1, prev).view(bsz, c, k)  # ĝ_{s+i−1}: the greedy guess for s + i
-    g_here = clean_pred.gather(1, at).view(bsz, c, k)  # ĝ_{s+i}
-    lab = labels.gather(1, at).view(bsz, c, k)  # x_{s+i}
-    noisy = noisy_pred.gather(1, at).view(bsz, c, k)  # noisy argmax at s + i: depth i + 2
-    conf = noisy_conf.gather(1, at).view(bsz, c, k)
-
-    ones = torch.ones(bsz, c, 1, dtype=torch.bool, device=dev)
-    # depth d = 1..K: (B, C, K) with index d − 1
-    proposal_ok = torch.cat([ones, (noisy == g_here)[..., : k - 1]], dim=-1)
-    label_ok = labels_on_policy = lab == g_prev  # x_{s+i} = ĝ_{s+i−1}
-    before_ok = torch.cat(
-        [ones, label_ok.cumprod(dim=-1).bool()[..., : k - 1]], dim=-1
-    )  # labels of y_1..y_{d−1}
-    accepted = (proposal_ok & before_ok).cumprod(dim=-1)  # (B, C, K) leading run
-    run = accepted.sum(dim=-1)  # (B, C) ∈ 1..K
-    mars_ok = torch.cat([ones, (conf >= tau)[..., : k - 1]], dim=-1).cumprod(dim=-1)
-    mars_run = mars_ok.sum(dim=-1)  # (B, C)
-
-    starts = s.expand(bsz, c)  # (B, C)
+    i = torch.arange(k, device=labels.device)  # (K,) in-block index
+    starts = (torch.arange(length // k, device=labels.device) * k).expand(bsz, -1)  # (B, C) block starts s
     cap = eot[:, None] - starts + 1  # (B, C) tokens up to and with the end of turn
     counted = (starts >= first[:, None]) & (starts >= 1) & (cap >= 1) & lab.ne(IGNORE_INDEX)[..., 0]  # (B, C)
     within = i[None, None, :] < cap[..., None].clamp(max=k)  # (B, C, K) positions a cycle may commit
