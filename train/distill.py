@@ -54,7 +54,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -367,36 +367,59 @@ def generate_responses(
         _write_json(out / GENERATION_JSON, {**settings, "complete": False})
     own = shard_dir / f"part-{rank:05d}.jsonl"
     done = read_shards(shard_dir, own)
-    part, parts = rank, world_size
-    gpus: list[int] = []
-    if d.backend == "vllm":
-        # processes on this node: torchrun's LOCAL_WORLD_SIZE, the deepspeed launcher's LOCAL_SIZE
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or world_size)
-        local_rank = int(os.environ.get("LOCAL_RANK", rank % local_world))
-        slot = distill_vllm.vllm_slot(rank, world_size, d.vllm.tensor_parallel_size, local_rank, local_world)
-        if slot is None:
-            log.info("rank %d: its GPUs serve the vLLM engine of a lower rank", rank)
-            return out
-        part, parts, gpus = slot
-    todo = [p for p in prompts if p.index % parts == part and p.index not in done]
+    share = _generation_slice(cfg, rank, world_size)
+    if share is None:
+        log.info("rank %d: its GPUs serve the vLLM engine of a lower rank", rank)
+        return out
+    part, parts, gpus = share
+    mine = [p for p in prompts if p.index % parts == part]
+    todo = [p for p in mine if p.index not in done]
     if not todo:  # a rerun after this slice finished: no model to load
         log.info("rank %d: every prompt of its slice is answered in %s", rank, shard_dir)
         return out
-    decoder = load_proposer(cfg) if d.backend == "engine" else distill_vllm.load_vllm_proposer(cfg, gpus)
-    if decoder.method.needs_mask and decoder.params.block_size != settings["block_size"]:
-        raise AssertionError(f"block size {decoder.params.block_size} != {settings['block_size']} recorded")
+    decoder = _load_generator(cfg, settings, gpus)
     log.info(
         "generating %d responses (%d already done) with %s on %s", len(todo), len(done), d.method, d.proposer
     )
-    mine = sum(1 for p in prompts if p.index % parts == part)
-    bar = tqdm(
-        total=mine,
-        initial=mine - len(todo),
-        file=sys.stderr,
-        disable=not progress,
-        unit="prompt",
-        desc=f"distill generation (rank {rank})",
-    )
+    bar = tqdm(total=len(mine), initial=len(mine) - len(todo), file=sys.stderr, disable=not progress,
+               unit="prompt", desc=f"distill generation (rank {rank})")  # fmt: skip
+    _append_records(cfg, decoder, todo, own, bar, on_record)
+    del decoder
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the proposer's memory goes back before the verifier loads
+    return out
+
+
+def _generation_slice(cfg: TrainConfig, rank: int, world_size: int) -> tuple[int, int, list[int]] | None:
+    """``(part, parts, gpus)``: this rank answers the prompts whose index is ``part`` modulo ``parts``; with
+    ``distill.backend=vllm`` its slice is its engine's (on ``gpus``), and None when its GPUs serve a lower rank's
+    engine."""
+    d = cfg.distill
+    if d.backend != "vllm":
+        return rank, world_size, []
+    # processes on this node: torchrun's LOCAL_WORLD_SIZE, the deepspeed launcher's LOCAL_SIZE
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or world_size)
+    local_rank = int(os.environ.get("LOCAL_RANK", rank % local_world))
+    return distill_vllm.vllm_slot(rank, world_size, d.vllm.tensor_parallel_size, local_rank, local_world)
+
+
+def _load_generator(cfg: TrainConfig, settings: Mapping[str, Any], gpus: list[int]) -> Any:
+    """The proposer on our engine, or on a vLLM engine over ``gpus``; its block size must be the recorded one."""
+    d = cfg.distill
+    decoder = load_proposer(cfg) if d.backend == "engine" else distill_vllm.load_vllm_proposer(cfg, gpus)
+    if decoder.method.needs_mask and decoder.params.block_size != settings["block_size"]:
+        raise AssertionError(f"block size {decoder.params.block_size} != {settings['block_size']} recorded")
+    return decoder
+
+
+def _append_records(
+    cfg: TrainConfig, decoder: Any, todo: Sequence[Prompt], own: Path, bar: Any,
+    on_record: Callable[[dict[str, Any]], None] | None,
+) -> None:  # fmt: skip
+    """Answer ``todo`` and append each record to this rank's shard as it comes (flushed, so a killed run keeps
+    it); then abort what vLLM still has in flight and stop its engine."""
+    d = cfg.distill
     if d.backend == "vllm":
         records = distill_vllm.answer_vllm(decoder, todo, d.max_new_tokens, d.top_k)
     else:
@@ -415,11 +438,6 @@ def generate_responses(
         bar.close()
         if d.backend == "vllm":
             decoder.close()  # its engine processes stop, their memory goes back
-    del decoder
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()  # the proposer's memory goes back before the verifier loads
-    return out
 
 
 def _features(top_k: int):
