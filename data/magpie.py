@@ -414,44 +414,25 @@ def build(
         raise ValueError(f"--on-overlap {on_overlap!r}: pick filter or refuse")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    stamp = out / "sampling.json"
-    if stamp.is_file() and json.loads(stamp.read_text()) != settings:
-        raise ValueError(
-            f"{out / RAW} was sampled with other settings ({stamp}): use the same model, prefix, seed, batch size, "
-            f"temperature, top-p and token limit, or delete {out} to sample afresh"
-        )
-    stamp.write_text(json.dumps(settings, indent=1, ensure_ascii=False) + "\n")
-    grams = suite_grams(suite, filters.ngram)
+    stamp_settings(out, settings)
     need = n + heldout
     selection = select(
         stream(sample, out / RAW, max_batches, lambda b: log.info("magpie: batch %d sampled", b)),
         need,
         filters,
-        grams,
+        suite_grams(suite, filters.ngram),
         drop_overlaps=on_overlap == "filter",
     )
     for text, shared in selection.overlaps[:5]:
-        log.warning(
-            "magpie: %s '%s' shares a suite %d-gram (%s)",
-            "dropped" if on_overlap == "filter" else "kept",
-            text[:80],
-            filters.ngram,
-            shared,
-        )
+        verb = "dropped" if on_overlap == "filter" else "kept"
+        log.warning("magpie: %s '%s' shares a suite %d-gram (%s)", verb, text[:80], filters.ngram, shared)
     if len(selection.kept) < need:
         raise ValueError(
             f"only {len(selection.kept)} of the {need} prompts needed passed the filters in {max_batches} batches "
             f"(dropped: {dict(selection.dropped)}): raise --max-batches, or lower --n / --heldout"
         )
     train_rows, held_rows = split(selection.kept, n, heldout, settings["seed"])
-    found = shared_ngrams(suite, [r["messages"] for r in train_rows + held_rows], filters.ngram)
-    if found:
-        named = "; ".join(f"{o.id} shares '{o.ngram}'" for o in found[:5])
-        raise OverlapRefused(
-            f"{len(found)} suite prompt(s) share a {filters.ngram}-gram with the generated prompts ({named}"
-            f"{' ...' if len(found) > 5 else ''}): refused, nothing written to {out / TRAIN}; rerun with "
-            "--on-overlap filter to drop the overlapping prompts"
-        )
+    refuse_shared_ngrams(suite, train_rows + held_rows, filters.ngram, out)
     manifest = {
         "complete": True,
         "sampling": settings,
@@ -470,6 +451,32 @@ def build(
     return manifest
 
 
+def stamp_settings(out: Path, settings: dict[str, Any]) -> None:
+    """Record the sampling settings beside ``raw.jsonl``; refuse others than those it was sampled with (a resumed
+    run would mix samples of two settings)."""
+    stamp = out / "sampling.json"
+    if stamp.is_file() and json.loads(stamp.read_text()) != settings:
+        raise ValueError(
+            f"{out / RAW} was sampled with other settings ({stamp}): use the same model, prefix, seed, batch size, "
+            f"temperature, top-p and token limit, or delete {out} to sample afresh"
+        )
+    stamp.write_text(json.dumps(settings, indent=1, ensure_ascii=False) + "\n")
+
+
+def refuse_shared_ngrams(
+    suite: Sequence[PromptRecord], rows: list[dict[str, Any]], ngram: int, out: Path
+) -> None:
+    """The check after filtering: no suite prompt may share an ``ngram``-gram with the rows to be written."""
+    found = shared_ngrams(suite, [r["messages"] for r in rows], ngram)
+    if found:
+        named = "; ".join(f"{o.id} shares '{o.ngram}'" for o in found[:5])
+        raise OverlapRefused(
+            f"{len(found)} suite prompt(s) share a {ngram}-gram with the generated prompts ({named}"
+            f"{' ...' if len(found) > 5 else ''}): refused, nothing written to {out / TRAIN}; rerun with "
+            "--on-overlap filter to drop the overlapping prompts"
+        )
+
+
 def _sources(pairs: Sequence[str]) -> dict[str, str]:
     out = {}
     for p in pairs:
@@ -480,7 +487,7 @@ def _sources(pairs: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m prove.data.magpie", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--model", required=True, help="instruct model: folder, hub id, GGUF file or <package>/<file>.gguf"
@@ -516,12 +523,32 @@ def main(argv: list[str] | None = None) -> int:
         default="hf",
         help="transformers' generate, or vLLM (faster on a CPU)",
     )
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    return parser.parse_args(argv)
 
+
+def sampler_of(args: argparse.Namespace) -> tuple[Callable[[int], list[Sample]], dict[str, Any]]:
+    """The sampler the command line asks for (transformers' or vLLM's, the prefix from the chat template unless
+    given) and the settings ``raw.jsonl`` is stamped with."""
     from prove.data.gguf import is_gguf, package_file
     from prove.data.loading import load_model, load_tokenizer
 
+    source = args.model
+    if is_gguf(source) and not Path(source).exists():
+        source = package_file(source)
+    tokenizer = load_tokenizer(source)
+    prefix = args.prefix if args.prefix is not None else user_prefix(tokenizer)
+    sampling = SamplingSettings(
+        prefix, args.seed, args.batch_size, args.max_new_tokens, args.temperature, args.top_p
+    )
+    settings = {"model": args.model, "backend": args.backend, **asdict(sampling)}
+    if args.backend == "vllm":
+        return vllm_sampler(source, tokenizer, sampling), settings
+    return hf_sampler(load_model(source, args.dtype, device="cpu"), tokenizer, sampling), settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     out = Path(args.out)
     if (out / TRAIN).is_file():
         print(f"{out / TRAIN} exists: a finished set (delete it to build again)")
@@ -530,19 +557,7 @@ def main(argv: list[str] | None = None) -> int:
         names = list(args.suite) if args.suite is not None else None
         suite = suite_prompts(names, _sources(args.suite_source))
         filters = Filters(args.min_words, args.max_words, args.ngram)
-        source = args.model
-        if is_gguf(source) and not Path(source).exists():
-            source = package_file(source)
-        tokenizer = load_tokenizer(source)
-        prefix = args.prefix if args.prefix is not None else user_prefix(tokenizer)
-        sampling = SamplingSettings(
-            prefix, args.seed, args.batch_size, args.max_new_tokens, args.temperature, args.top_p
-        )
-        settings = {"model": args.model, "backend": args.backend, **asdict(sampling)}
-        if args.backend == "vllm":
-            sampler = vllm_sampler(source, tokenizer, sampling)
-        else:
-            sampler = hf_sampler(load_model(source, args.dtype, device="cpu"), tokenizer, sampling)
+        sampler, settings = sampler_of(args)
         manifest = build(
             sampler,
             out,
