@@ -39,6 +39,32 @@ def build_tokenized_dataset(
     import datasets
 
     ensure_chat_template(tokenizer)
+    check_columns(dataset, messages_field)
+    mapped = dataset.map(
+        _encode_batch,
+        batched=True,
+        fn_kwargs={"tokenizer": tokenizer, "max_len": max_len, "messages_field": messages_field},
+        remove_columns=dataset.column_names,
+        features=datasets.Features(
+            {
+                "input_ids": datasets.List(datasets.Value("int32")),
+                "labels": datasets.List(datasets.Value("int32")),
+                "skip_reason": datasets.Value("string"),
+                "truncated": datasets.Value("bool"),
+            }
+        ),
+        num_proc=max(1, min(num_proc, len(dataset))),
+        load_from_cache_file=load_from_cache_file,
+        desc="Tokenizing conversations",
+    )
+    reasons = mapped["skip_reason"]
+    report = skip_report(reasons, mapped["truncated"])
+    kept = mapped.select([i for i, reason in enumerate(reasons) if reason is None])
+    return kept.remove_columns(["skip_reason", "truncated"]), report
+
+
+def check_columns(dataset: datasets.Dataset, messages_field: str) -> None:
+    """Refuse, with the fix, a dataset without the conversation column or without rows."""
     if messages_field not in dataset.column_names:
         raise ValueError(
             f"the dataset has no {messages_field!r} column (columns: {dataset.column_names}): "
@@ -48,35 +74,19 @@ def build_tokenized_dataset(
         raise ValueError(
             "no usable rows to train on: the dataset is empty; check data.path and data.num_rows"
         )
-    features = datasets.Features(
-        {
-            "input_ids": datasets.List(datasets.Value("int32")),
-            "labels": datasets.List(datasets.Value("int32")),
-            "skip_reason": datasets.Value("string"),
-            "truncated": datasets.Value("bool"),
-        }
-    )
-    mapped = dataset.map(
-        _encode_batch,
-        batched=True,
-        fn_kwargs={"tokenizer": tokenizer, "max_len": max_len, "messages_field": messages_field},
-        remove_columns=dataset.column_names,
-        features=features,
-        num_proc=max(1, min(num_proc, len(dataset))),
-        load_from_cache_file=load_from_cache_file,
-        desc="Tokenizing conversations",
-    )
+
+
+def skip_report(reasons: list[str | None], truncated: list[bool]) -> SkipReport:
+    """Why rows were dropped or cut; refuses a dataset none of whose rows survived."""
     report = SkipReport()
-    reasons = mapped["skip_reason"]
-    for reason, truncated in zip(reasons, mapped["truncated"], strict=True):
-        report.add(reason, truncated=truncated)
+    for reason, cut in zip(reasons, truncated, strict=True):
+        report.add(reason, truncated=cut)
     if report.kept == 0:
         raise ValueError(
             f"no usable rows to train on ({report}): point data.path at Dolci-schema conversations that end "
             "with an assistant turn, or raise data.max_len if the prompts are too long"
         )
-    kept = mapped.select([i for i, reason in enumerate(reasons) if reason is None])
-    return kept.remove_columns(["skip_reason", "truncated"]), report
+    return report
 
 
 def _encode_batch(
