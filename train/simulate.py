@@ -121,7 +121,7 @@ def accept_by_depth(sums: AcceptanceSums, k: int) -> list[float]:
     return [float(sums.depth_hits[d]) / blocks for d in range(k)]
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m prove.train.simulate", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="a MARS checkpoint (prove.json with its block size)")
     p.add_argument(
@@ -138,18 +138,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=8, help="rows per teacher-forced pass")
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default="outputs/simulate/result.json")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
+
+def trained_block(model: str, block_size: int | None) -> tuple[Any, int]:
+    """The checkpoint's prove.json and K′: ``block_size``, at most the trained K (its default)."""
     from prove.common.checkpoint import read_prove_json
 
-    meta = read_prove_json(args.model)
+    meta = read_prove_json(model)
     if meta is None or not meta.block_size:
-        raise SystemExit(f"{args.model} has no prove.json with a block size: pass a stage mars checkpoint")
-    k = args.block_size or meta.block_size
+        raise SystemExit(f"{model} has no prove.json with a block size: pass a stage mars checkpoint")
+    k = block_size or meta.block_size
     if k > meta.block_size:
         raise SystemExit(
             f"--block-size {k} is above the trained K = {meta.block_size}: pass ≤ {meta.block_size}"
         )
+    return meta, k
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    meta, k = trained_block(args.model, args.block_size)
     dec, rows, measured = decode_greedy(
         args.model,
         args.prompts,
@@ -183,7 +192,15 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"K′ = {k}, {measured['prompts']} prompts, {measured['new_tokens']} tokens")
+    print_summary(result)
+    print(f"-> {out}")
+    return 0
+
+
+def print_summary(result: dict[str, Any]) -> None:
+    """Measured tokens per cycle, the simulation on the greedy outputs (its error) and on the training rows."""
+    measured, simulated = result["measured"], result["simulated_on_greedy_outputs"]
+    print(f"K′ = {result['block_size']}, {measured['prompts']} prompts, {measured['new_tokens']} tokens")
     print(f"  measured (prove-lossless)          {measured['tokens_per_cycle']:.3f} tokens per cycle")
     print(
         f"  simulated on its greedy outputs    {simulated['tokens_per_cycle']:.3f}  "
@@ -194,8 +211,6 @@ def main(argv: list[str] | None = None) -> int:
             f"  simulated on held-out train rows   {result['simulated_on_training_rows']:.3f}  "
             f"(off-policy blocks {result['training_rows_offpolicy']:.1%}; prove.json's eval)"
         )
-    print(f"-> {out}")
-    return 0
 
 
 if __name__ == "__main__":
