@@ -64,7 +64,8 @@ from pathlib import Path
 from typing import Any
 
 # run as a script, tools/ is on the path; loaded by file (its tests), it is not: its sibling modules need it
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if (_TOOLS := str(Path(__file__).resolve().parent)) not in sys.path:
+    sys.path.insert(0, _TOOLS)
 
 from bench_step_report import (  # noqa: E402 - after the path above
     PROFILE_KINDS,
