@@ -303,62 +303,75 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+def optimizer_step(variant: str, built: Built, params: list[Any], cfg: Any) -> Any:
+    """One optimizer step of ``variant`` on a batch (loss, backward, gradient clipping, AdamW over ``params``):
+    a function of the batch returning ``{loss, fed, targets}``."""
+    import torch
+
+    model, loss_fn = built.model, LOSSES[variant]
+    opt = torch.optim.AdamW(params, lr=cfg.trainer.learning_rate, weight_decay=cfg.trainer.weight_decay)
+
+    def step(batch: dict[str, Any]) -> dict[str, Any]:
+        loss, fed, targets = loss_fn(model, batch, cfg, built.mask_id)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.trainer.max_grad_norm)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return {"loss": float(loss.detach()), "fed": fed, "targets": targets}
+
+    return step
+
+
+def timed_step(step: Any, batch: dict[str, Any], profile_vocab: int | None) -> dict[str, Any]:
+    """``step(batch)`` with its wall and CPU seconds; under the profiler (its breakdown as ``profile``) when
+    ``profile_vocab`` is set."""
+    out: dict[str, Any] = {}
+    t0, c0 = time.perf_counter(), time.process_time()
+    if profile_vocab is not None:
+        out["profile"] = breakdown(profiled(lambda: out.update(step(batch))), profile_vocab)
+    else:
+        out.update(step(batch))
+    return {**out, "s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}
+
+
 def run_variant(args: argparse.Namespace, variant: str) -> dict[str, Any]:
     """Build, then ``--warmup`` + ``--steps`` optimizer steps of ``variant``; its record (times, losses, RSS)."""
     import torch
 
     cfg = load_config(args)
     built = build(args, cfg)
-    model, loss_fn = built.model, LOSSES[variant]
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.trainer.learning_rate, weight_decay=cfg.trainer.weight_decay)
+    params = [p for p in built.model.parameters() if p.requires_grad]
+    step = optimizer_step(variant, built, params, cfg)
     steps = batches(variant, step_rows(args, cfg, built), cfg, built)
     setup_rss = peak_rss_bytes()
     load = os.getloadavg()[0]
-    times, cpu, losses, fed, targets = [], [], [], [], []
-    profile = None
+    end = args.warmup + args.steps
+    done = []
     for i, batch in enumerate(steps):
-        record: dict[str, Any] = {}
-
-        def step(batch: dict[str, Any] = batch, record: dict[str, Any] = record) -> None:
-            loss, record["fed"], record["targets"] = loss_fn(model, batch, cfg, built.mask_id)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, cfg.trainer.max_grad_norm)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            record["loss"] = float(loss.detach())
-
-        t0, c0 = time.perf_counter(), time.process_time()
-        if args.profile and i == args.warmup + args.steps:  # one more step, after the timed ones
-            profile = breakdown(profiled(step), built.shape["vocab"])
-        else:
-            step()
-        times.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-        losses.append(record["loss"])
-        fed.append(record["fed"])
-        targets.append(record["targets"])
-        kind = "warm-up" if i < args.warmup else "timed" if i < args.warmup + args.steps else "profiled"
-        print(f"  {variant} step {i + 1}/{len(steps)} ({kind}): {times[-1]:.3g} s", file=sys.stderr)
-    timed = times[args.warmup : args.warmup + args.steps]
+        profiling = args.profile and i == end  # one more step, after the timed ones
+        done.append(timed_step(step, batch, built.shape["vocab"] if profiling else None))
+        kind = "warm-up" if i < args.warmup else "timed" if i < end else "profiled"
+        print(f"  {variant} step {i + 1}/{len(steps)} ({kind}): {done[-1]['s']:.3g} s", file=sys.stderr)
+    times = [d["s"] for d in done]
+    losses = [d["loss"] for d in done]
     return {
         "variant": variant,
         "pid": os.getpid(),
         "isolated": not args.in_process,
-        "median_s": statistics.median(timed),
-        "median_cpu_s": statistics.median(cpu[args.warmup : args.warmup + args.steps]),
-        "step_s": timed,
+        "median_s": statistics.median(times[args.warmup : end]),
+        "median_cpu_s": statistics.median(d["cpu_s"] for d in done[args.warmup : end]),
+        "step_s": times[args.warmup : end],
         "warmup_s": times[: args.warmup],
         "losses": losses,
         "first_loss": losses[0],
-        "tokens_fed": fed,
-        "targets": targets,
+        "tokens_fed": [d["fed"] for d in done],
+        "targets": [d["targets"] for d in done],
         "peak_rss_bytes": peak_rss_bytes(),
         "setup_rss_bytes": setup_rss,
         "threads": torch.get_num_threads(),
         "loadavg_1min": [load, os.getloadavg()[0]],
         "trainable_parameters": sum(p.numel() for p in params),
-        "profile": profile,
+        "profile": next((d["profile"] for d in done if "profile" in d), None),
         "config": settings(args, cfg, built),
     }
 
