@@ -1,4 +1,4 @@
-"""``prove-decode``: decode a prompt file with one method (a thin Hydra shell over ``prompts.run``).
+"""``prove-decode``: decode a prompt file with one method (a thin Hydra shell over ``records.run``).
 
     prove-decode model=PATH method=prove verifier=PATH theta=0.1 block_size=16 \\
         prompts=prompts.jsonl output=out.jsonl max_new_tokens=256

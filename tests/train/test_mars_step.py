@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from prove.train import step as step_module
+from prove.train import mars_step as step_module
 from prove.train.mars_step import MarsStep
 
 from tests.tools_helpers import load_tool
