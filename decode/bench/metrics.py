@@ -163,33 +163,10 @@ def summarize(
         raise ValueError(f"{len(runs)} runs but {len(reference)} reference runs: give both the same prompts")
     if not runs:
         raise ValueError("no prompts to summarize")
-    tokens = sum(r.new_tokens for r in runs)
-    cycles = sum(r.cycles for r in runs)
-    wall = sum(r.wall_s for r in runs)
-    ref_tokens = sum(r.new_tokens for r in reference)
-    ref_wall = sum(r.wall_s for r in reference)
-    tps = tokens / wall if wall > 0 else math.nan
-    ref_tps = ref_tokens / ref_wall if ref_wall > 0 else math.nan
-    ratios = [
-        (r.new_tokens / r.wall_s) / (a.new_tokens / a.wall_s)
-        for r, a in zip(runs, reference, strict=True)
-        if r.wall_s > 0 and a.wall_s > 0 and r.new_tokens and a.new_tokens
-    ]
-    divergence = [first_divergence(r.token_ids, a.token_ids) for r, a in zip(runs, reference, strict=True)]
-    diverged = [d for d in divergence if d is not None]
-    correct: list[bool] = []
-    if checks is not None:
-        if len(checks) != len(runs):
-            raise ValueError(f"{len(checks)} checks for {len(runs)} prompts")
-        correct = [bool(c(r.text)) for r, c in zip(runs, checks, strict=True) if c is not None]
-    elif answers is not None:
-        if len(answers) != len(runs):
-            raise ValueError(f"{len(answers)} answers for {len(runs)} prompts")
-        if scorer is None:
-            from prove.data.synthetic import score
-
-            scorer = score
-        correct = [bool(scorer(r.text, a)) for r, a in zip(runs, answers, strict=True) if a is not None]
+    tokens, cycles = sum(r.new_tokens for r in runs), sum(r.cycles for r in runs)
+    tps, speedups = _speedups(runs, reference)
+    divergence, diverged = _divergence(runs, reference)
+    correct = _correct(runs, answers, scorer, checks)
     starts, tpc, counts = tokens_per_cycle_by_position((r.committed_per_cycle for r in runs), bin_size)
     return {
         "n_prompts": len(runs),
@@ -199,11 +176,10 @@ def summarize(
         "model_passes_per_token": _per_token(sum(r.model_passes for r in runs), tokens),
         "verifier_passes_per_token": _per_token(sum(r.verifier_passes for r in runs), tokens),
         "draft_passes_per_token": _per_token(sum(r.draft_passes for r in runs), tokens),
-        "wall_s": wall,
+        "wall_s": sum(r.wall_s for r in runs),
         "engine_ms_per_cycle": _engine_ms_per_cycle(runs),
         "tokens_per_s": tps,
-        "speedup_median": statistics.median(ratios) if ratios else math.nan,
-        "speedup_total": tps / ref_tps if ref_tps and ref_tps > 0 else math.nan,
+        **speedups,
         "agreement": 1 - len(diverged) / len(runs),
         "first_divergence": divergence,
         "mean_first_divergence": statistics.fmean(diverged) if diverged else None,
@@ -218,6 +194,53 @@ def summarize(
             "cycles": counts,
         },
     }
+
+
+def _divergence(
+    runs: Sequence[PromptRun], reference: Sequence[PromptRun]
+) -> tuple[list[int | None], list[int]]:
+    """Per prompt, where the output first differs from the reference's (None = identical), and those that differ."""
+    divergence = [first_divergence(r.token_ids, a.token_ids) for r, a in zip(runs, reference, strict=True)]
+    return divergence, [d for d in divergence if d is not None]
+
+
+def _speedups(runs: Sequence[PromptRun], reference: Sequence[PromptRun]) -> tuple[float, dict[str, float]]:
+    """A row's tokens/s and its ``speedup_median`` / ``speedup_total`` over ``reference`` (:func:`summarize`)."""
+    wall, ref_wall = sum(r.wall_s for r in runs), sum(r.wall_s for r in reference)
+    tps = sum(r.new_tokens for r in runs) / wall if wall > 0 else math.nan
+    ref_tps = sum(r.new_tokens for r in reference) / ref_wall if ref_wall > 0 else math.nan
+    ratios = [
+        (r.new_tokens / r.wall_s) / (a.new_tokens / a.wall_s)
+        for r, a in zip(runs, reference, strict=True)
+        if r.wall_s > 0 and a.wall_s > 0 and r.new_tokens and a.new_tokens
+    ]
+    return tps, {
+        "speedup_median": statistics.median(ratios) if ratios else math.nan,
+        "speedup_total": tps / ref_tps if ref_tps and ref_tps > 0 else math.nan,
+    }
+
+
+def _correct(
+    runs: Sequence[PromptRun],
+    answers: Sequence[str | None] | None,
+    scorer: Callable[[str, str], bool] | None,
+    checks: Sequence[Callable[[str], bool] | None] | None,
+) -> list[bool]:
+    """Per scored prompt, whether its output passes: ``checks`` (one per prompt, None = not scored), else
+    ``scorer(text, answer)`` over the prompts with an answer (default scorer: ``prove.data.synthetic.score``)."""
+    if checks is not None:
+        if len(checks) != len(runs):
+            raise ValueError(f"{len(checks)} checks for {len(runs)} prompts")
+        return [bool(c(r.text)) for r, c in zip(runs, checks, strict=True) if c is not None]
+    if answers is None:
+        return []
+    if len(answers) != len(runs):
+        raise ValueError(f"{len(answers)} answers for {len(runs)} prompts")
+    if scorer is None:
+        from prove.data.synthetic import score
+
+        scorer = score
+    return [bool(scorer(r.text, a)) for r, a in zip(runs, answers, strict=True) if a is not None]
 
 
 GROUP_KEYS = (

@@ -186,10 +186,8 @@ def run_vllm_rows(
     """bench.json's ``vllm`` section: the engines (start-up, arguments, their rows), one row per method, point of its
     rule's sweep and concurrency (with each prompt's text), each speculative row's crossover against vLLM ``ar``
     (``None`` where it pays at every concurrency), and the lossless rows that differ from our ``ar``."""
-    stop = list(cfg.stop) or None
     engines, records = start_engines(cfg)
     specs = {e.name: e for e in plan(cfg)}
-    best: dict[tuple[str, int], tuple[float, dict[int, Any], int]] = {}
     try:
         # every row with its engine and what its requests carry: one engine serves each point of its rule's sweep
         served = [
@@ -197,55 +195,14 @@ def run_vllm_rows(
             for name, dec in engines.items()
             for row in specs[name].rows
         ]
-        for dec in engines.values():  # warm-up, untimed: the first requests of an engine pay for set-up
-            dict(dec.generate_many(prompts[: max(cfg.warmup, 1)], cfg.max_new_tokens, stop))
-        for c in cfg.vllm_concurrency:
-            for _ in range(cfg.repeats):
-                for row, _, dec, sampling in served:
-                    before = dec.preemptions()
-                    t0 = time.perf_counter()
-                    outs = dict(
-                        dec.generate_many(prompts, cfg.max_new_tokens, stop, concurrency=c, sampling=sampling)
-                    )
-                    wall = time.perf_counter() - t0
-                    if (row.name, c) not in best or wall < best[row.name, c][0]:
-                        best[row.name, c] = (wall, outs, dec.preemptions() - before)
+        best = timed_vllm_rounds(cfg, engines, served, prompts)
     finally:
         close_engines(engines)
-    rows = []
-    for row, record, dec, sampling in served:
-        rule = {k: getattr(sampling or dec.params, k) for k in rule_keys(row.method)}
-        for c in cfg.vllm_concurrency:
-            wall, outs, preempted = best[row.name, c]
-            results = [outs[i] for i in range(len(prompts))]
-            summary = vllm_summary(
-                [r.token_ids for r in results],
-                [r.stats.to_dict() for r in results],
-                [r.text for r in results],
-                wall,
-                reference,
-                answers,
-            )
-            rows.append(
-                {
-                    "name": row.name,
-                    "method": row.method,
-                    "params": {**record["params"], **rule},
-                    "concurrency": c,
-                    "in_flight": min(c, len(prompts)),
-                    "preemptions": preempted,  # vLLM's count during the timed run (a full KV cache)
-                    **summary,
-                    "per_prompt": [
-                        {
-                            "id": ref.id,
-                            "new_tokens": len(r.token_ids),
-                            "cycles": r.stats.cycles,
-                            "text": r.text,
-                        }
-                        for r, ref in zip(results, reference, strict=True)
-                    ],
-                }
-            )
+    rows = [
+        vllm_row(row, record, rule_values(row, dec, sampling), c, best[row.name, c], reference, answers)
+        for row, record, dec, sampling in served
+        for c in cfg.vllm_concurrency
+    ]
     for row in rows:
         ar = next((r for r in rows if r["method"] == "ar" and r["concurrency"] == row["concurrency"]), None)
         row["vs_vllm_ar"] = row["tokens_per_s"] / ar["tokens_per_s"] if ar else None
@@ -256,6 +213,73 @@ def run_vllm_rows(
         # a lossless row that differs from our ar (prove is lossy; asd with a zero budget is not)
         "violations": [
             f"{r['name']} c={r['concurrency']}" for r in rows if r["agreement"] < 1 and _lossless(r)
+        ],
+    }
+
+
+Served = tuple[RowSpec, dict[str, Any], Any, Any]
+"""A vLLM row, its engine's record, the engine, and what its requests carry (:func:`row_sampling`)."""
+
+
+def timed_vllm_rounds(
+    cfg: BenchConfig, engines: Mapping[str, Any], served: Sequence[Served], prompts: Sequence[list[int]]
+) -> dict[tuple[str, int], tuple[float, dict[int, Any], int]]:
+    """Each engine warmed up (untimed), then for each concurrency, each repeat, every row in turn: per (row name,
+    concurrency) the fastest try's (wall seconds, outputs by prompt index, preemptions during it)."""
+    stop = list(cfg.stop) or None
+    best: dict[tuple[str, int], tuple[float, dict[int, Any], int]] = {}
+    for dec in engines.values():  # warm-up, untimed: the first requests of an engine pay for set-up
+        dict(dec.generate_many(prompts[: max(cfg.warmup, 1)], cfg.max_new_tokens, stop))
+    for c in cfg.vllm_concurrency:
+        for _ in range(cfg.repeats):
+            for row, _, dec, sampling in served:
+                before = dec.preemptions()
+                t0 = time.perf_counter()
+                outs = dict(
+                    dec.generate_many(prompts, cfg.max_new_tokens, stop, concurrency=c, sampling=sampling)
+                )
+                wall = time.perf_counter() - t0
+                if (row.name, c) not in best or wall < best[row.name, c][0]:
+                    best[row.name, c] = (wall, outs, dec.preemptions() - before)
+    return best
+
+
+def rule_values(row: RowSpec, dec: Any, sampling: Any) -> dict[str, Any]:
+    """The values of the row's rule keys its requests ran with (the engine's where the row sets none)."""
+    return {k: getattr(sampling or dec.params, k) for k in rule_keys(row.method)}
+
+
+def vllm_row(
+    row: RowSpec,
+    record: Mapping[str, Any],
+    rule: Mapping[str, Any],
+    c: int,
+    timed: tuple[float, dict[int, Any], int],
+    reference: Sequence[PromptRun],
+    answers: Sequence[str | None] | None,
+) -> dict[str, Any]:
+    """One vLLM row of bench.json at concurrency ``c``: its numbers (:func:`vllm_summary`) and per-prompt texts."""
+    wall, outs, preempted = timed
+    results = [outs[i] for i in range(len(reference))]
+    summary = vllm_summary(
+        [r.token_ids for r in results],
+        [r.stats.to_dict() for r in results],
+        [r.text for r in results],
+        wall,
+        reference,
+        answers,
+    )
+    return {
+        "name": row.name,
+        "method": row.method,
+        "params": {**record["params"], **rule},
+        "concurrency": c,
+        "in_flight": min(c, len(reference)),
+        "preemptions": preempted,  # vLLM's count during the timed run (a full KV cache)
+        **summary,
+        "per_prompt": [
+            {"id": ref.id, "new_tokens": len(r.token_ids), "cycles": r.stats.cycles, "text": r.text}
+            for r, ref in zip(results, reference, strict=True)
         ],
     }
 
