@@ -23,8 +23,12 @@ SWEEP_KEYS = (
     "fast",
     "compile",
     "pad_widths",
+    "temperature",
+    "top_p",
+    "top_k",
 )
-"""Parameters that take a list (one row per value) from the command line: ``theta=[0.05,0.1]``."""
+"""Parameters that take a list (one row per value) from the command line: ``theta=[0.05,0.1]``,
+``temperature=[0,0.7]``."""
 
 
 DEFAULT_METHODS = ("ar", "mars", "prove", "prove-lossless")
@@ -104,6 +108,21 @@ class BenchConfig:
     pad_widths: Any = None
     """Padded passes on the reference path (``DecodeParams.pad_widths``: auto, off), or a list, e.g.
     ``pad_widths=[off,auto]``."""
+    temperature: Any = None
+    """Sampling temperature of our rows: null / 0 = greedy; a value, or a list for a row each, e.g.
+    ``temperature=[0,0.7]``: ``ar``, ``ar T=0.7``, ``sd``, ``sd T=0.7``, ... (a sampled row's name always carries its
+    T). A method that is greedy only (``prove-lossless``, ``asd``, ``pard``) keeps its greedy row alone, and bench.md
+    says so once; transformers' and vLLM's rows stay greedy. One method alone:
+    ``method_params={sd:{temperature:0.7}}``. A sampled row's speedup is over the AR row at its temperature (and
+    top-p, top-k) where one ran, else over greedy ``ar``, as its ``speedup_over`` says; "= AR" is for greedy rows."""
+    top_p: Any = None
+    """Nucleus mass of the sampled rows (null = 1, off): a value or a list; greedy rows ignore it."""
+    top_k: Any = None
+    """Top-k of the sampled rows (null = 0, off): a value or a list; greedy rows ignore it."""
+    seed: int = 0
+    """Sampling seed: prompt i is decoded with seed ``seed + i`` by every sampled row (the decoder's
+    ``generate(seed=...)``, as ``prove-decode`` seeds a prompt file), in every repeat: a rerun gives the same
+    tokens."""
     method_params: Any = None
     """Per-method values or sweeps of any ``DecodeParams`` the method reads, overriding the shared ones:
     ``method_params={prove:{theta:[0.05,0.1,0.3]},asd:{budget:[0,8]}}``."""
@@ -192,43 +211,77 @@ class BenchConfig:
     def __post_init__(self) -> None:
         check_dtype(self.dtype, "dtype")
         if self.hf_compare is not None:
-            from prove.decode.random_models import SHAPES
-
-            if self.hf_compare not in SHAPES:
-                raise ValueError(
-                    f"hf_compare={self.hf_compare!r} is not a known shape; pick one of: {', '.join(SHAPES)}"
-                )
-            if self.model is not None or self.draft is not None or self.prompts is not None or self.suite:
-                raise ValueError(
-                    "hf_compare builds its own models and prompts: drop model=, draft=, prompts= and suite="
-                )
-            if list(self.methods) == list(DEFAULT_METHODS):
-                self.methods = list(HF_COMPARE_METHODS)
-            extra = set(self.methods) - set(HF_COMPARE_METHODS)
-            if extra:
-                raise ValueError(
-                    f"hf_compare runs methods {list(HF_COMPARE_METHODS)} only (no mask token, no verifier); drop {sorted(extra)}"
-                )
-            if self.prompt_len < 1:
-                raise ValueError(f"prompt_len={self.prompt_len} must be ≥ 1")
-            if self.draft_threshold is None:  # ours beside each of transformers' two draft-length policies
-                self.draft_threshold = (
-                    [0.0, self.hf_assistant_threshold] if self.hf_assistant_threshold else 0.0
-                )
+            self._check_hf_compare()
         else:
-            if self.model is None:
-                raise ValueError("pass model=PATH (the model being accelerated), or hf_compare=SHAPE")
-            if (self.prompts is None) == (not self.suite):
+            self._check_sources()
+        self._check_counts()
+        if not self.methods:
+            raise ValueError("methods is empty: give e.g. methods=[ar,prove-lossless]")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend={self.backend!r}: pick one of {', '.join(BACKENDS)}")
+        for key in SWEEP_KEYS:
+            as_values(getattr(self, key))
+        for key in ("method_params", "vllm_method_params"):
+            mp = getattr(self, key) or {}
+            if not isinstance(mp, Mapping) or not all(isinstance(v, Mapping) for v in mp.values()):
                 raise ValueError(
-                    "pass prompts=FILE (JSONL or plain text) or suite=NAME (mt-bench, mt-bench-2, humaneval, "
-                    "arithmetic), one of the two (or hf_compare=SHAPE)"
+                    f"{key}={mp!r} must map a method to its params, e.g. {key}={{prove:{{theta:[0.05,0.1]}}}}"
                 )
-            if self.suite:
-                from prove.decode.suites import suite_names
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed={self.seed!r} must be an integer ≥ 0")
+        if self.backend == "vllm":
+            self._check_vllm()
+        elif self.vllm_method_params:
+            raise ValueError(
+                "vllm_method_params sets the vLLM rows' sweeps: add backend=vllm, or drop vllm_method_params"
+            )
 
-                suite_names(self.suite)
-            elif self.suite_files:
-                raise ValueError("suite_files replaces a suite's file: add suite=NAME, or drop suite_files")
+    def _check_hf_compare(self) -> None:
+        """``hf_compare``: a known shape, no models or prompts of ours, ar / sd only, greedy (tokens compared)."""
+        from prove.decode.random_models import SHAPES
+
+        if self.hf_compare not in SHAPES:
+            raise ValueError(
+                f"hf_compare={self.hf_compare!r} is not a known shape; pick one of: {', '.join(SHAPES)}"
+            )
+        if self.model is not None or self.draft is not None or self.prompts is not None or self.suite:
+            raise ValueError(
+                "hf_compare builds its own models and prompts: drop model=, draft=, prompts= and suite="
+            )
+        if list(self.methods) == list(DEFAULT_METHODS):
+            self.methods = list(HF_COMPARE_METHODS)
+        extra = set(self.methods) - set(HF_COMPARE_METHODS)
+        if extra:
+            raise ValueError(
+                f"hf_compare runs methods {list(HF_COMPARE_METHODS)} only (no mask token, no verifier); drop {sorted(extra)}"
+            )
+        if any(as_values(self.temperature)) or any(
+            (own or {}).get("temperature") for own in (self.method_params or {}).values()
+        ):
+            raise ValueError("hf_compare checks greedy tokens against transformers' greedy: drop temperature")
+        if self.prompt_len < 1:
+            raise ValueError(f"prompt_len={self.prompt_len} must be ≥ 1")
+        if self.draft_threshold is None:  # ours beside each of transformers' two draft-length policies
+            self.draft_threshold = [0.0, self.hf_assistant_threshold] if self.hf_assistant_threshold else 0.0
+
+    def _check_sources(self) -> None:
+        """A model, and prompts from one of a file or named suites."""
+        if self.model is None:
+            raise ValueError("pass model=PATH (the model being accelerated), or hf_compare=SHAPE")
+        if (self.prompts is None) == (not self.suite):
+            raise ValueError(
+                "pass prompts=FILE (JSONL or plain text) or suite=NAME (mt-bench, mt-bench-2, humaneval, "
+                "arithmetic), one of the two (or hf_compare=SHAPE)"
+            )
+        if self.suite:
+            from prove.decode.suites import suite_names
+
+            suite_names(self.suite)
+        elif self.suite_files:
+            raise ValueError("suite_files replaces a suite's file: add suite=NAME, or drop suite_files")
+
+    def _check_counts(self) -> None:
+        """The counts and ranges: prompts, tokens, repeats, the pass-cost measurement."""
         if self.per_category is not None and self.per_category < 1:
             raise ValueError(f"per_category={self.per_category} must be ≥ 1 (or null for all)")
         if self.first_answer_tokens < 1 or self.position_bin < 1:
@@ -251,24 +304,6 @@ class BenchConfig:
             raise ValueError(
                 f"pass_cost_widths={self.pass_cost_widths} must be ≥ 0 (0 = off), pass_cost_context="
                 f"{self.pass_cost_context} and pass_cost_repeats={self.pass_cost_repeats} ≥ 1"
-            )
-        if not self.methods:
-            raise ValueError("methods is empty: give e.g. methods=[ar,prove-lossless]")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend={self.backend!r}: pick one of {', '.join(BACKENDS)}")
-        for key in SWEEP_KEYS:
-            as_values(getattr(self, key))
-        for key in ("method_params", "vllm_method_params"):
-            mp = getattr(self, key) or {}
-            if not isinstance(mp, Mapping) or not all(isinstance(v, Mapping) for v in mp.values()):
-                raise ValueError(
-                    f"{key}={mp!r} must map a method to its params, e.g. {key}={{prove:{{theta:[0.05,0.1]}}}}"
-                )
-        if self.backend == "vllm":
-            self._check_vllm()
-        elif self.vllm_method_params:
-            raise ValueError(
-                "vllm_method_params sets the vLLM rows' sweeps: add backend=vllm, or drop vllm_method_params"
             )
 
     def _check_vllm(self) -> None:

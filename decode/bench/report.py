@@ -21,8 +21,11 @@ def _num(v: Any, spec: str = ".2f", dash: str = "–") -> str:
     return format(v, spec)
 
 
-def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """The Markdown table of bench.json's rows, with its footnotes."""
+def render_table(
+    rows: Sequence[Mapping[str, Any]], skipped: Mapping[str, Sequence[float]] | None = None
+) -> str:
+    """The Markdown table of bench.json's rows, with its footnotes; ``skipped``: the greedy-only methods a
+    temperature sweep gave no sampled row (bench.json's ``greedy_only``)."""
     head = [
         "method", "params", "tok/cycle¹", "model/tok", "verifier/tok", "draft/tok", "tok/s", "engine ms/cycle³",
         "speedup (median)", "speedup (total)", "= AR²", "first div. (mean)", "accuracy",
@@ -30,7 +33,7 @@ def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     flagged = False
     for r in rows:
-        agree = f"{100 * r['agreement']:.0f}%"
+        agree = _agree(r, r["agreement"])
         if r.get("lossless") and r["agreement"] < 1:
             agree += " ⚠"
             flagged = True
@@ -43,8 +46,8 @@ def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
             _num(r["draft_passes_per_token"] or None),
             _num(r["tokens_per_s"], ".1f"),
             _num(r.get("engine_ms_per_cycle"), ".3f"),
-            _num(r["speedup_median"]) + "×",
-            _num(r["speedup_total"]) + "×",
+            _speedup(r, r["speedup_median"]),
+            _speedup(r, r["speedup_total"]),
             agree,
             _num(r["mean_first_divergence"], ".1f"),
             _num(None if r["accuracy"] is None else 100 * r["accuracy"], ".1f", "n/a")
@@ -62,7 +65,42 @@ def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
     ]
     if flagged:
         lines.append("⚠ a lossless method disagreed with AR (expected only from low-precision numerics).")
+    lines += _sampling_notes(rows, skipped)
     return "\n".join(lines) + "\n"
+
+
+def _sampled(r: Mapping[str, Any]) -> bool:
+    return bool(r.get("temperature"))
+
+
+def _agree(r: Mapping[str, Any], agreement: float) -> str:
+    """The "= AR" cell: greedy rows only (a sampled row's tokens are draws, not AR's greedy ones)."""
+    return "–" if _sampled(r) else f"{100 * agreement:.0f}%"
+
+
+def _speedup(r: Mapping[str, Any], value: Any) -> str:
+    """A speedup cell; a sampled row's that is over greedy ``ar`` (no AR row ran at its temperature) says so."""
+    cell = _num(value) + "×"
+    if _sampled(r) and r.get("speedup_over", "ar") == "ar":
+        cell += " (vs greedy ar)"
+    return cell
+
+
+def _sampling_notes(
+    rows: Sequence[Mapping[str, Any]], skipped: Mapping[str, Sequence[float]] | None = None
+) -> list[str]:
+    """The footnote on sampled rows (when any ran), and each greedy-only method a temperature sweep gave no row."""
+    lines = []
+    if any(_sampled(r) for r in rows):
+        seed = next(r["sampling"]["seed"] for r in rows if _sampled(r) and r.get("sampling"))
+        lines.append(
+            "⁸ sampled rows (T > 0; prompt i drawn with seed "
+            f"{seed} + i, the same in every repeat): speedups over the AR row at the same temperature, top-p and "
+            "top-k run here (`ar T=…`), or over greedy `ar` where marked (vs greedy ar); = AR is for greedy rows (–)."
+        )
+    for method, temps in (skipped or {}).items():
+        lines.append(f"{method}: greedy only, no {', '.join(f'T={t:g}' for t in temps)} row.")
+    return lines
 
 
 def render_quality_table(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -164,7 +202,7 @@ def render_categories(report: Mapping[str, Any]) -> str:
                 continue
             cells = [
                 cat["name"], str(g["n_prompts"]), r["name"], _params(r), _num(g["tokens_per_cycle"]),
-                _num(g["speedup_total"]) + "×", _num(g["speedup_median"]) + "×", f"{100 * g['agreement']:.0f}%",
+                _speedup(r, g["speedup_total"]), _speedup(r, g["speedup_median"]), _agree(r, g["agreement"]),
                 _num(None if g["accuracy"] is None else 100 * g["accuracy"], ".1f", "n/a")
                 + ("%" if g["accuracy"] is not None else ""),
             ]  # fmt: skip
@@ -276,6 +314,62 @@ def _vllm_lossless(row: Mapping[str, Any]) -> bool:
         return True
 
 
+def _vllm_cells(r: Mapping[str, Any]) -> list[str]:
+    agree = f"{100 * r['agreement']:.0f}%" + (" ⚠" if r["agreement"] < 1 and _vllm_lossless(r) else "")
+    return [
+        r["name"],
+        " ".join(param_label(k, v) for k, v in (r.get("params") or {}).items()) or "–",
+        str(r["in_flight"]),
+        _num(r["tokens_per_s"], ".1f"),
+        _num(r.get("vs_vllm_ar")) + ("×" if r.get("vs_vllm_ar") is not None else ""),
+        _num(r["mean_acceptance_length"]),
+        _num(r["tokens_per_cycle"]),
+        agree,
+        _num(None if r["accuracy"] is None else 100 * r["accuracy"], ".1f", "n/a")
+        + ("%" if r["accuracy"] is not None else ""),
+        str(r["preemptions"]) if "preemptions" in r else "–",
+    ]
+
+
+VLLM_FOOTNOTES = [
+    "",
+    "In flight: requests kept in flight (at most the prompts); tok/s: every prompt's new tokens over the batch's "
+    "wall time. ² as above, against our ar.",
+    "⁴ vLLM's mean acceptance length, 1 + accepted draft tokens / drafting steps (over the steps that drafted): "
+    "vLLM's figure, not our tok/cycle.",
+    "⁵ new tokens / engine steps each request took part in (its prefill step included): our tok/cycle's counterpart.",
+    "⁷ requests vLLM preempted during the timed run (its KV cache full: freed, recomputed later); the outputs "
+    "above are those decoded through the preemptions.",
+    "",
+]
+
+
+def _vllm_engine_lines(vllm: Mapping[str, Any]) -> list[str]:
+    """Each engine's start-up (and the rows it serves, where several), then where each speculative row stops
+    paying."""
+    lines = []
+    for name, rec in vllm["engines"].items():
+        if "skipped" in rec:
+            lines.append(f"- {name}: skipped ({rec['skipped']})")
+            continue
+        served = rec.get("rows") or []  # bench.json before per-request rule rows: one row an engine
+        also = (
+            f", one engine for {', '.join(served)} (the rule's values per request)" if len(served) > 1 else ""
+        )
+        lines.append(f"- {name}: engine start-up {rec['startup_s']:.1f} s{also}")
+    for name, cross in (vllm.get("crossover") or {}).items():
+        if cross is None:
+            lines.append(f"- {name} beats vLLM ar at every concurrency of the sweep")
+        elif cross["last_win"] is None:
+            lines.append(f"- {name} is at or below vLLM ar already at {cross['first_loss']} in flight")
+        else:
+            lines.append(
+                f"- {name} stops paying between {cross['last_win']} and {cross['first_loss']} requests in flight "
+                f"(crossover ≈ {cross['estimate']:.1f})"
+            )
+    return lines
+
+
 def render_vllm_table(vllm: Mapping[str, Any]) -> str:
     """bench.md's section for vLLM's rows (``backend=vllm``): one line per row (a method at one point of its rule's
     sweep) and concurrency, its engines' start-up (and the rows an engine serves, where several), and where each
@@ -291,55 +385,48 @@ def render_vllm_table(vllm: Mapping[str, Any]) -> str:
         "| " + " | ".join(head) + " |",
         "|" + "|".join(["---", "---"] + ["---:"] * (len(head) - 2)) + "|",
     ]
-    for r in vllm["rows"]:
-        agree = f"{100 * r['agreement']:.0f}%" + (" ⚠" if r["agreement"] < 1 and _vllm_lossless(r) else "")
-        cells = [
-            r["name"],
-            " ".join(param_label(k, v) for k, v in (r.get("params") or {}).items()) or "–",
-            str(r["in_flight"]),
-            _num(r["tokens_per_s"], ".1f"),
-            _num(r.get("vs_vllm_ar")) + ("×" if r.get("vs_vllm_ar") is not None else ""),
-            _num(r["mean_acceptance_length"]),
-            _num(r["tokens_per_cycle"]),
-            agree,
-            _num(None if r["accuracy"] is None else 100 * r["accuracy"], ".1f", "n/a")
-            + ("%" if r["accuracy"] is not None else ""),
-            str(r["preemptions"]) if "preemptions" in r else "–",
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += [
+    lines += ["| " + " | ".join(_vllm_cells(r)) + " |" for r in vllm["rows"]]
+    return "\n".join(lines + VLLM_FOOTNOTES + _vllm_engine_lines(vllm)) + "\n"
+
+
+def render_predicted(predicted: Mapping[str, Any] | None) -> str:
+    """bench.md's "Predicted on an H200 (from t(w), not measured)": per greedy row with a cost model, its tokens per
+    cycle measured here and the speedup over AR that the committed t(w) curves predict on each shape (bench.json's
+    ``predicted``, :mod:`prove.decode.bench.predicted`); empty when no row has one. Never mixed into the measured
+    tables above."""
+    rows = (predicted or {}).get("rows") or []
+    if not rows:
+        return ""
+    assert predicted is not None
+    shapes = list(predicted["curves_ms"])
+    labels = predicted["labels"]
+    head = ["row", "K / k", "tok/cycle (measured here)", "cycle's passes"]
+    head += [f"{labels[s]}: predicted speedup" for s in shapes]
+    lines = [
         "",
-        "In flight: requests kept in flight (at most the prompts); tok/s: every prompt's new tokens over the batch's "
-        "wall time. ² as above, against our ar.",
-        "⁴ vLLM's mean acceptance length, 1 + accepted draft tokens / drafting steps (over the steps that drafted): "
-        "vLLM's figure, not our tok/cycle.",
-        "⁵ new tokens / engine steps each request took part in (its prefill step included): our tok/cycle's "
-        "counterpart.",
-        "⁷ requests vLLM preempted during the timed run (its KV cache full: freed, recomputed later); the outputs "
-        "above are those decoded through the preemptions.",
+        f"## Predicted on an {predicted['device'].removeprefix('NVIDIA ')} (from t(w), not measured)",
         "",
+        f"t(w) measured {predicted['measured']} ({predicted['source']}; {predicted['conditions']}): "
+        + "; ".join(
+            f"{labels[s]} "
+            + " / ".join(f"t({w}) {ms:g}" for w, ms in predicted["curves_ms"][s].items())
+            + " ms"
+            for s in shapes
+        )
+        + ". Predicted speedup = tok/cycle measured here × t(1) / the cycle's passes on that shape (widths between "
+        "measured ones interpolated linearly; – beyond the curve). Assumes full proposals (K, or k draft steps) and, "
+        "fused, the widest tree (fuse_groups=all's); prove's verifier and the draft rows' draft take the "
+        f"{labels[predicted['helper']]}'s t(w) (– on that shape itself). Time outside the passes is not in t(w): "
+        "an upper bound. No measured column of this report comes from here.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join(["---", "---", "---:", "---"] + ["---:"] * len(shapes)) + "|",
     ]
-    for name, rec in vllm["engines"].items():
-        if "skipped" in rec:
-            lines.append(f"- {name}: skipped ({rec['skipped']})")
-        else:
-            served = rec.get("rows") or []  # bench.json before per-request rule rows: one row an engine
-            also = (
-                f", one engine for {', '.join(served)} (the rule's values per request)"
-                if len(served) > 1
-                else ""
-            )
-            lines.append(f"- {name}: engine start-up {rec['startup_s']:.1f} s{also}")
-    for name, cross in (vllm.get("crossover") or {}).items():
-        if cross is None:
-            lines.append(f"- {name} beats vLLM ar at every concurrency of the sweep")
-        elif cross["last_win"] is None:
-            lines.append(f"- {name} is at or below vLLM ar already at {cross['first_loss']} in flight")
-        else:
-            lines.append(
-                f"- {name} stops paying between {cross['last_win']} and {cross['first_loss']} requests in flight "
-                f"(crossover ≈ {cross['estimate']:.1f})"
-            )
+    for r in rows:
+        cells = [r["name"], r["size"], _num(r["tokens_per_cycle"]), r["passes"]]
+        cells += [_num((r["by_shape"].get(s) or {}).get("speedup")) + ("×" if r["by_shape"].get(s) else "")
+                  for s in shapes]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -425,7 +512,7 @@ def write_report(report: dict[str, Any], output_dir: str | Path, *, plots: bool 
         from prove.decode.bench.plots import write_plots
 
         report["plots"] = {k: str(v) for k, v in write_plots(report, out).items()}
-    table = render_table(report["rows"])
+    table = render_table(report["rows"], report.get("greedy_only"))
     header = _md_header(report)
     cost = report.get("pass_cost")
     vllm = report.get("vllm")
@@ -436,6 +523,7 @@ def write_report(report: dict[str, Any], output_dir: str | Path, *, plots: bool 
         + render_categories(report)
         + render_acceptance(report)
         + render_positions(report)
+        + render_predicted(report.get("predicted"))
         + render_quality_table(report["rows"])
         + (render_vllm_table(vllm) if vllm else "")
         + (render_pass_cost(cost) if cost else "")

@@ -5,7 +5,7 @@ that run beside ours."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,12 +24,23 @@ SYMBOLS = {
     "max_mismatches": "m",
     "fuse_groups": "J",
     "draft_threshold": "cut",
+    "temperature": "T",
+    "top_p": "top-p",
+    "top_k": "top-k",
 }
 
 
-ONLY_WITH = {"fuse_groups": "fuse"}
+SAMPLING = ("temperature", "top_p", "top_k")
+"""The sampling ``DecodeParams`` a bench row takes (every method reads them; ``seed`` is the bench's own, per prompt).
+A row with ``temperature`` > 0 samples; a greedy-only method (``Method.greedy_only``) gets no such row from a sweep."""
+
+ALWAYS_NAMED = ("temperature",)
+"""Parameters a row's name carries whenever set, swept or not: a sampled row is never named as a greedy one."""
+
+
+ONLY_WITH = {"fuse_groups": "fuse", "top_p": "temperature", "top_k": "temperature"}
 """Parameters read only when another is true: a row with ``fuse=false`` drops ``fuse_groups`` (one unfused
-row, not one per J)."""
+row, not one per J); a greedy row (``temperature`` 0) drops ``top_p`` and ``top_k``."""
 
 
 HF_ROWS = ("hf-greedy", "hf-assisted", "hf-assisted-confidence")
@@ -78,13 +89,17 @@ def expand_rows(
     sweeps: Mapping[str, Any],
     uses: Mapping[str, Sequence[str]],
     method_params: Mapping[str, Mapping[str, Any]] | None = None,
+    greedy_only: Collection[str] = (),
 ) -> list[RowSpec]:
     """One row per method × point of the sweeps it reads (``uses[method]``); AR first, once.
 
     ``sweeps`` maps a ``DecodeParams`` name to ``None``, a value, or a list of values, for every method
     that reads it; ``method_params[method]`` overrides or adds values for that method alone (θ is ProVe's
     threshold and NSD's nucleus mass: sweep one of them with ``method_params={prove: {theta: [...]}}``).
-    A row's name is the method plus the swept values it was given (``prove θ=0.1``).
+    A row's name is the method plus the swept values it was given (``prove θ=0.1``), and its temperature
+    whenever it samples (``sd T=0.7``). A shared ``temperature`` sweep gives the ``greedy_only`` methods their
+    greedy row alone (:func:`greedy_only_skips` says which rows were not made); AR always has its greedy row,
+    the reference.
     """
     ordered = [REFERENCE] + [m for m in dict.fromkeys(methods) if m != REFERENCE]
     method_params = method_params or {}
@@ -96,16 +111,19 @@ def expand_rows(
             raise ValueError(f"method {m} does not read {sorted(unread)}; it reads {list(uses.get(m, ()))}")
     rows: list[RowSpec] = []
     for m in ordered:
-        merged = {**sweeps, **method_params.get(m, {})}
+        merged = _merged(m, sweeps, method_params.get(m, {}), m in greedy_only)
         keys = [k for k in merged if k in uses.get(m, ())]
         grids = [as_values(merged[k]) for k in keys]
         swept = [k for k, g in zip(keys, grids, strict=True) if len(g) > 1]
         for point in itertools.product(*grids):
             params = {k: v for k, v in zip(keys, point, strict=True) if v is not None}
+            if "temperature" in params and not params["temperature"]:
+                del params["temperature"]  # T = 0 is greedy: the row the method has without it
             dropped = [k for k, parent in ONLY_WITH.items() if k in params and not params.get(parent)]
             for k in dropped:
                 del params[k]
-            label = " ".join(param_label(k, params[k]) for k in swept if k in params)
+            named = [k for k in keys if k in params and (k in swept or k in ALWAYS_NAMED)]
+            label = " ".join(param_label(k, params[k]) for k in named)
             row = RowSpec(f"{m} {label}".strip(), m, params)
             if dropped and row in rows:  # e.g. fuse=false once, whatever fuse_groups sweeps
                 continue
@@ -114,6 +132,36 @@ def expand_rows(
     if len(set(names)) != len(names):
         raise ValueError(f"the sweep repeats a row ({names}): give each value once")
     return rows
+
+
+def _merged(method: str, sweeps: Mapping[str, Any], own: Mapping[str, Any], greedy: bool) -> dict[str, Any]:
+    """A method's values: its own over the shared sweeps; a greedy-only method drops the shared temperature, and
+    AR keeps its greedy point (the reference) whatever the temperatures."""
+    merged = {**sweeps, **own}
+    if greedy and "temperature" not in own:
+        merged.pop("temperature", None)
+    if method == REFERENCE and "temperature" in merged:
+        values = as_values(merged["temperature"])
+        if all(values):
+            merged["temperature"] = [None, *values]
+    return merged
+
+
+def greedy_only_skips(
+    methods: Sequence[str],
+    sweeps: Mapping[str, Any],
+    greedy_only: Collection[str],
+    method_params: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, list[float]]:
+    """The temperatures > 0 of the shared sweep that each greedy-only method of ``methods`` got no row for
+    (bench.md says so once: "prove-lossless: greedy only, no T=0.7 row")."""
+    temps = [t for t in as_values(sweeps.get("temperature")) if t]
+    own = method_params or {}
+    return {
+        m: temps
+        for m in dict.fromkeys(methods)
+        if m in greedy_only and temps and "temperature" not in own.get(m, {})
+    }
 
 
 def is_lossless(method: str, params: Mapping[str, Any]) -> bool:
@@ -171,11 +219,11 @@ class HFRow:
             out["adaptive"] = bool(is_sklearn_available())
         return out
 
-    def generate(self, ids: list[int], max_new_tokens: int, eos: list[int], stop: list[str]) -> PromptRun:
+    def _kwargs(self, x: Any, max_new_tokens: int, eos: list[int], stop: list[str]) -> dict[str, Any]:
+        """``generate``'s arguments: greedy, our EOS and stop strings, and ``<|mask|>`` suppressed as our Decoder
+        never outputs it."""
         import torch
 
-        device = next(self.model.parameters()).device
-        x = torch.tensor([ids], device=device)
         kw: dict[str, Any] = {
             "attention_mask": torch.ones_like(x),
             "max_new_tokens": max_new_tokens,
@@ -192,40 +240,39 @@ class HFRow:
         mask = None if self.tokenizer is None else self.tokenizer.get_vocab().get(MASK_TOKEN)
         if mask is not None:  # our Decoder never outputs <|mask|>; transformers' rows suppress it alike
             kw["suppress_tokens"] = [mask]
+        return kw
+
+    def _run(self, x: Any, kw: Mapping[str, Any]) -> tuple[Any, int, int]:
+        """(output ids, target passes, draft passes) of one ``generate``, the draft's assistant settings set for the
+        call (transformers reads them from the assistant's generation_config) and restored after."""
         from transformers.utils import logging as hf_logging
 
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # assisted generation warns about its own internal generation_config
-        draft_passes = 0
         gc = None if self.draft is None else self.draft.generation_config
-        saved = (
-            None
-            if gc is None
-            else (
-                gc.num_assistant_tokens,
-                gc.num_assistant_tokens_schedule,
-                gc.assistant_confidence_threshold,
-            )
-        )
+        fields = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+        saved = None if gc is None else [getattr(gc, f) for f in fields]
         try:
             with PassCounter(self.model) as target:
                 if gc is None:
-                    out = self.model.generate(x, **kw)
-                else:
-                    # transformers reads the assistant's settings from the assistant's generation_config.
-                    gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = self.k, "constant"
-                    gc.assistant_confidence_threshold = self.threshold
-                    with PassCounter(self.draft) as d:
-                        out = self.model.generate(x, assistant_model=self.draft, **kw)
-                    draft_passes = d.n
+                    return self.model.generate(x, **kw), target.n, 0
+                for f, v in zip(fields, (self.k, "constant", self.threshold), strict=True):
+                    setattr(gc, f, v)
+                with PassCounter(self.draft) as d:
+                    out = self.model.generate(x, assistant_model=self.draft, **kw)
+                return out, target.n, d.n
         finally:
             hf_logging.set_verbosity(verbosity)
             if gc is not None and saved is not None:
-                (
-                    gc.num_assistant_tokens,
-                    gc.num_assistant_tokens_schedule,
-                    gc.assistant_confidence_threshold,
-                ) = saved
+                for f, v in zip(fields, saved, strict=True):
+                    setattr(gc, f, v)
+
+    def generate(self, ids: list[int], max_new_tokens: int, eos: list[int], stop: list[str]) -> PromptRun:
+        import torch
+
+        device = next(self.model.parameters()).device
+        x = torch.tensor([ids], device=device)
+        out, target_passes, draft_passes = self._run(x, self._kwargs(x, max_new_tokens, eos, stop))
         new = out[0, len(ids) :].tolist()
         # generate pads a finished batch of one with nothing, but strip pad after EOS defensively.
         for i, t in enumerate(new):
@@ -237,7 +284,7 @@ class HFRow:
             token_ids=new,
             text="" if self.tokenizer is None else self.tokenizer.decode(new, skip_special_tokens=True),
             wall_s=0.0,
-            cycles=target.n,
-            model_passes=target.n,
+            cycles=target_passes,
+            model_passes=target_passes,
             draft_passes=draft_passes,
         )

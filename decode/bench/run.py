@@ -23,34 +23,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from prove.decode.decoder import Decoder
+from prove.decode.bench.build import Inputs, build_report
 from prove.decode.bench.config import BenchConfig
-from prove.decode.bench.hf_compare import check_identical, hf_compare_report, hf_compare_setup
-from prove.decode.bench.metrics import (
-    PromptRun,
-    group_key,
-    rate_by_depth,
-    roc_table,
-    summarize,
-    summarize_groups,
-    tokens_per_cycle_by_position,
-    trace_points,
-)
-from prove.decode.bench.quality import TokenScores, quality_summary, score_output
-from prove.decode.bench.report import SCHEMA, environment, write_report
-from prove.decode.bench.rows import (
-    ONLY_WITH,
-    REFERENCE,
-    HFRow,
-    RowSpec,
-    as_values,
-    expand_rows,
-    is_lossless,
-)
+from prove.decode.bench.hf_compare import check_identical, hf_compare_setup
+from prove.decode.bench.metrics import PromptRun, group_key, rate_by_depth, roc_table, trace_points
+from prove.decode.bench.quality import TokenScores, score_output
+from prove.decode.bench.report import write_report
+from prove.decode.bench.rows import REFERENCE, SAMPLING, HFRow, RowSpec, as_values, expand_rows
+
+__all__ = ["Inputs", "build_report", "check_rows", "pass_cost", "run_bench"]
 
 
 def load_models(cfg: BenchConfig) -> dict[str, Any]:
@@ -116,49 +101,6 @@ def build_decoders(
     return decoders
 
 
-def _cost_record(decoder: Decoder) -> dict[str, Any] | None:
-    """``fuse_groups=auto``: the pass-cost curve its Decoder measured at start-up and planned every tree with
-    (milliseconds by width, and the fitted line), so a row's speed can be read against what auto saw; else None."""
-    from prove.decode.engine.fused import CostCurve
-
-    curve = getattr(decoder.proposer, "cost", None)
-    if not isinstance(curve, CostCurve):
-        return None
-    a, b = curve.line
-    return {
-        "widths": list(curve.widths),
-        "ms": [1000 * t for t in curve.seconds],
-        "line_ms": {"intercept": 1000 * a, "per_entry": 1000 * b},
-    }
-
-
-def _resolved_params(decoder: Decoder) -> dict[str, Any]:
-    params = {k: getattr(decoder.params, k) for k in decoder.method.uses}
-    for k, parent in ONLY_WITH.items():  # e.g. unfused: neither fuse nor fuse_groups says anything
-        if not params.get(parent):
-            params.pop(k, None)
-            params.pop(parent, None)
-    return params
-
-
-@dataclass
-class Inputs:
-    """What every row decodes: the prompts, their keys (JSONL ids) and answers, and the shared models."""
-
-    keys: list[Any]
-    prompts: list[Any]
-    """Token ids once ``run_bench`` has encoded them (text or chat messages before)."""
-    answers: list[str | None]
-    models: dict[str, Any]
-    groups: list[str | None] = dataclasses.field(default_factory=list)
-    """Each prompt's category (``suite/category`` for a named suite's; :func:`group_key`), None = none."""
-    checks: list[Callable[[str], bool] | None] | None = None
-    """Each prompt's accuracy check (a named suite's: pass@1, the answer), None where not scored; None: the
-    prompt file's ``answer`` fields with the default scorer."""
-    suites: dict[str, dict[str, Any]] | None = None
-    """Where each named suite came from (bench.json's ``suites``)."""
-
-
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """Run the bench; write bench.json, bench.md and the plots into ``cfg.output_dir``; return the report.
 
@@ -175,9 +117,11 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     check_lengths(decoders, inputs, cfg.max_new_tokens)
     names = [REFERENCE, *hf_rows, *(s.name for s in specs[1:])]
     decode_one = row_decoder(cfg, decoders, hf_rows)
-    for ids in inputs.prompts[: cfg.warmup]:  # warm-up: every row decodes the first prompts, untimed
+    for i, ids in enumerate(
+        inputs.prompts[: cfg.warmup]
+    ):  # warm-up: every row decodes the first prompts, untimed
         for name in names:
-            decode_one(name, ids, None)
+            decode_one(name, ids, None, cfg.seed + i)
     runs = timed_rounds(cfg, names, inputs, decode_one)
     quality = score_rows(inputs, runs, decoders[REFERENCE].models.allowed) if cfg.quality else None
     eos, stop = decoders[REFERENCE].eos_ids(), list(cfg.stop)
@@ -217,8 +161,9 @@ def check_rows(cfg: BenchConfig) -> list[RowSpec]:
     unknown = [m for m in cfg.methods if m not in METHODS]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; registered: {', '.join(sorted(METHODS))}")
-    uses = {name: (*m.uses, *ENGINE_KEYS) for name, m in METHODS.items()}
-    specs = expand_rows(cfg.methods, cfg.sweeps(), uses, cfg.method_params)
+    uses = {name: (*m.uses, *ENGINE_KEYS, *SAMPLING) for name, m in METHODS.items()}
+    greedy_only = {name for name, m in METHODS.items() if m.greedy_only}
+    specs = expand_rows(cfg.methods, cfg.sweeps(), uses, cfg.method_params, greedy_only)
     for spec in specs:
         resolve_params(spec.method, **spec.params)
     return specs
@@ -307,13 +252,14 @@ def check_lengths(decoders: Mapping[str, Decoder], inputs: Inputs, max_new_token
 
 def row_decoder(
     cfg: BenchConfig, decoders: Mapping[str, Decoder], hf_rows: Mapping[str, HFRow]
-) -> Callable[[str, list[int], Any], PromptRun]:
-    """``decode_one(row name, prompt ids, key)``: one timed decode of one prompt by one row."""
+) -> Callable[[str, list[int], Any, int], PromptRun]:
+    """``decode_one(row name, prompt ids, key, seed)``: one timed decode of one prompt by one row; a sampled row
+    draws from ``seed`` (the prompt's: ``cfg.seed`` + its index, the same in every repeat and rerun)."""
     from prove.decode.engine import device_sync
 
     eos, stop = decoders[REFERENCE].eos_ids(), list(cfg.stop)
 
-    def decode_one(name: str, ids: list[int], rid: Any) -> PromptRun:
+    def decode_one(name: str, ids: list[int], rid: Any, seed: int) -> PromptRun:
         device_sync(cfg.device)
         if name in hf_rows:
             t0 = _now()
@@ -321,7 +267,7 @@ def row_decoder(
             device_sync(cfg.device)
             return dataclasses.replace(run, id=rid, wall_s=_now() - t0)
         t0 = _now()
-        out = decoders[name].generate(ids, max_new_tokens=cfg.max_new_tokens, stop=stop or None)
+        out = decoders[name].generate(ids, max_new_tokens=cfg.max_new_tokens, stop=stop or None, seed=seed)
         device_sync(cfg.device)
         wall = _now() - t0
         s = out.stats
@@ -347,21 +293,22 @@ def timed_rounds(
     cfg: BenchConfig,
     names: Sequence[str],
     inputs: Inputs,
-    decode_one: Callable[[str, list[int], Any], PromptRun],
+    decode_one: Callable[[str, list[int], Any, int], PromptRun],
 ) -> dict[str, list[PromptRun]]:
     """Prompt by prompt, every row in turn (AR first), ``repeats`` rounds round-robin so one stall of the
-    machine does not hit every try of a row; each row keeps its fastest decode of each prompt."""
+    machine does not hit every try of a row; each row keeps its fastest decode of each prompt. Prompt i is
+    decoded with seed ``cfg.seed + i`` by every row in every round (a sampled row's tries are the same tokens)."""
     import sys
 
     from tqdm import tqdm
 
     runs: dict[str, list[PromptRun]] = {name: [] for name in names}
-    pairs = list(zip(inputs.keys, inputs.prompts, strict=True))
-    for key, ids in tqdm(pairs, desc="bench", unit="prompt", file=sys.stderr, disable=not cfg.progress):
+    pairs = list(enumerate(zip(inputs.keys, inputs.prompts, strict=True)))
+    for i, (key, ids) in tqdm(pairs, desc="bench", unit="prompt", file=sys.stderr, disable=not cfg.progress):
         tries: dict[str, list[PromptRun]] = {name: [] for name in names}
         for _ in range(cfg.repeats):
             for name in names:
-                tries[name].append(decode_one(name, ids, key))
+                tries[name].append(decode_one(name, ids, key, cfg.seed + i))
         for name in names:
             runs[name].append(min(tries[name], key=lambda r: r.wall_s))
     return runs
@@ -389,137 +336,6 @@ def score_rows(
                 cache[key] = score_output(target, scorer, ids, run.token_ids, allowed)
             out[name].append(cache[key])
     return out
-
-
-def build_report(
-    cfg: BenchConfig,
-    specs: Sequence[RowSpec],
-    decoders: Mapping[str, Decoder],
-    runs: Mapping[str, list[PromptRun]],
-    inputs: Inputs,
-    trace: dict[str, Any] | None,
-    cost: dict[str, Any] | None,
-    hf_rows: Mapping[str, HFRow] | None = None,
-    vllm: dict[str, Any] | None = None,
-    quality: Mapping[str, list[TokenScores]] | None = None,
-) -> dict[str, Any]:
-    """bench.json's content: one summary per row (with its per-prompt records and, with ``quality``, its
-    :func:`quality_summary` against AR), the environment, the inputs, and vLLM's rows (``vllm``, ``backend=vllm``)."""
-    checks = accuracy_checks(inputs)
-    grouped = any(g is not None for g in inputs.groups)
-    spec_by_name = {s.name: s for s in specs}
-    rows = []
-    for name, row_runs in runs.items():
-        summary = summarize(row_runs, runs[REFERENCE], checks=checks, bin_size=cfg.bin_size)
-        starts, means, counts = tokens_per_cycle_by_position(
-            (r.committed_per_cycle for r in row_runs), cfg.position_bin
-        )
-        summary["by_position"] = {
-            "bin_size": cfg.position_bin,
-            "start": starts,
-            "mean": means,
-            "cycles": counts,
-        }
-        if grouped:
-            summary["by_category"] = summarize_groups(
-                row_runs, runs[REFERENCE], inputs.groups, checks=checks, bin_size=cfg.position_bin
-            )
-        spec = spec_by_name.get(name)
-        if spec:
-            params = _resolved_params(decoders[name])
-            lossless = is_lossless(spec.method, params)
-        else:  # a transformers row
-            params = (hf_rows or {})[name].params
-            lossless = True
-        fuse_cost = _cost_record(decoders[name]) if spec else None
-        rows.append(
-            {
-                "name": name,
-                "method": spec.method if spec else name,
-                "params": params,
-                "swept": dict(spec.params) if spec else {},
-                "lossless": lossless,
-                "path": ("fast" if getattr(decoders[name], "fast_engine", None) else "reference")
-                if spec
-                else name,
-                **summary,
-                **({"fuse_cost": fuse_cost} if fuse_cost else {}),
-                **(
-                    {"pad_plans": {k: v.record() for k, v in decoders[name].pad_plans.items()}}
-                    if spec and getattr(decoders[name], "pad_plans", None)
-                    else {}
-                ),
-                **(
-                    {
-                        "quality": quality_summary(
-                            quality[name], quality[REFERENCE], [r.token_ids for r in row_runs]
-                        )
-                    }
-                    if quality
-                    else {}
-                ),
-                "per_prompt": [
-                    {
-                        "id": r.id,
-                        "new_tokens": r.new_tokens,
-                        "cycles": r.cycles,
-                        "wall_s": r.wall_s,
-                        "first_divergence": d,
-                        "text": r.text,
-                    }
-                    for r, d in zip(row_runs, summary["first_divergence"], strict=True)
-                ],
-            }
-        )
-    report: dict[str, Any] = {
-        "schema": SCHEMA,
-        "env": environment(cfg.device, cfg.dtype),
-        "config": dataclasses.asdict(cfg),
-        "models": {"model": cfg.model, "verifier": cfg.verifier, "draft": cfg.draft},
-        "prompts": {
-            "path": None if cfg.prompts is None else str(cfg.prompts),
-            "suite": None if not cfg.suite else list(inputs.suites or {}),
-            "n": len(inputs.prompts),
-            "with_answers": sum(c is not None for c in checks) if checks is not None else 0,
-        },
-        "suites": inputs.suites,
-        "categories": _categories(inputs.groups),
-        "reference": REFERENCE,
-        "rows": rows,
-        "lossless_violations": [r["name"] for r in rows if r["lossless"] and r["agreement"] < 1]
-        + (vllm["violations"] if vllm else []),
-        "trace": trace,
-        "vllm": vllm,
-        "pass_cost": cost,
-        "plots": {},
-    }
-    if cfg.hf_compare is not None:
-        report.update(hf_compare_report(cfg, runs, len(inputs.prompts), specs))
-    return report
-
-
-def accuracy_checks(inputs: Inputs) -> list[Callable[[str], bool] | None] | None:
-    """Each prompt's accuracy check: a named suite's own, else the prompt file's ``answer`` under the default
-    scorer (``prove.data.synthetic.score``); None when no prompt has one."""
-    if inputs.checks is not None:
-        return inputs.checks if any(c is not None for c in inputs.checks) else None
-    if all(a is None for a in inputs.answers):
-        return None
-    from prove.data.synthetic import score
-
-    def check(answer: str) -> Callable[[str], bool]:
-        return lambda text: bool(score(text, answer))
-
-    return [None if a is None else check(a) for a in inputs.answers]
-
-
-def _categories(groups: Sequence[str | None]) -> list[dict[str, Any]]:
-    """bench.json's ``categories``: each category's name and prompt count, in the order they first appear."""
-    counts: dict[str, int] = {}
-    for g in groups:
-        if g is not None:
-            counts[g] = counts.get(g, 0) + 1
-    return [{"name": g, "n": n} for g, n in counts.items()]
 
 
 def _now() -> float:

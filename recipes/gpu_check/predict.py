@@ -1,4 +1,6 @@
-"""What the cost curve predicts: each method's speedup over AR from t(w) and per-depth acceptance rates.
+"""What the cost curve predicts: each method's speedup over AR from t(w) and per-depth acceptance rates (the arithmetic:
+``prove.decode.bench.predicted``, shared with prove-bench's predicted table; here, which widths to time and where
+the acceptance comes from).
 
 The acceptance comes from a ``prove-bench`` report of a model on a task (``--acceptance bench.json``) or, by
 default, the tiny demo's (``gpu_check_acceptance.json``); the widths the prediction reads
@@ -8,41 +10,23 @@ default, the tiny demo's (``gpu_check_acceptance.json``); the widths the predict
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from prove.decode.bench.predicted import block_sizes_for, fused_width, interp, predict
 from prove.recipes.gpu_check.config import ACCEPTANCE_DEFAULT
 
-
-def interp(curve: Mapping[int, float], w: float) -> float:
-    """t(w) by linear interpolation between measured widths; NaN outside them."""
-    xs = sorted(curve)
-    if not xs or w < xs[0] or w > xs[-1]:
-        return math.nan
-    for lo, hi in zip(xs, xs[1:], strict=False):
-        if lo <= w <= hi:
-            return curve[lo] + (curve[hi] - curve[lo]) * (w - lo) / (hi - lo)
-    return curve[xs[0]]
-
-
-def block_sizes_for(acceptance: Sequence[float]) -> list[int]:
-    """K = 2, 4, 8, … up to the measured depth (and the measured depth itself)."""
-    n = len(acceptance)
-    ks = [2**i for i in range(1, 10) if 2**i <= n]
-    return sorted(set(ks + ([n] if n >= 2 else [])))
-
-
-def fused_width(k: int) -> int:
-    """Entries of the fused pass the prediction assumes at block size K: ``fuse_groups=all`` with the second
-    candidate, the widest tree ``fuse=true`` builds — the pending tokens, the K − 1 carried proposals, the second
-    candidate and the group after it, and a group of K − 1 placeholders for every acceptance length: at most
-    (K + 3)(K − 1) + 2 entries (79 at K = 8, 287 at K = 16), the top of the widths the Decoder itself calibrates
-    ``fuse_groups=auto`` on (``prove.decode.engine.fused.cost_widths``)."""
-    from prove.decode.engine.fused import cost_widths
-
-    return cost_widths(k)[-1]
+__all__ = [
+    "block_sizes_for",
+    "curve_widths",
+    "fused_width",
+    "interp",
+    "load_acceptance",
+    "predict",
+    "prediction_widths",
+    "predictor_check",
+]
 
 
 def prediction_widths(acceptance: Mapping[str, Sequence[float]], sd_k: int = 5) -> list[int]:
@@ -64,73 +48,6 @@ def curve_widths(widths: Iterable[int], needed: Iterable[int]) -> tuple[int, ...
     base = set(widths)
     lo, hi = min(base), max(base)
     return tuple(sorted(base | {w for w in needed if w < lo or w > hi}))
-
-
-def predict(
-    curves: Mapping[str, Mapping[int, float]],
-    acceptance: Mapping[str, Sequence[float]],
-    *,
-    draft: str | None,
-    verifier: str | None,
-    sd_k: int = 5,
-    sizes: Mapping[str, int] | None = None,
-) -> list[dict[str, Any]]:
-    """Predicted speedup over AR (AR = one pass of width 1 per token) of each method on each target shape.
-
-    ``a[i]`` is the share of cycles in which proposed position i (0-based) was accepted, a leading run
-    (``prove-bench``'s ``acceptance_by_depth``); t = the target's t(w), t_v the verifier's, t_d the draft's.
-
-    - prove-lossless, block K: a block pass over [c, M × (K − 1)] (width K) and a verification pass over
-      [c, y_1..y_K] (width K + 1; the engine re-feeds the last committed token); commits the accepted run
-      plus the correction / bonus token: tokens/cycle = 1 + Σ_{i<K} a[i], cost = t(K) + t(K + 1).
-    - prove-lossless fused, ``fuse_groups=all`` with the second candidate: one pass per cycle over the widest
-      fused tree, W = :func:`fused_width` (K) = (K + 3)(K − 1) + 2 entries; y_1 is last cycle's correction, so
-      tokens/cycle = 1 + Σ_{1≤i<K} a[i] (what the second candidate rescues is not counted: ``a`` is the unfused
-      rows' acceptance), cost = t(W). ``fuse_groups=auto`` (the default) keeps fewer groups where width costs (a
-      narrower pass than this row's on a rising curve); where t(w) is flat it keeps them all.
-    - prove, block K: the block pass on the target, t(K), and the verifier's pass t_v(K + 1); commits the
-      accepted run (y_1 always): tokens/cycle = Σ_{i<K} a[i].
-    - sd, k: k draft passes of width 1 and the target's pass over [c, y_1..y_k]: cost = k·t_d(1) + t(k + 1),
-      tokens/cycle = 1 + Σ_{i<k} a[i].
-
-    prove and sd rows appear for targets larger than their verifier / draft (``sizes``: parameter bytes
-    per shape; without it, for every other shape). A row whose widths the curve does not cover is left out
-    (:func:`curve_widths` makes a run time them). Overheads outside the passes (the rule, cache crops, host
-    syncs) are not in t(w): the prediction is an upper bound, tight where a pass costs much more than a
-    cycle's bookkeeping (:func:`predictor_check` measures the gap).
-    """
-    rows: list[dict[str, Any]] = []
-
-    def helps(helper: str | None, target: str) -> bool:
-        if helper is None or helper not in curves or helper == target:
-            return False
-        return sizes is None or sizes.get(helper, 0) < sizes.get(target, 0)
-
-    def add(target: str, method: str, size: str, tpc: float, cost: float, passes: str) -> None:
-        speed = tpc * interp(curves[target], 1) / cost if cost and not math.isnan(cost) else math.nan
-        if not math.isnan(speed):
-            rows.append(
-                {"target": target, "method": method, "size": size, "tokens_per_cycle": tpc,
-                 "cycle_ms": cost, "passes": passes, "speedup": speed}
-            )  # fmt: skip
-
-    for target, curve in curves.items():
-        a = list(acceptance.get("prove-lossless", ()))
-        for k in block_sizes_for(a):
-            add(target, "prove-lossless", f"K={k}", 1 + sum(a[:k]), interp(curve, k) + interp(curve, k + 1),
-                f"t({k}) + t({k + 1})")  # fmt: skip
-            w = fused_width(k)
-            add(target, "prove-lossless fused", f"K={k}", 1 + sum(a[1:k]), interp(curve, w), f"t({w})")
-        a = list(acceptance.get("prove", ()))
-        if verifier is not None and helps(verifier, target):
-            for k in block_sizes_for(a):
-                add(target, "prove", f"K={k}", sum(a[:k]), interp(curve, k) + interp(curves[verifier], k + 1),
-                    f"t({k}) + t_v({k + 1})")  # fmt: skip
-        a = list(acceptance.get("sd", ()))
-        if draft is not None and helps(draft, target) and len(a) >= sd_k:
-            add(target, "sd", f"k={sd_k}", 1 + sum(a[:sd_k]), sd_k * interp(curves[draft], 1) + interp(curve, sd_k + 1),
-                f"{sd_k}·t_d(1) + t({sd_k + 1})")  # fmt: skip
-    return rows
 
 
 def predictor_check(

@@ -28,7 +28,8 @@ def test_config_composes_with_list_overrides():
     assert config.method_params == {"prove": {"block_size": [2, 4]}}
     assert config.sweeps() == {
         "theta": [0.05, 0.1], "tau": 0.9, "block_size": None, "k": None, "draft_threshold": None, "fuse": None,
-        "fuse_groups": None, "fast": None, "compile": None, "pad_widths": None,
+        "fuse_groups": None, "fast": None, "compile": None, "pad_widths": None, "temperature": None, "top_p": None,
+        "top_k": None,
     }  # fmt: skip
     with pytest.raises(ValueError, match="max_new_tokens"):
         BenchConfig(model="m", prompts="p", max_new_tokens=0)
