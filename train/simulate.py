@@ -3,6 +3,8 @@
     python -m prove.train.simulate --model runs/tiny/mars --prompts runs/data/arithmetic/test.jsonl --n-prompts 30
     python -m prove.train.simulate --model runs/smollm2-135m/mars --prompts runs/data/smollm2-mix/test-lists.jsonl \\
         --n-prompts 30 --max-new-tokens 256 --chat
+    python -m prove.train.simulate --model runs/smollm2-chat/round-3/mars --suite mt-bench,humaneval \\
+        --per-category 4 --max-new-tokens 256          # public suites (prove.data.suites), by category
 
 Each prompt is decoded with prove-lossless on our engine (its output is the checkpoint's own greedy output, token
 for token, and its stats are the measured tokens per cycle and per-depth acceptance); then the same prompts and
@@ -15,7 +17,8 @@ greedy tokens) is printed beside, from its prove.json: the gap between that and 
 off-policy gap of the training data.
 
 Writes ``--out`` (JSON): measured and simulated tokens per cycle, per-depth acceptance both ways (counted as the
-decoder counts it: a depth proposed past the end of turn is proposed, not accepted), the relative error.
+decoder counts it: a depth proposed past the end of turn is proposed, not accepted), the relative error, and the
+same for each prompt category (a suite's, or a prompt file's ``category`` field) under ``by_category``.
 """
 
 from __future__ import annotations
@@ -30,32 +33,53 @@ from prove.train.acceptance import AcceptanceSums
 from tqdm import tqdm
 
 
+def read_records(prompts: str | None, n_prompts: int, suites: str | None, per_category: int | None,
+                 suite_files: list[str] | None = None) -> list[Any]:  # fmt: skip
+    """The prompts to decode: the first ``n_prompts`` of a prompt file, or the first ``per_category`` of each category
+    of each named suite (comma-separated; ``suite_files`` entries ``NAME=FILE`` replace a suite's packaged file)."""
+    from prove.data.prompts import read_prompts
+
+    if (prompts is None) == (suites is None):
+        raise SystemExit("give --prompts FILE or --suite NAME[,NAME...] (mt-bench, humaneval, arithmetic)")
+    if prompts is not None:
+        records = read_prompts(prompts)[:n_prompts]
+        if not records:
+            raise SystemExit(
+                f"{prompts} holds no prompts: pass a prompt file (JSONL with prompt / messages, or text)"
+            )
+        return records
+    from prove.data.suites import load_suite
+
+    files = dict(f.split("=", 1) for f in suite_files or [])
+    names = [n.strip() for n in suites.split(",") if n.strip()]  # type: ignore[union-attr]
+    if "mt-bench-2" in names:
+        raise SystemExit("--suite mt-bench-2 needs first answers: simulate mt-bench (first turns) instead")
+    try:
+        return [
+            r for n in names for r in load_suite(n, source=files.get(n), per_category=per_category).records
+        ]
+    except (KeyError, ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"--suite {suites}: {e}") from None
+
+
 def decode_greedy(
     model: str,
-    prompts: str,
-    n_prompts: int,
+    records: list[Any],
     max_new_tokens: int,
     block_size: int,
     align: int,
     chat: bool = False,
     device: str = "cpu",
-) -> tuple[Any, list[dict[str, Any]], dict[str, Any]]:
-    """prove-lossless at K′ = ``block_size`` over the first ``n_prompts`` of ``prompts``: ``(decoder, rows
-    {input_ids, labels}, measured)``: the rows each prompt followed by its output (labels on the output; an output cut
-    by ``max_new_tokens`` ends on the last edge of the ``align``-token blocks they are scored in, the trained K, since
-    no end of turn follows it), ``measured`` the pooled stats."""
-    from prove.data.prompts import read_prompts, render
+) -> tuple[Any, list[dict[str, Any]], list[Any]]:
+    """prove-lossless at K′ = ``block_size`` over ``records``: ``(decoder, rows {input_ids, labels, category},
+    stats)``: the rows each prompt followed by its output (labels on the output; an output cut by ``max_new_tokens``
+    ends on the last edge of the ``align``-token blocks they are scored in, the trained K, since no end of turn
+    follows it), ``stats`` each decode's."""
+    from prove.data.prompts import render
     from prove.decode import Decoder
 
     dec = Decoder.from_pretrained(model, method="prove-lossless", block_size=block_size, device=device)
-    records = read_prompts(prompts)[:n_prompts]
-    if not records:
-        raise ValueError(
-            f"{prompts} holds no prompts: pass a prompt file (JSONL with prompt / messages, or text)"
-        )
-    rows, tokens, cycles = [], 0, 0
-    accepted: list[int] = []
-    proposed: list[int] = []
+    rows, stats = [], []
     eos = set(dec.eos_ids())
     for rec in tqdm(records, desc="prove-lossless", unit="prompt"):
         ids = dec.encode(render(rec, chat))
@@ -64,19 +88,27 @@ def decode_greedy(
         if not (res.token_ids and res.token_ids[-1] in eos):
             # cut by max_new_tokens: end on a block edge, so the collator's EOS padding is no end of turn
             seq = seq[: max(len(seq) // align * align, len(ids) + 1)]
-        rows.append({"input_ids": seq, "labels": [-100] * len(ids) + seq[len(ids) :]})
-        tokens += res.stats.new_tokens
-        cycles += res.stats.cycles
-        accepted = _add(accepted, res.stats.accepted_by_depth)
-        proposed = _add(proposed, res.stats.proposed_by_depth)
-    measured = {
+        category = rec.category or "all"
+        rows.append({"input_ids": seq, "labels": [-100] * len(ids) + seq[len(ids) :], "category": category})
+        stats.append(res.stats)
+    return dec, rows, stats
+
+
+def pooled(stats: list[Any]) -> dict[str, Any]:
+    """What the decoder measured over these decodes: tokens per cycle and per-depth acceptance, pooled."""
+    accepted: list[int] = []
+    proposed: list[int] = []
+    for s in stats:
+        accepted = _add(accepted, s.accepted_by_depth)
+        proposed = _add(proposed, s.proposed_by_depth)
+    tokens, cycles = sum(s.new_tokens for s in stats), sum(s.cycles for s in stats)
+    return {
         "tokens_per_cycle": tokens / max(cycles, 1),
         "accept_by_depth": [a / p if p else None for a, p in zip(accepted, proposed, strict=True)],
-        "prompts": len(records),
+        "prompts": len(stats),
         "new_tokens": tokens,
         "cycles": cycles,
     }
-    return dec, rows, measured
 
 
 def _add(a: list[int], b: list[int]) -> list[int]:
@@ -121,13 +153,36 @@ def accept_by_depth(sums: AcceptanceSums, k: int) -> list[float]:
     return [float(sums.depth_hits[d]) / blocks for d in range(k)]
 
 
+def compare(
+    dec: Any, rows: list[dict[str, Any]], stats: list[Any], meta: Any, k: int, batch_size: int
+) -> dict[str, Any]:
+    """The decoder's measurement of these decodes against stage mars's simulation on their outputs."""
+    assert meta.mask_token_id is not None, "a checkpoint with a block size has its <|mask|> id (prove.json)"
+    scored = [{"input_ids": r["input_ids"], "labels": r["labels"]} for r in rows]
+    sim, sums = simulate(dec.model, dec.tokenizer, scored, meta.block_size, meta.mask_token_id, batch_size)
+    measured = pooled(stats)
+    simulated = {
+        "tokens_per_cycle": sim[f"tpc_k{k}"],
+        "accept_by_depth": accept_by_depth(sums, k),
+        "offpolicy": sim["offpolicy"],
+        "blocks": sim["blocks"],
+    }
+    error = simulated["tokens_per_cycle"] / measured["tokens_per_cycle"] - 1
+    return {"measured": measured, "simulated_on_greedy_outputs": simulated, "relative_error": error}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m prove.train.simulate", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="a MARS checkpoint (prove.json with its block size)")
     p.add_argument(
-        "--prompts", required=True, help="prompt file: JSONL with prompt / messages, or text lines"
+        "--prompts", help="prompt file: JSONL with prompt / messages (and category), or text lines"
     )
-    p.add_argument("--n-prompts", type=int, default=30)
+    p.add_argument("--n-prompts", type=int, default=30, help="--prompts: the first N")
+    p.add_argument(
+        "--suite", help="public prompt suites instead, comma-separated: mt-bench, humaneval, arithmetic"
+    )
+    p.add_argument("--per-category", type=int, default=None, help="--suite: the first N of each category")
+    p.add_argument("--suite-file", action="append", help="NAME=FILE: a local copy of a suite's file")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument(
         "--block-size", type=int, default=None, help="K′ to decode and simulate (default: trained K)"
@@ -159,33 +214,26 @@ def trained_block(model: str, block_size: int | None) -> tuple[Any, int]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     meta, k = trained_block(args.model, args.block_size)
-    dec, rows, measured = decode_greedy(
-        args.model,
-        args.prompts,
-        args.n_prompts,
-        args.max_new_tokens,
-        k,
-        meta.block_size,
-        args.chat,
-        args.device,
+    records = read_records(args.prompts, args.n_prompts, args.suite, args.per_category, args.suite_file)
+    dec, rows, stats = decode_greedy(
+        args.model, records, args.max_new_tokens, k, meta.block_size, args.chat, args.device
     )
-    assert meta.mask_token_id is not None, "a checkpoint with a block size has its <|mask|> id (prove.json)"
-    sim, sums = simulate(dec.model, dec.tokenizer, rows, meta.block_size, meta.mask_token_id, args.batch_size)
-    simulated = {
-        "tokens_per_cycle": sim[f"tpc_k{k}"],
-        "accept_by_depth": accept_by_depth(sums, k),
-        "offpolicy": sim["offpolicy"],
-        "blocks": sim["blocks"],
-    }
+    categories: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        categories.setdefault(row["category"], []).append(i)
     training = ((meta.extra or {}).get("eval") or {}).get("output") or {}
     result = {
         "model": args.model,
-        "prompts": args.prompts,
+        "prompts": args.prompts or f"suite {args.suite}",
         "block_size": k,
         "max_new_tokens": args.max_new_tokens,
-        "measured": measured,
-        "simulated_on_greedy_outputs": simulated,
-        "relative_error": simulated["tokens_per_cycle"] / measured["tokens_per_cycle"] - 1,
+        **compare(dec, rows, stats, meta, k, args.batch_size),
+        "by_category": {
+            c: compare(dec, [rows[i] for i in idx], [stats[i] for i in idx], meta, k, args.batch_size)
+            for c, idx in categories.items()
+        }
+        if len(categories) > 1
+        else {},
         "simulated_on_training_rows": training.get(f"eval_tpc_k{k}"),
         "training_rows_offpolicy": training.get("eval_offpolicy"),
     }
@@ -206,6 +254,11 @@ def print_summary(result: dict[str, Any]) -> None:
         f"  simulated on its greedy outputs    {simulated['tokens_per_cycle']:.3f}  "
         f"({result['relative_error']:+.1%}; off-policy blocks {simulated['offpolicy']:.1%})"
     )
+    for category, r in result["by_category"].items():
+        print(
+            f"  {category:<34} {r['measured']['tokens_per_cycle']:.3f} measured, "
+            f"{r['simulated_on_greedy_outputs']['tokens_per_cycle']:.3f} simulated ({r['relative_error']:+.1%})"
+        )
     if result["simulated_on_training_rows"] is not None:
         print(
             f"  simulated on held-out train rows   {result['simulated_on_training_rows']:.3f}  "

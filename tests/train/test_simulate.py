@@ -111,3 +111,53 @@ def test_a_block_size_above_the_trained_one_is_refused(mars_ckpt, tmp_path):
 
     with pytest.raises(SystemExit, match="above the trained K = 4"):
         main(["--model", str(mars_ckpt), "--prompts", str(tmp_path / "none.jsonl"), "--block-size", "8"])
+
+
+def test_by_category_splits_the_same_decodes_and_pools_back(mars_ckpt, tmp_path):
+    """A prompt file with categories: each category's measured tokens and cycles are its own prompts' (summing to the
+    pooled ones: a row filed under the wrong category, or counted twice, breaks the sums), each simulated on its own
+    rows."""
+    from prove.train.simulate import main
+
+    prompts = tmp_path / "p.jsonl"
+    lines = [{"prompt": f"qq{c}", "category": "one" if c == "x" else "two"} for c in CYCLE]
+    prompts.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "cat.json"
+    assert main(["--model", str(mars_ckpt), "--prompts", str(prompts), "--max-new-tokens", "30",
+                 "--batch-size", "2", "--out", str(out)]) == 0  # fmt: skip
+    r = json.loads(out.read_text())
+    cats = r["by_category"]
+    assert set(cats) == {"one", "two"}
+    assert cats["one"]["measured"]["prompts"] == 1 and cats["two"]["measured"]["prompts"] == 2
+    for key in ("new_tokens", "cycles"):
+        assert sum(c["measured"][key] for c in cats.values()) == r["measured"][key]
+    assert (
+        sum(c["simulated_on_greedy_outputs"]["blocks"] for c in cats.values())
+        == r["simulated_on_greedy_outputs"]["blocks"]
+    )
+
+
+def test_a_suite_is_read_by_category(mars_ckpt, tmp_path):
+    """--suite mt-bench with the tests' copy of its file: MT-bench's categories, per_category prompts each."""
+    from pathlib import Path
+
+    from prove.train.simulate import main
+
+    mini = Path(__file__).resolve().parents[1] / "data" / "suites" / "mt_bench_mini.jsonl"
+    out = tmp_path / "suite.json"
+    assert main(["--model", str(mars_ckpt), "--suite", "mt-bench", "--suite-file", f"mt-bench={mini}",
+                 "--per-category", "1", "--max-new-tokens", "8", "--out", str(out)]) == 0  # fmt: skip
+    r = json.loads(out.read_text())
+    categories = {json.loads(x)["category"] for x in mini.read_text().splitlines()}
+    assert set(r["by_category"]) == categories
+    assert all(c["measured"]["prompts"] == 1 for c in r["by_category"].values())
+    assert r["prompts"] == "suite mt-bench"
+
+
+def test_prompts_or_a_suite_not_both_nor_neither(mars_ckpt, tmp_path):
+    from prove.train.simulate import main
+
+    with pytest.raises(SystemExit, match="give --prompts FILE or --suite"):
+        main(["--model", str(mars_ckpt)])
+    with pytest.raises(SystemExit, match="mt-bench-2 needs first answers"):
+        main(["--model", str(mars_ckpt), "--suite", "mt-bench-2"])
