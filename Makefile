@@ -218,9 +218,10 @@ bench: install ## speedup, tokens/cycle, agreement with AR, accuracy, plots of e
 # REAL_MODEL: the proposer benched (the last on-policy round's: python -m prove.train.recipe --proposer; another
 # round's, e.g. REAL_MODEL=runs/smollm2-135m/mars for round 1). REAL_BASE scores every row's output (its quality
 # section: log-likelihood under the base SmolLM2 relative to AR's output, token agreement, length, distinct-n).
-# The prove rows need step 3's verifier (REAL_VERIFIER): without its prove.json they are left out and the verifier
-# is not loaded, so steps 1-2 alone bench the rows that need no verifier. REAL_METHODS picks rows (REAL_PARAMS
-# follows it: prove's θ sweep only where prove is named). 256 new tokens reach the answers (responses average ~130).
+# The prove rows need step 3's verifier (REAL_VERIFIER): until its prove.json exists the default methods leave prove
+# out and no verifier is loaded, so steps 1-2 alone bench the rows that need none. θ (REAL_THETAS) and fuse are
+# sweeps every method that reads them takes (prove; prove-lossless); REAL_PARAMS adds per-method ones
+# (method_params). 256 new tokens reach the answers (responses average ~130).
 # ARGS adds any key, e.g. ARGS="backend=vllm vllm_methods=[ar,prove-lossless] vllm_concurrency=[1,6]".
 REAL_RUN ?= runs/smollm2-135m
 REAL_MODEL ?= $(shell $(PY) -m prove.train.recipe recipe=smollm2-135m run_dir=$(REAL_RUN) --proposer)
@@ -230,17 +231,20 @@ REAL_KINDS ?= arithmetic lists
 REAL_N ?= 30
 REAL_THETAS ?= [0.05,0.2]
 REAL_VERIFIER ?= $(REAL_RUN)/verifier-distill
-REAL_METHODS ?= [ar,mars,$(if $(wildcard $(REAL_VERIFIER)/prove.json),prove$(comma))prove-lossless]
-real_prove = $(filter prove,$(subst $(comma), ,$(subst [,,$(subst ],,$(REAL_METHODS)))))
-REAL_PARAMS ?= {$(if $(real_prove),prove:{theta:$(REAL_THETAS)}$(comma))prove-lossless:{fuse:[false,true]}}
+real_verifier = $(if $(wildcard $(REAL_VERIFIER)/prove.json),$(REAL_VERIFIER))
+REAL_METHODS_WITH_VERIFIER := [ar,mars,prove,prove-lossless]
+REAL_METHODS_WITHOUT := [ar,mars,prove-lossless]
+REAL_METHODS ?= $(if $(real_verifier),$(REAL_METHODS_WITH_VERIFIER),$(REAL_METHODS_WITHOUT))
+REAL_PARAMS ?=
 # A 135M model's passes are compute-bound, not overhead-bound like the tiny ones: every core (REAL_THREADS) helps a
 # pass of 9 tokens more than a pass of one (measured: prove-lossless at 3.65 tokens per cycle 0.99x AR on 1 thread).
 REAL_THREADS ?= $(shell env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 1)
 .PHONY: bench-real
 bench-real: install-real ## SmolLM2-135M's bench per prompt kind -> outputs/smollm2-135m/<kind> (REAL_RUN, REAL_MODEL, REAL_OUT, REAL_KINDS, REAL_N, REAL_METHODS, REAL_THETAS, ARGS)
-	$(foreach k,$(REAL_KINDS),OMP_NUM_THREADS=$(REAL_THREADS) $(VENV)/bin/prove-bench model=$(REAL_MODEL) $(if $(real_prove),verifier=$(REAL_VERIFIER) )\
-	  prompts=$(REAL_PROMPTS)/test-$(k).jsonl 'methods=$(REAL_METHODS)' 'method_params=$(REAL_PARAMS)' \
-	  n_prompts=$(REAL_N) max_new_tokens=256 hf=false $(if $(REAL_BASE),quality_model=$(REAL_BASE) )output_dir=$(REAL_OUT)/$(k) $(ARGS)$(newline))
+	$(foreach k,$(REAL_KINDS),OMP_NUM_THREADS=$(REAL_THREADS) $(VENV)/bin/prove-bench model=$(REAL_MODEL) $(if $(real_verifier),verifier=$(real_verifier) )\
+	  prompts=$(REAL_PROMPTS)/test-$(k).jsonl 'methods=$(REAL_METHODS)' 'theta=$(REAL_THETAS)' 'fuse=[false,true]' \
+	  $(if $(REAL_PARAMS),'method_params=$(REAL_PARAMS)' )n_prompts=$(REAL_N) max_new_tokens=256 hf=false \
+	  $(if $(REAL_BASE),quality_model=$(REAL_BASE) )output_dir=$(REAL_OUT)/$(k) $(ARGS)$(newline))
 
 # make bench-tokenize: rows/s of the training set's tokenization (chat template + encode, datasets.map) on a synthetic
 # 200,000-row set in Dolci's schema -> outputs/bench-tokenize/result.json, with the time for Dolci's ~2.15M rows

@@ -245,21 +245,19 @@ def test_bench_real_benches_each_prompt_kind_with_a_config_that_validates(tmp_pa
     for cfg in configs(f"REAL_VERIFIER={verifier}"):  # steps 1-2 only
         assert cfg.verifier is None and cfg.n_prompts == 30  # the "at least 30 of each kind"
         assert cfg.methods == ["ar", "mars", "prove-lossless"]
-        assert cfg.method_params == {"prove-lossless": {"fuse": [False, True]}}
+        assert cfg.fuse == [False, True] and cfg.theta == [0.05, 0.2] and cfg.method_params is None
     verifier.mkdir()
     (verifier / "prove.json").write_text("{}")
     for cfg in configs(f"REAL_VERIFIER={verifier}", "REAL_N=4"):
         assert cfg.verifier == str(verifier) and cfg.n_prompts == 4
         assert cfg.methods == ["ar", "mars", "prove", "prove-lossless"]
-        assert cfg.method_params == {
-            "prove": {"theta": [0.05, 0.2]},
-            "prove-lossless": {"fuse": [False, True]},
-        }
+        assert cfg.fuse == [False, True] and cfg.theta == [0.05, 0.2]
     for cfg in configs(
-        f"REAL_VERIFIER={verifier}", "REAL_METHODS=[ar,prove-lossless]", "REAL_THREADS=3", threads=3
-    ):
-        assert cfg.verifier is None and cfg.methods == ["ar", "prove-lossless"]
-        assert set(cfg.method_params) == {"prove-lossless"}
+        f"REAL_VERIFIER={verifier}", "REAL_METHODS=[ar,prove-lossless]", "REAL_THREADS=3",
+        "REAL_PARAMS={prove-lossless:{block_size:[8,7]}}", threads=3,
+    ):  # fmt: skip
+        assert cfg.methods == ["ar", "prove-lossless"]
+        assert cfg.method_params == {"prove-lossless": {"block_size": [8, 7]}}
     # another round's proposer, benched into its own folders (the last round's bench is kept)
     model, out_dir = "runs/smollm2-135m/mars", "outputs/round-1"
     for cfg in configs(
