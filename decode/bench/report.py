@@ -94,7 +94,7 @@ def _sampling_notes(
     if any(_sampled(r) for r in rows):
         seed = next(r["sampling"]["seed"] for r in rows if _sampled(r) and r.get("sampling"))
         lines.append(
-            "⁸ sampled rows (T > 0; prompt i drawn with seed "
+            "Sampled rows (T > 0; prompt i drawn with seed "
             f"{seed} + i, the same in every repeat): speedups over the AR row at the same temperature, top-p and "
             "top-k run here (`ar T=…`), or over greedy `ar` where marked (vs greedy ar); = AR is for greedy rows (–)."
         )
@@ -192,6 +192,15 @@ def render_categories(report: Mapping[str, Any]) -> str:
         "",
         "## By category",
         "",
+        *(
+            [
+                "Sampled rows (T > 0) beside greedy: speedups over the AR row at their temperature, or over greedy `ar` "
+                "where marked; = AR for greedy rows only.",
+                "",
+            ]
+            if any(_sampled(r) for r in report["rows"])
+            else []
+        ),
         "| " + " | ".join(head) + " |",
         "|" + "|".join(["---", "---:", "---", "---"] + ["---:"] * (len(head) - 4)) + "|",
     ]
