@@ -1,7 +1,8 @@
 """The decode engine (docs/design.md §3): one loop (``loop``) over two kinds of cycle — the composed cycle of a
 method's proposer, verifier and pure rule on ``ModelRunner``s (``runner``), and the device cycle of its rule twin
 (``device``, its cycles by kind ``cycles``; compiled: ``graphs``) — all on the slot cache (``cache``, checked on each model by ``check``); the fused
-verify-and-draft cycle (``fused``) and padded passes (``padding``)."""
+verify-and-draft cycle (``fused``, its tree ``tree``), the device's pass-cost curve (``pass_cost``) and padded passes
+(``padding``)."""
 
 from prove.decode.engine.loop import (
     ComposedCycle,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from prove.decode.engine.cache import GROUPED_SDPA, SlotCache, attention_window, linear_see, pass_mask
+from prove.decode.engine.tree import tree_layout
 from prove.decode.rules.block import leading_true
 from prove.decode.rules.speculative import sample_from_probs, warp_probs
 from prove.decode.rules.twins import asd_greedy_twin, commit_record, prove_rule_twin, sd_sample_twin
@@ -28,8 +29,6 @@ class DeviceCycles:
         past it (never kept: the accepted y's are contiguous after the context, as in ``prove.decode.engine.fused``).
         Positions: y_i at pos + i; G_j's placeholder r at pos + 1 + j + r. G_j's row r sees c, y_1..y_j and G_j's
         rows 0..r: the block pass from y_j."""
-        from prove.decode.engine.fused import tree_layout
-
         k = K - 1
         layout = tree_layout(k, [(j, k) for j in range(k + 1)])
         attend = layout.attend  # (E, E) over [y, groups]

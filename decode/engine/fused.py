@@ -24,10 +24,11 @@ accepts n tokens and commits the correction / bonus g_{n+1} at position L+n, G_n
 cycle's proposal, whatever token was committed there (that position is masked), so the next cycle is
 again a single pass. ``tests/decode/engine/test_fused.py`` checks this equivalence against separate block passes.
 
-Layout and the KV cache. The y's come first and all groups after them, so the entries of the accepted
-y_1..y_n are contiguous right after the context and cropping stays contiguous; ``ModelRunner.forward_tree``
-records group entries as ``SKIPPED`` in its ``fed`` list (never a committed token), so the engine's per-cycle
-sync keeps exactly context + accepted y's, as AR would hold (the invariant of ``prove.decode.engine``).
+Layout and the KV cache (``tree.tree_layout``). The y's come first and all groups after them, so the entries
+of the accepted y_1..y_n are contiguous right after the context and cropping stays contiguous;
+``ModelRunner.forward_tree`` records group entries as ``SKIPPED`` in its ``fed`` list (never a committed token), so
+the engine's per-cycle sync keeps exactly context + accepted y's, as AR would hold (the invariant of
+``prove.decode.engine``).
 
 Choosing J (``fuse_groups``). ``all``: every j with room left in the token budget, so every cycle after
 the first carries a proposal (one pass per cycle; width ≈ k + (k+1)(K−1), 63 for K = 8). An integer m:
@@ -36,8 +37,8 @@ acceptances: P(n = j) = p̃_1 ⋯ p̃_j (1 − p̃_{j+1}) for j < k and p̃_1 �
 costs less where the cost of a pass grows with its width (``prove-bench pass_cost_widths=80`` measures
 t(w)/t(1)); a miss (n ∉ J) costs one cycle: see below. ``auto`` (the default): the device decides —
 ``choose_groups_by_cost`` keeps the likeliest length, then each other group whose expected gain pays for the
-wider pass on a pass-cost curve measured when the Decoder is built (``measure_pass_cost``), each with as many
-placeholders as pay for themselves: a group's row r is the next proposal's token r + 1, worth the running share
+wider pass on a pass-cost curve measured when the Decoder is built (``pass_cost.measure_pass_cost``), each with as
+many placeholders as pay for themselves: a group's row r is the next proposal's token r + 1, worth the running share
 of carried proposals accepted that deep (``FusedBlockProposer.reach``; ``rows_that_pay``). Every group, whole,
 where width is free; one to three on a CPU, cut where their rows stop paying (about four rows on SmolLM2-135M).
 
@@ -61,7 +62,7 @@ pass of placeholders, so y_{i+1} does not depend on y_i: if y_{b+1} is wrong and
 is z, the block [y_1..y_b, z, y_{b+2}..y_k] is as good a guess as the first one was. Where a carried proposal's
 p̃ first drops under ``BRANCH_BELOW`` (position b, 0-based), the tree also holds that branch
 [z, y_{b+2}..y_k] with z the proposer's second choice, at the positions of y_{b+1}..y_k and seeing y_1..y_b
-(``TreeLayout.branch``), and one more group after its end, seeing the whole branch (the branch's G_k).
+(``tree.TreeLayout.branch``), and one more group after its end, seeing the whole branch (the branch's G_k).
 The rule (``rules.block.greedy_match_branch``, pure) reads the branch's rows only when the block's leading run
 stops at b with the greedy correction equal to z: then it commits z and the branch's matching run and the
 branch's correction or bonus, so every committed token is still the greedy token after those before it. The
@@ -88,16 +89,18 @@ not yet been timed on a GPU; docs/benchmarks.md has the measured rows side by si
 from __future__ import annotations
 
 import dataclasses
-import functools
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from prove.decode.config import parse_fuse_groups
-from prove.decode.engine import ModelRunner, device_sync
+from prove.decode.engine import ModelRunner
+from prove.decode.engine.pass_cost import COST_CONTEXT, CostCurve, cost_widths, measure_pass_cost
+
+# re-exported: the pass-cost curve moved to engine/pass_cost.py (the demo reads the widest tree here)
+from prove.decode.engine.pass_cost import widest_tree as widest_tree
+from prove.decode.engine.tree import tree_layout
 from prove.decode.proposers.base import Proposal
 from prove.decode.proposers.block import BlockProposer
 from prove.decode.sampling import restrict
@@ -109,102 +112,7 @@ BRANCH_BELOW = 0.9
 """A carried proposal's first position with p̃ under this gets a second candidate (``Proposal.branch``): on
 the demo, half of the rejected positions had the greedy token as the proposer's second choice."""
 
-# -- pure parts: the tree's positions and mask, and the choice of J -------------------------------------------
-
-
-@dataclass(frozen=True)
-class TreeLayout:
-    """The new entries after the pending tokens: y_1..y_k, then the branch (if any), then the groups in
-    increasing j."""
-
-    k: int
-    offsets: torch.Tensor
-    """(E,) long: each entry's position minus L (the length of the committed sequence; y_1 is at 0)."""
-    attend: torch.Tensor
-    """(E, E) bool: entry (row) may attend entry (column). Every entry also sees context and pending."""
-    groups: tuple[tuple[int, int, int], ...]
-    """(j, index of G_j's first entry among the E, m_j) per group."""
-    branch: int | None = None
-    """b: the k − b entries right after the y's are the branch [z, y_{b+2}..y_k] (positions of y_{b+1}..y_k,
-    seeing y_1..y_b and each other causally); None: no branch."""
-    branch_group: tuple[int, int] | None = None
-    """(index of its first entry, m): the group after the whole branch (the next proposal if the branch is
-    accepted to its end), right after the branch's entries; None: none."""
-
-    @property
-    def width(self) -> int:
-        return int(self.offsets.shape[0])
-
-
-def tree_layout(
-    k: int, groups: Sequence[tuple[int, int]], branch: int | None = None, branch_group: int = 0
-) -> TreeLayout:
-    """The fused tree for a proposal of ``k`` tokens and ``groups`` = [(j, m_j)] (0 ≤ j ≤ k, m_j ≥ 1,
-    each j once): y_i at offset i−1, causal among the y's; G_j's entry r at offset j+r, seeing y_1..y_j and
-    G_j's entries 0..r. ``branch`` = b (0 ≤ b < k): k − b more entries after the y's, at offsets b..k−1,
-    seeing y_1..y_b and each other causally (the block with a second candidate at position b), then
-    ``branch_group`` placeholders at offsets k.. that see y_1..y_b, the whole branch and each other causally
-    (the group G_k of the branch). A pure function of its arguments, built once per distinct tree (a decode
-    reuses a handful: its tensors are shared, never written)."""
-    groups_key = tuple(sorted((int(j), int(m)) for j, m in groups))
-    return _tree_layout(k, groups_key, branch, branch_group if branch is not None else 0)
-
-
-@functools.lru_cache(maxsize=1024)
-def _tree_layout(
-    k: int, groups: tuple[tuple[int, int], ...], branch: int | None, branch_group: int
-) -> TreeLayout:
-    if k < 0:
-        raise ValueError(f"k={k} must be ≥ 0")
-    if branch is not None and not 0 <= branch < k:
-        raise ValueError(f"branch={branch} needs 0 ≤ b < k={k}")
-    if branch_group < 0:
-        raise ValueError(f"branch_group={branch_group} must be ≥ 0")
-    js = [j for j, _ in groups]
-    if len(set(js)) != len(js):
-        raise ValueError(f"groups {list(groups)} repeat an acceptance length")
-    for j, m in groups:
-        if not 0 <= j <= k or m < 1:
-            raise ValueError(f"group (j={j}, m={m}) needs 0 ≤ j ≤ k={k} and m ≥ 1")
-    sizes = [m for _, m in sorted(groups)]
-    nb = 0 if branch is None else k - branch
-    width = k + nb + branch_group + sum(sizes)
-    # numpy while building (a layout is dozens of slice writes; torch's per-op cost made a miss ~0.4 ms)
-    offsets = np.empty(width, dtype=np.int64)
-    attend = np.zeros((width, width), dtype=bool)
-    offsets[:k] = np.arange(k)
-    attend[:k, :k] = np.tri(k, dtype=bool)
-    if branch is not None:
-        rows = slice(k, k + nb)
-        offsets[rows] = np.arange(branch, k)
-        attend[rows, :branch] = True  # y_1..y_b
-        attend[rows, rows] = np.tri(nb, dtype=bool)
-    bg = None
-    if branch_group:
-        assert branch is not None
-        rows = slice(k + nb, k + nb + branch_group)
-        offsets[rows] = np.arange(k, k + branch_group)
-        attend[rows, :branch] = True  # y_1..y_b
-        attend[rows, k : k + nb] = True  # the whole branch
-        attend[rows, rows] = np.tri(branch_group, dtype=bool)
-        bg = (k + nb, branch_group)
-    placed = []
-    start = k + nb + branch_group
-    for j, m in sorted(groups):
-        rows = slice(start, start + m)
-        offsets[rows] = np.arange(j, j + m)
-        attend[rows, :j] = True  # y_1..y_j
-        attend[rows, rows] = np.tri(m, dtype=bool)  # causal inside the group
-        placed.append((j, start, m))
-        start += m
-    return TreeLayout(
-        k=k,
-        offsets=torch.from_numpy(offsets),
-        attend=torch.from_numpy(attend),
-        groups=tuple(placed),
-        branch=branch,
-        branch_group=bg,
-    )
+# -- the choice of J -----------------------------------------------------------------------------------------
 
 
 def acceptance_probs(conf: torch.Tensor | Sequence[float]) -> list[float]:
@@ -244,129 +152,6 @@ def _likeliest_first(cand: list[tuple[int, int]], p: list[float]) -> list[tuple[
 
 
 # -- fuse_groups=auto: J by the device's pass-cost curve -------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CostCurve:
-    """Seconds of one pass by the number of tokens it feeds, from passes timed at a few widths
-    (``measure_pass_cost``): the least-squares line through the widths ≥ 2 (never sloping down, never under a
-    one-token pass). A line, not the points joined up: a decision about 7 more entries reads the curve's slope,
-    and between neighbouring points timing noise is as large as the slope itself (four calibrations in a row on the
-    demo's CPU read the step from 20 to 25 tokens as 0% to 6% of a pass)."""
-
-    widths: tuple[int, ...]
-    seconds: tuple[float, ...]
-
-    def __post_init__(self) -> None:
-        if len(self.widths) < 2 or list(self.widths) != sorted(set(self.widths)) or self.widths[0] < 1:
-            raise ValueError(f"a cost curve needs ≥ 2 increasing widths ≥ 1, got {self.widths}")
-        if len(self.seconds) != len(self.widths) or min(self.seconds) <= 0:
-            raise ValueError("a cost curve needs one positive time per width")
-
-    @functools.cached_property
-    def line(self) -> tuple[float, float]:
-        """(intercept, slope ≥ 0) of the fit."""
-        pts = [(w, t) for w, t in zip(self.widths, self.seconds, strict=True) if w >= 2]
-        if len(pts) < 2:
-            pts = list(zip(self.widths, self.seconds, strict=True))
-        mw = sum(w for w, _ in pts) / len(pts)
-        mt = sum(t for _, t in pts) / len(pts)
-        var = sum((w - mw) ** 2 for w, _ in pts)
-        slope = max(0.0, sum((w - mw) * (t - mt) for w, t in pts) / var)
-        return mt - slope * mw, slope
-
-    def __call__(self, w: float) -> float:
-        a, b = self.line
-        return max(self.seconds[0], a + b * w)
-
-
-COST_CONTEXT = 128
-"""Cached tokens under ``fuse_groups=auto``'s timed passes (attention over the context is a small part of a pass)."""
-
-
-def widest_tree(block_size: int) -> int:
-    """The width of the widest fused pass for block size K: a carried proposal of k ≤ K − 1 tokens, a second
-    candidate's k − b ≤ K − 1 entries and its group of ≤ K − 1, a group of ≤ K − 1 placeholders for each of
-    the k + 1 acceptance lengths, and two pending tokens: (K + 3)(K − 1) + 2, 79 at K = 8 and 287 at K = 16.
-    (More tokens are pending only after an accepted second candidate; ``CostCurve`` extrapolates its line.)"""
-    if block_size < 1:
-        raise ValueError(f"block_size={block_size} must be ≥ 1")
-    return (block_size + 3) * max(block_size - 1, 1) + 2
-
-
-def cost_widths(block_size: int) -> list[int]:
-    """Where ``fuse_groups=auto`` measures the pass cost: 1, 2, 4, then steps of a quarter of the width so far,
-    up to the widest fused tree for this K (``widest_tree``)."""
-    top = widest_tree(block_size)
-    ws = [1, 2, 4]
-    while ws[-1] < top:
-        ws.append(min(top, ws[-1] + max(4, ws[-1] // 4)))
-    return ws
-
-
-@torch.no_grad()
-def measure_pass_cost(
-    model: Any,
-    widths: Sequence[int],
-    *,
-    context: Sequence[int],
-    repeats: int = 4,
-    plain_step: bool = False,
-    linear: bool = False,
-) -> list[float]:
-    """Wall seconds of one pass feeding w tokens (w in ``widths``) after ``context`` cached tokens: the last
-    context token plus a causal chain of w − 1, through ``ModelRunner.forward_tree`` (the fused pass's masked
-    path). ``repeats`` rounds over the widths, narrow to wide then wide to narrow in turn (a machine slowing down
-    or speeding up during the calibration then tilts no width's best time more than another's), the fastest
-    counts; the model's own cache is not touched (a runner of its own).
-
-    ``plain_step``: also time AR's own step (``ModelRunner.forward``, one token, no mask) in every round, on the
-    same runner and right after the round's first pass, and append its fastest as one more entry: timed apart
-    from the masked passes (after them, or on another runner), the two read 1.4× and 1.6× apart in two demo
-    benches on a noisy CPU.
-
-    ``linear``: time the plain causal pass instead (``ModelRunner.forward``, no mask: what an unfused cycle runs),
-    for ``prove.decode.engine.padding``."""
-    if not context:
-        raise ValueError("measure_pass_cost needs a context of at least one token")
-    runner = ModelRunner(model)
-    seq = list(context)
-    runner.forward(seq)  # cache the context; every timed pass re-feeds only its last token
-    # the chain's tokens: the context's, repeated as far as the widest pass needs (a pass may be wider than the
-    # context: the fused tree at K = 16 is 287 entries)
-    tokens = [seq[i % len(seq)] for i in range(max(widths, default=1))]
-
-    def timed(w: int | None) -> float:
-        """One pass: the masked chain of width w, or AR's plain step (None)."""
-        runner._rows = None  # every timed pass feeds its full width (no reused row)
-        if w is None:
-            step = functools.partial(runner.forward, seq)
-        elif linear:
-            step = functools.partial(runner.forward, seq, tokens[: w - 1])
-        else:
-            chain = tree_layout(w - 1, [])  # a causal chain: the y's of a tree without groups
-            step = functools.partial(
-                runner.forward_tree,
-                seq,
-                tokens[: w - 1],
-                offsets=chain.offsets,
-                attend=chain.attend,
-                chain=w - 1,
-            )
-        device_sync(runner.device)
-        t0 = time.perf_counter()
-        step()
-        device_sync(runner.device)
-        return time.perf_counter() - t0
-
-    best = [float("inf")] * (len(widths) + plain_step)
-    order = list(range(len(widths)))
-    for r in range(repeats):
-        for n, i in enumerate(order if r % 2 == 0 else order[::-1]):
-            best[i] = min(best[i], timed(widths[i]))
-            if plain_step and n == 0:
-                best[-1] = min(best[-1], timed(None))
-    return best
 
 
 def reach_sums(reach: Sequence[float], most: int) -> list[float]:

@@ -83,8 +83,8 @@ class PadPlan:
 
 def plan_for(model: Any, widths: Sequence[int], *, repeats: int = 4) -> PadPlan:
     """``pad_plan`` of ``model``'s linear passes on this device at ``widths``, measured once per model object and
-    width set (``fused.measure_pass_cost`` with ``linear=True``)."""
-    from prove.decode.engine.fused import measure_pass_cost
+    width set (``pass_cost.measure_pass_cost`` with ``linear=True``)."""
+    from prove.decode.engine.pass_cost import measure_pass_cost
 
     def build() -> PadPlan:
         vocab = model.get_output_embeddings().weight.shape[0]

@@ -1,7 +1,7 @@
-"""Fused verify-and-draft (``prove.decode.engine.fused``): the tree's positions and mask, G_j = a separate block
-pass from the context ending at y_j, output identical to transformers' greedy generate (block sizes, J
-settings, EOS / stop strings / max_new_tokens inside a block), one model pass per cycle, and the KV-cache
-invariant after every cycle."""
+"""Fused verify-and-draft (``prove.decode.engine.fused``; its tree ``engine.tree``, the pass-cost curve
+``engine.pass_cost``): the tree's positions and mask, G_j = a separate block pass from the context ending at y_j,
+output identical to transformers' greedy generate (block sizes, J settings, EOS / stop strings / max_new_tokens
+inside a block), one model pass per cycle, and the KV-cache invariant after every cycle."""
 
 from __future__ import annotations
 
@@ -15,17 +15,14 @@ from prove.decode.config import DecodeParams
 from prove.decode.engine import ModelRunner, tree_attention_bias
 from prove.decode.engine.fused import (
     YIELD_WEIGHT,
-    CostCurve,
     FusedBlockProposer,
     acceptance_probs,
     choose_groups,
     choose_groups_by_cost,
-    cost_widths,
-    measure_pass_cost,
     rows_that_pay,
-    tree_layout,
-    widest_tree,
 )
+from prove.decode.engine.pass_cost import CostCurve, cost_widths, measure_pass_cost, widest_tree
+from prove.decode.engine.tree import tree_layout
 from prove.decode.methods import get_method
 
 from tests.decode.decode_helpers import hf_generate, mask_ids

@@ -7,7 +7,7 @@ import pytest
 from prove.decode import Decoder
 from prove.decode.config import DecodeParams
 from prove.decode.engine import ModelRunner, padding
-from prove.decode.engine.fused import measure_pass_cost
+from prove.decode.engine.pass_cost import measure_pass_cost
 
 from tests.decode.decode_helpers import hf_generate, mask_ids
 from tests.numerics import assert_caches_match, assert_logits_match
@@ -79,7 +79,7 @@ def test_padded_passes_equal_unpadded(make_lm):
 
 
 def test_tree_passes_are_never_padded(make_lm):
-    from prove.decode.engine.fused import tree_layout
+    from prove.decode.engine.tree import tree_layout
 
     runner = ModelRunner(make_lm(seed=0))
     runner.pad_to = {w: w + 2 for w in range(1, 20)}
@@ -132,7 +132,7 @@ def test_pad_auto_measures_each_model_once(lm, small, tokenizer, monkeypatch):
         seen.append(id(model))
         return [1.0 if w == 8 else 2.0 for w in widths]  # width 8 is the cheap one
 
-    monkeypatch.setattr("prove.decode.engine.fused.measure_pass_cost", fake_cost)
+    monkeypatch.setattr("prove.decode.engine.pass_cost.measure_pass_cost", fake_cost)
     monkeypatch.setattr(padding, "_PLANS", padding.IdentityMemo(16))
     for _ in range(2):
         dec = Decoder(lm, tokenizer, method="prove", verifier=small, block_size=4, pad_widths="auto")
