@@ -81,48 +81,12 @@ def self_check(model: Any, *, tokens: int = 6, atol: float | None = None) -> str
     one; outside fp32 ``DynamicCache`` too, to measure how far correct passes lie apart): None if their logits
     agree, else a one-line reason. transformers may change its cache
     interface between the 5.x releases this project allows; this catches it when a Decoder is built."""
-    device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     try:
-        head = model.get_output_embeddings()
-        V = head.weight.shape[0] if head is not None else int(model.config.vocab_size)
-        g = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, V, (2 * tokens,), generator=g).to(device)
+        ids = _probe_ids(model, 2 * tokens)
         with torch.no_grad():
-            whole = model(input_ids=ids[None], use_cache=False).logits[0]  # the logits without a cache
-            if (
-                dtype == torch.float32
-            ):  # two correct passes of other widths agree to ~1e-6 here: no need to measure
-                ref_a, ref_b = whole[:tokens], whole[tokens:]
-            else:
-                dyn = DynamicCache(config=model.config)
-                ref_a = model(input_ids=ids[None, :tokens], past_key_values=dyn, use_cache=True).logits[0]
-                ref_b = model(
-                    input_ids=ids[None, tokens:],
-                    position_ids=torch.arange(tokens, 2 * tokens, device=device)[None],
-                    past_key_values=dyn,
-                    use_cache=True,
-                ).logits[0]
-            cache = SlotCache.for_model(model, 4 * tokens)
-            takes_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
-
-            def run(chunk: torch.Tensor, start: int) -> torch.Tensor:
-                pos = torch.arange(start, start + chunk.shape[0], device=device)
-                cache.set_slots(pos)
-                mask = pass_mask(model.config, linear_see(pos[0], chunk.shape[0], cache.capacity), pos, dtype)
-                keep = {"logits_to_keep": chunk.shape[0]} if takes_keep else {}  # as the engine calls it
-                return model(
-                    input_ids=chunk[None],
-                    position_ids=pos[None],
-                    past_key_values=cache,
-                    attention_mask=mask,
-                    use_cache=True,
-                    **keep,
-                ).logits[0]
-
-            got_a = run(ids[:tokens], 0)
-            run(ids.flip(0)[:tokens], tokens)  # a pass that gets rejected: stale slots past the valid length
-            got_b = run(ids[tokens:], tokens)
+            whole, ref_a, ref_b = _reference_logits(model, ids, tokens)
+            got_a, got_b = _slot_cache_logits(model, ids, tokens)
     except Exception as err:  # noqa: BLE001 - any failure means: use the composed cycle
         return f"the slot cache failed on this model ({type(err).__name__}: {err})"
     scale = max(float(ref_a.abs().max()), 1.0)
@@ -142,3 +106,60 @@ def self_check(model: Any, *, tokens: int = 6, atol: float | None = None) -> str
             f"{tol:.2e} allowed (4x the {noise:.2e} two correct passes differ by in {str(dtype).split('.')[-1]})"
         )
     return None
+
+
+def _probe_ids(model: Any, n: int) -> torch.Tensor:
+    """``n`` random ids of the model's vocabulary (seeded: every check feeds the same), on its device."""
+    head = model.get_output_embeddings()
+    V = head.weight.shape[0] if head is not None else int(model.config.vocab_size)
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, V, (n,), generator=g).to(next(model.parameters()).device)
+
+
+def _reference_logits(
+    model: Any, ids: torch.Tensor, tokens: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The cacheless pass over ``ids``, and its two halves of ``tokens`` as correct cached passes give them: in fp32
+    the cacheless rows themselves (two correct passes of other widths agree to ~1e-6 there: no need to measure),
+    else ``DynamicCache``'s prefill and next pass."""
+    whole = model(input_ids=ids[None], use_cache=False).logits[0]  # the logits without a cache
+    if next(model.parameters()).dtype == torch.float32:
+        return whole, whole[:tokens], whole[tokens:]
+    dyn = DynamicCache(config=model.config)
+    ref_a = model(input_ids=ids[None, :tokens], past_key_values=dyn, use_cache=True).logits[0]
+    ref_b = model(
+        input_ids=ids[None, tokens:],
+        position_ids=torch.arange(tokens, 2 * tokens, device=ids.device)[None],
+        past_key_values=dyn,
+        use_cache=True,
+    ).logits[0]
+    return whole, ref_a, ref_b
+
+
+def _slot_cache_logits(model: Any, ids: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same two halves through a slot cache, with a rejected pass between them: its stale slots past the valid
+    length must stay out of the second half's view."""
+    cache = SlotCache.for_model(model, 4 * tokens)
+    got_a = _slot_pass(model, cache, ids[:tokens], 0)
+    _slot_pass(model, cache, ids.flip(0)[:tokens], tokens)  # the pass that gets rejected
+    got_b = _slot_pass(model, cache, ids[tokens:], tokens)
+    return got_a, got_b
+
+
+def _slot_pass(model: Any, cache: SlotCache, chunk: torch.Tensor, start: int) -> torch.Tensor:
+    """The logits of a linear pass of ``chunk`` at positions ``start``.. through ``cache``, masked and called as the
+    engine calls the model."""
+    pos = torch.arange(start, start + chunk.shape[0], device=chunk.device)
+    cache.set_slots(pos)
+    dtype = next(model.parameters()).dtype
+    mask = pass_mask(model.config, linear_see(pos[0], chunk.shape[0], cache.capacity), pos, dtype)
+    takes_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+    keep = {"logits_to_keep": chunk.shape[0]} if takes_keep else {}  # as the engine calls it
+    return model(
+        input_ids=chunk[None],
+        position_ids=pos[None],
+        past_key_values=cache,
+        attention_mask=mask,
+        use_cache=True,
+        **keep,
+    ).logits[0]
