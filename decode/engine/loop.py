@@ -194,6 +194,28 @@ class Tally:
             self.proposed_by_depth[i] += 1
             self.accepted_by_depth[i] += i < accepted
 
+    def stats(
+        self, new_tokens: int, passes: Passes, wall_s: float, *, fast: dict[str, int] | None, trace: bool
+    ) -> Stats:
+        """The request's ``Stats``: what was counted here, with the cycle's passes and the wall time."""
+        cycles = len(self.committed_per_cycle)
+        return Stats(
+            new_tokens=new_tokens,
+            cycles=cycles,
+            tokens_per_cycle=new_tokens / max(cycles, 1),
+            model_passes=passes.model,
+            verifier_passes=passes.verifier,
+            draft_passes=passes.draft,
+            accepted_by_depth=self.accepted_by_depth,
+            proposed_by_depth=self.proposed_by_depth,
+            committed_per_cycle=self.committed_per_cycle,
+            wall_s=wall_s,
+            model_s=passes.model_s,
+            padded_passes=passes.padded,
+            trace=self.trace if trace else None,
+            fast=fast,
+        )
+
 
 def _trace_row(view: CycleView, accept: Accept) -> dict[str, Any]:
     prop = view.proposal
@@ -383,21 +405,4 @@ def run(
                 )
         passes, fast = cycle.end()
         wall = time.perf_counter() - t0
-    cycles = len(tally.committed_per_cycle)
-    stats = Stats(
-        new_tokens=len(new),
-        cycles=cycles,
-        tokens_per_cycle=len(new) / max(cycles, 1),
-        model_passes=passes.model,
-        verifier_passes=passes.verifier,
-        draft_passes=passes.draft,
-        accepted_by_depth=tally.accepted_by_depth,
-        proposed_by_depth=tally.proposed_by_depth,
-        committed_per_cycle=tally.committed_per_cycle,
-        wall_s=wall,
-        model_s=passes.model_s,
-        padded_passes=passes.padded,
-        trace=tally.trace if trace else None,
-        fast=fast,
-    )
-    return new, stats
+    return new, tally.stats(len(new), passes, wall, fast=fast, trace=trace)
