@@ -237,8 +237,9 @@ class DecodeConfig(DecodeParams):
     """Named public prompt sets instead of ``prompts`` (``prove.data.suites``): ``mt-bench``, ``mt-bench-2`` (second
     turns after the model's cached AR greedy first answers), ``humaneval``, ``arithmetic`` (generated), or a list.
     Each output record carries its ``category`` (``suite/category``, e.g. ``mt-bench/writing``)."""
-    per_category: int | None = None
-    """With ``suite``: the first N prompts of each category (null = all)."""
+    per_category: Any = None
+    """With ``suite``: the first N prompts of each category (null = all), or a count per suite, e.g.
+    ``per_category={mt-bench:5,humaneval:40}``."""
     suite_files: Any = None
     """With ``suite``: a local copy of a suite's file instead of its package's, e.g. ``suite_files={mt-bench:FILE}``."""
     first_answer_tokens: int = 256
@@ -296,8 +297,10 @@ class DecodeConfig(DecodeParams):
                 raise ValueError(
                     "suite mt-bench-2 decodes its first answers with our engine: use backend=engine"
                 )
-        if self.per_category is not None and self.per_category < 1:
-            raise ValueError(f"per_category={self.per_category} must be ≥ 1 (or null for all)")
+        if self.per_category is not None:
+            from prove.decode.suites import per_category_counts, suite_names
+
+            per_category_counts(self.per_category, suite_names(self.suite))
         if self.first_answer_tokens < 1:
             raise ValueError(f"first_answer_tokens={self.first_answer_tokens} must be ≥ 1")
 

@@ -120,6 +120,26 @@ def suite_names(value: Any) -> list[str]:
     return names
 
 
+def per_category_counts(value: Any, names: Sequence[str]) -> dict[str, int | None]:
+    """``per_category`` as a count per suite: one value for every suite (``per_category=4``), or a mapping of suite to
+    count (``per_category={mt-bench:5,humaneval:40}``; a suite it leaves out: all its prompts). Each count ≥ 1."""
+    if value is None or isinstance(value, int):
+        counts: dict[str, int | None] = {n: value for n in names}
+    elif isinstance(value, Mapping):
+        unknown = sorted(set(map(str, value)) - set(names))
+        if unknown:
+            raise ValueError(f"per_category names {unknown}, which suite={list(names)} does not run")
+        counts = {n: value.get(n) for n in names}
+    else:
+        raise ValueError(f"per_category={value!r}: give a count, or a count per suite like {{mt-bench:5}}")
+    bad = {n: c for n, c in counts.items() if c is not None and (not isinstance(c, int) or c < 1)}
+    if bad:
+        raise ValueError(
+            f"per_category={value!r}: every count must be an integer ≥ 1 (or null for all): {bad}"
+        )
+    return counts
+
+
 def check_suites(names: Sequence[str], sources: Mapping[str, str] | None = None) -> None:
     """Read every suite's file (``mt-bench-2``: MT-bench's questions) without a model: a missing package or a bad
     ``sources`` entry fails here, as one line, before anything slow starts."""
@@ -141,14 +161,15 @@ def load_suites(
     tokenizer: Any = None,
     device: str = "cpu",
     dtype: str = "float32",
-    per_category: int | None = None,
+    per_category: int | Mapping[str, int] | None = None,
     sources: Mapping[str, str] | None = None,
     first_answer_tokens: int = 256,
     cache_dir: str | Path = "outputs/suites",
     run_code: bool = False,
     progress: bool = False,
 ) -> SuiteInputs:
-    """The records of every suite in ``names`` (each suite's first ``per_category`` per category), ``sources``
+    """The records of every suite in ``names`` (each suite's first ``per_category`` per category: one count or one
+    per suite, :func:`per_category_counts`), ``sources``
     naming a local copy of a suite's file. ``mt-bench-2`` decodes (or reads from the cache) the model's AR greedy
     first answers. HumanEval's pass@1 runs model-written code: its check is given only with ``run_code``."""
     from prove.data.synthetic import score
@@ -158,14 +179,15 @@ def load_suites(
     if unknown:
         raise ValueError(f"suite_files names {sorted(unknown)}, which suite={list(names)} does not run")
     out = SuiteInputs()
+    counts = per_category_counts(per_category, names)
     for name in names:
         src = sources.get(name)
         if not get_suite(name).needs_answers:
-            loaded = load_suite(name, source=src, per_category=per_category)
+            loaded = load_suite(name, source=src, per_category=counts[name])
             info: dict[str, Any] = {}
         else:
             loaded, info = _second_turns(
-                src, model, tokenizer, device, dtype, per_category, first_answer_tokens, cache_dir, progress
+                src, model, tokenizer, device, dtype, counts[name], first_answer_tokens, cache_dir, progress
             )
         check = loaded.check if name != "humaneval" or run_code else None
         if loaded.check is None and name == "arithmetic":

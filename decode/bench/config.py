@@ -64,9 +64,10 @@ class BenchConfig:
     """Named prompt suites instead of ``prompts`` (``prove.data.suites``): ``mt-bench`` (first turns), ``mt-bench-2``
     (second turns after the model's AR greedy first answer), ``humaneval``, ``arithmetic`` (generated), or a list,
     e.g. ``suite=[mt-bench,humaneval]``. bench.md reports every row per category too."""
-    per_category: int | None = None
+    per_category: Any = None
     """The first N prompts of each category of each suite (null = all), e.g. ``per_category=2`` for a quick pass
-    over MT-bench's 8 categories."""
+    over MT-bench's 8 categories, or a count per suite: ``per_category={mt-bench:5,humaneval:40}`` (HumanEval and the
+    arithmetic set are one category each; a suite left out: all its prompts)."""
     suite_files: Any = None
     """A local copy of a suite's file instead of its package's, e.g. ``suite_files={mt-bench:FILE}``."""
     first_answer_tokens: int = 256
@@ -282,8 +283,10 @@ class BenchConfig:
 
     def _check_counts(self) -> None:
         """The counts and ranges: prompts, tokens, repeats, the pass-cost measurement."""
-        if self.per_category is not None and self.per_category < 1:
-            raise ValueError(f"per_category={self.per_category} must be ≥ 1 (or null for all)")
+        if self.per_category is not None:
+            from prove.decode.suites import per_category_counts, suite_names
+
+            per_category_counts(self.per_category, suite_names(self.suite))
         if self.first_answer_tokens < 1 or self.position_bin < 1:
             raise ValueError(
                 f"first_answer_tokens={self.first_answer_tokens} and position_bin={self.position_bin} must be ≥ 1"

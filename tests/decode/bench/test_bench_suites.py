@@ -209,6 +209,32 @@ def test_config_takes_prompts_or_a_suite():
     assert BenchConfig(model="m", suite=["mt-bench", "humaneval"]).position_bin == 64
 
 
+def test_per_category_takes_one_count_or_one_per_suite():
+    """A count per suite: HumanEval and the arithmetic set are one category each, MT-bench eight — one shared count
+    gives them 8x fewer prompts. Catches a mapping applied to the wrong suite, a suite left out that loses its
+    prompts instead of keeping all, and a misspelt suite name passing silently."""
+    from prove.decode.suites import load_suites, per_category_counts
+
+    names = ["mt-bench", "humaneval"]
+    assert per_category_counts(2, names) == {"mt-bench": 2, "humaneval": 2}
+    assert per_category_counts(None, names) == {"mt-bench": None, "humaneval": None}
+    assert per_category_counts({"humaneval": 40}, names) == {"mt-bench": None, "humaneval": 40}
+    with pytest.raises(ValueError, match=r"names \['humanevl'\]"):
+        per_category_counts({"humanevl": 4}, names)
+    with pytest.raises(ValueError, match="integer ≥ 1"):
+        per_category_counts({"mt-bench": 0}, names)
+    with pytest.raises(ValueError, match="per_category"):
+        BenchConfig(model="m", suite=names, per_category={"mt-bnch": 2})
+    assert BenchConfig(model="m", suite=names, per_category={"mt-bench": 1}).per_category == {"mt-bench": 1}
+    he = FIXTURES / "humaneval_mini.jsonl"
+    got = load_suites(
+        names, per_category={"mt-bench": 1}, sources={"mt-bench": str(MT), "humaneval": str(he)}
+    )
+    by_suite = {n: [r for r, s in zip(got.records, got.suites, strict=True) if s == n] for n in names}
+    assert len(by_suite["mt-bench"]) == 3  # one of each of the mini file's three categories
+    assert len(by_suite["humaneval"]) == len(he.read_text().splitlines())  # left out: all of it
+
+
 # --- end to end --------------------------------------------------------------------------------------------------
 
 
