@@ -207,3 +207,50 @@ def test_make_train_makes_the_prompts_then_runs_every_step(tmp_path):
     prompts.mkdir()
     (prompts / "train.jsonl").write_text("")  # made: the data step is not run again
     assert not any("prove.data.magpie" in ln for ln in dry())
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_bench_chat_composes_the_suites_bench(tmp_path):
+    """`make bench-chat`: one prove-bench over the suites, whose line composes into a BenchConfig that validates, with
+    the rows the issue asks for: K = 8 and 16, prove-lossless unfused and fused (greedy only), the sampling methods
+    at T = 0.7 beside greedy; prove and sd only once the verifier exists (it drafts for sd)."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+    from prove.decode.bench.config import register_configs
+    from prove.decode.bench.run import check_rows
+
+    register_configs()
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    run = tmp_path / "run"
+
+    def config(*args: str):
+        proc = subprocess.run(
+            ["make", "--no-print-directory", "-o", ".venv/.prove-installed", "-o", "install-real", "-n", "bench-chat",
+             f"CHAT_RUN={run}", "CHAT_MODEL=model", "CHAT_BASE=", *args],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        words = shlex.split(proc.stdout.replace("\\\n", " "))
+        assert words[0].startswith("OMP_NUM_THREADS=") and words[1].endswith("prove-bench")
+        with initialize_config_module(config_module="prove.conf.decode", version_base=None):
+            return OmegaConf.to_object(compose("bench", overrides=words[2:]))
+
+    def rows(cfg) -> list[str]:  # the bench's own rows, each one's parameters checked
+        return [r.name for r in check_rows(cfg)]
+
+    cfg = config()
+    assert cfg.suite == ["mt-bench", "mt-bench-2", "humaneval", "arithmetic"]
+    assert cfg.per_category == {"mt-bench": 3, "mt-bench-2": 2, "humaneval": 24, "arithmetic": 24}
+    assert cfg.verifier is None and cfg.draft is None and cfg.methods == ["ar", "mars", "prove-lossless"]
+    assert cfg.max_new_tokens == 256 and cfg.run_code is False and cfg.output_dir == "outputs/smollm2-chat"
+    names = rows(cfg)
+    assert {"ar", "ar T=0.7", "mars K=16", "mars K=16 T=0.7", "prove-lossless K=16 fused"} <= set(names), (
+        names
+    )
+    assert not any(n.startswith("prove-lossless") and "T=" in n for n in names)
+    (run / "verifier-distill").mkdir(parents=True)
+    (run / "verifier-distill" / "prove.json").write_text("{}")
+    cfg = config("CHAT_RUN_CODE=true")
+    assert cfg.verifier == cfg.draft == str(run / "verifier-distill") and cfg.run_code is True
+    assert cfg.methods == ["ar", "mars", "prove", "prove-lossless", "sd"]
+    assert {"prove K=8", "prove K=8 T=0.7", "sd", "sd T=0.7"} <= set(rows(cfg))
