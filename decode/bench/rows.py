@@ -99,7 +99,7 @@ def expand_rows(
     A row's name is the method plus the swept values it was given (``prove θ=0.1``), and its temperature
     whenever it samples (``sd T=0.7``). A shared ``temperature`` sweep gives the ``greedy_only`` methods their
     greedy row alone (:func:`greedy_only_skips` says which rows were not made); AR always has its greedy row,
-    the reference.
+    the reference, named plain ``ar`` (the first greedy point where AR's own sweep labels its rows).
     """
     ordered = [REFERENCE] + [m for m in dict.fromkeys(methods) if m != REFERENCE]
     method_params = method_params or {}
@@ -128,9 +128,25 @@ def expand_rows(
             if dropped and row in rows:  # e.g. fuse=false once, whatever fuse_groups sweeps
                 continue
             rows.append(row)
+    rows = _name_the_reference(rows)
     names = [r.name for r in rows]
     if len(set(names)) != len(names):
         raise ValueError(f"the sweep repeats a row ({names}): give each value once")
+    return rows
+
+
+def _name_the_reference(rows: list[RowSpec]) -> list[RowSpec]:
+    """The first greedy AR row is the reference every other row is timed against and compared with, under the name
+    ``ar``: a sweep AR reads (``fast=[false,true]``) labels its points (``ar reference``, ``ar fast``), and without
+    this no row would answer to the reference's name. Its parameters stay in its spec (bench.json's row)."""
+    if any(r.name == REFERENCE for r in rows):
+        return rows
+    first = next(
+        (i for i, r in enumerate(rows) if r.method == REFERENCE and "temperature" not in r.params), None
+    )
+    if first is None:
+        return rows
+    rows[first] = RowSpec(REFERENCE, REFERENCE, rows[first].params)
     return rows
 
 

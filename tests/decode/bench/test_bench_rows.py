@@ -62,13 +62,14 @@ def test_is_lossless():
 
 def test_fast_sweeps_every_method_with_readable_names():
     """``fast=[false,true]`` (an engine key every method takes, ``check_rows``) gives each method a reference row and a
-    fast row. Fails if the sweep is dropped for a method or the rows share a name."""
+    fast row. Fails if the sweep is dropped for a method or the rows share a name, or if no AR row answers to the
+    reference's name ``ar`` (the bench then fails looking it up after loading every model)."""
     from prove.decode.bench.config import BenchConfig
     from prove.decode.bench.run import check_rows
 
     cfg = BenchConfig(model="m", prompts="p", methods=["ar", "prove-lossless"], fast=[False, True])
     assert [(r.name, r.params.get("fast")) for r in check_rows(cfg)] == [
-        ("ar reference", False),
+        ("ar", False),  # the reference: the first greedy point of AR's sweep
         ("ar fast", True),
         ("prove-lossless reference", False),
         ("prove-lossless fast", True),

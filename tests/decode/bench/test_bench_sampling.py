@@ -159,3 +159,24 @@ def test_bench_sampled_rows_end_to_end(tmp_path, lm, small, tokenizer):
     again = {r["name"]: r for r in run("b")["rows"]}
     for name in ("ar T=0.7", "sd T=0.7"):
         assert [p["text"] for p in again[name]["per_prompt"]] == [p["text"] for p in rows[name]["per_prompt"]]
+
+
+def test_a_sweep_ar_reads_still_runs_against_its_reference(tmp_path, lm, tokenizer):
+    """``fast=[false,true]`` end to end: the bench times both AR rows and finds its reference (it once named them
+    ``ar reference`` / ``ar fast`` and failed looking up ``ar`` after loading the models)."""
+    from prove.data.synthetic import as_prompt, generate_arithmetic, write_jsonl
+    from prove.decode.bench.run import run_bench
+
+    lm.save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    write_jsonl([as_prompt(r) for r in generate_arithmetic(1, seed=3)], tmp_path / "prompts.jsonl")
+    cfg = BenchConfig(
+        model=str(tmp_path / "m"), prompts=str(tmp_path / "prompts.jsonl"), methods=["ar"], fast=[False, True],
+        max_new_tokens=4, warmup=0, hf=False, trace=False, quality=False, plots=False, progress=False,
+        output_dir=str(tmp_path / "out"),
+    )  # fmt: skip
+    report = run_bench(cfg)
+    rows = {r["name"]: r for r in report["rows"]}
+    assert set(rows) == {"ar", "ar fast"}
+    assert rows["ar fast"]["per_prompt"][0]["text"] == rows["ar"]["per_prompt"][0]["text"]  # both greedy AR
+    assert rows["ar fast"]["agreement"] == 1.0
