@@ -1,6 +1,7 @@
-"""The vLLM adapter's translations and checks, without starting vLLM (``prove.decode.vllm.backend``): our method
-and parameters → engine arguments and ``speculative_config``, vLLM's per-request metrics → our stats, and every bad
-input refused at start with the fix. The engine itself is exercised in test_vllm_engine.py."""
+"""The vLLM adapter's translations and checks, without starting vLLM (``prove.decode.vllm.translate``,
+``prove.decode.vllm.backend``): our method and parameters → engine arguments and ``speculative_config``, vLLM's
+per-request metrics → our stats, and every bad input refused at start with the fix. The engine itself is exercised
+in test_vllm_engine.py."""
 
 from __future__ import annotations
 
@@ -13,13 +14,9 @@ from prove.common.checkpoint import CONFIG_MASK_KEY, config_mask_id
 from prove.decode.config import DecodeConfig, DecodeParams, VllmOptions
 from prove.decode.methods import get_method
 from prove.decode.vllm import backend as vllm_backend
-from prove.decode.vllm.backend import (
-    VllmDecoder,
-    check_vllm_method,
-    engine_args,
-    start_llm,
-)
+from prove.decode.vllm.backend import VllmDecoder, start_llm
 from prove.decode.vllm.stats import vllm_stats
+from prove.decode.vllm.translate import check_vllm_method, engine_args, vllm_methods
 
 pytestmark = pytest.mark.filterwarnings("ignore:checkpoint .* records no trained block size")
 
@@ -67,7 +64,7 @@ def test_engine_arguments_carry_the_knobs_and_any_engine_argument_wins(checkpoin
 
 def test_mars_is_refused_on_vllm_saying_why(checkpoints):
     """The reason is the registry's (``Method.vllm_why``), and so is the list of what vLLM runs (``Method.vllm``)."""
-    runs = vllm_backend.vllm_methods()
+    runs = vllm_methods()
     assert set(runs) >= {"ar", "prove-lossless", "sd", "pard", "prove", "nsd", "asd"} and "mars" not in runs
     with pytest.raises(
         ValueError,
