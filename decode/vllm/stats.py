@@ -73,6 +73,30 @@ def vllm_stats(
     unknown; ``proposed_per_cycle`` holds a 0 for each)."""
     if spec is None:
         return VllmStats(new_tokens, new_tokens, 1.0, [1] * new_tokens, [], [], 0, 0, 0, 1.0, wall_s)
+    commits, taken, drafted = _steps(spec, new_tokens, bonus)
+    _cut_past_output(commits, taken, drafted, new_tokens)
+    if max_new_tokens is not None:
+        drafted, taken = _within_limit(commits, taken, drafted, max_new_tokens, bonus)
+    depth = max(drafted, default=0)
+    cycles = len(commits)
+    return VllmStats(
+        new_tokens=new_tokens,
+        cycles=cycles,
+        tokens_per_cycle=new_tokens / cycles if cycles else 0.0,
+        committed_per_cycle=commits,
+        accepted_by_depth=_by_depth(taken, depth),
+        proposed_by_depth=_by_depth(drafted, depth),
+        drafts=int(spec.get("num_spec_steps", 0)),
+        draft_tokens=int(spec.get("num_draft_tokens", 0)),
+        accepted_tokens=int(spec.get("num_accepted_draft_tokens", 0)),
+        mean_acceptance_length=float(spec.get("mean_acceptance_length", 1.0)),
+        wall_s=wall_s,
+        proposed_per_cycle=drafted,
+    )
+
+
+def _steps(spec: Mapping[str, Any], new_tokens: int, bonus: bool) -> tuple[list[int], list[int], list[int]]:
+    """Per step as vLLM reports them: (tokens committed, drafts accepted, drafts made), the prefill step first."""
     accepted = list(spec.get("per_step_accepted", []))
     drafted = list(spec.get("per_step_drafted", []))
     commits = [1] + [a + 1 for a in accepted]  # the prefill step's token, then each step's row
@@ -82,7 +106,13 @@ def vllm_stats(
     plain = new_tokens - sum(commits)
     if plain > 0:
         commits, taken, drafted = commits + [1] * plain, taken + [0] * plain, drafted + [0] * plain
-    excess = sum(commits) - new_tokens  # committed beyond the output: cut by a stop or max_new_tokens
+    return commits, taken, drafted
+
+
+def _cut_past_output(commits: list[int], taken: list[int], drafted: list[int], new_tokens: int) -> None:
+    """Drop, from the last step back, what vLLM committed beyond the output (cut by a stop or ``max_new_tokens``):
+    a step left with no token goes."""
+    excess = sum(commits) - new_tokens
     while excess > 0 and len(commits) > 1:
         cut = min(excess, commits[-1])
         commits[-1] -= cut
@@ -90,28 +120,22 @@ def vllm_stats(
         excess -= cut
         if commits[-1] == 0:
             commits.pop(), taken.pop(), drafted.pop()
-    if max_new_tokens is not None:  # step s runs after the tokens of the steps before it
-        done = list(itertools.accumulate(commits))
-        drafted = [max(0, min(d, max_new_tokens - done[s] - int(bonus))) for s, d in enumerate(drafted)]
-        taken = [min(a, d) for a, d in zip(taken, drafted, strict=True)]
-    depth = max(drafted, default=0)
-    proposed = [sum(d > i for d in drafted) for i in range(depth)]
-    accepted_by = [sum(a > i for a in taken) for i in range(depth)]
-    cycles = len(commits)
-    return VllmStats(
-        new_tokens=new_tokens,
-        cycles=cycles,
-        tokens_per_cycle=new_tokens / cycles if cycles else 0.0,
-        committed_per_cycle=commits,
-        accepted_by_depth=accepted_by,
-        proposed_by_depth=proposed,
-        drafts=int(spec.get("num_spec_steps", 0)),
-        draft_tokens=int(spec.get("num_draft_tokens", 0)),
-        accepted_tokens=int(spec.get("num_accepted_draft_tokens", 0)),
-        mean_acceptance_length=float(spec.get("mean_acceptance_length", 1.0)),
-        wall_s=wall_s,
-        proposed_per_cycle=drafted,
-    )
+
+
+def _within_limit(
+    commits: list[int], taken: list[int], drafted: list[int], max_new_tokens: int, bonus: bool
+) -> tuple[list[int], list[int]]:
+    """(drafted, taken) cut to what our proposers would have proposed: no more than the request may still take
+    after the steps before (less the correction / bonus token)."""
+    done = list(itertools.accumulate(commits))  # step s runs after the tokens of the steps before it
+    drafted = [max(0, min(d, max_new_tokens - done[s] - int(bonus))) for s, d in enumerate(drafted)]
+    taken = [min(a, d) for a, d in zip(taken, drafted, strict=True)]
+    return drafted, taken
+
+
+def _by_depth(counts: list[int], depth: int) -> list[int]:
+    """For each depth i < ``depth``: the steps whose count passes it (as ``Stats``' ``*_by_depth``)."""
+    return [sum(c > i for c in counts) for i in range(depth)]
 
 
 @dataclass(frozen=True)
