@@ -70,6 +70,21 @@ DEFAULT_CACHE_LEN = 4096
 a request that needs more grows the cache (``FastEngine.growable``). A pass attends only the slots in use
 (``slot_cache.bucket``), so the allocation costs memory, not time."""
 
+COUNTERS = (
+    "cycles",
+    "graph_replays",
+    "eager_cycles",
+    "syncs",
+    "passes",
+    "captures",
+    "dropped_cycles",
+    "draft_passes",
+    "verifier_passes",
+    "compiles",
+    "grows",
+)
+"""What ``FastEngine.counters`` counts, each from 0 when the engine is built."""
+
 
 def why_not(method: Any, params: Any, model: Any, second: Any = None) -> str | None:
     """Why the device cycle cannot run ``method`` with ``params`` on ``model`` (and ``second``, the draft or verifier it
@@ -155,45 +170,56 @@ class FastEngine(DeviceCycles):
         """Where a sampled cycle's uniforms come from (the Decoder's, reseeded by ``generate(seed=...)``)."""
         self.K = block_size
         self.fused = fused
+        self.growable = growable
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
-        self.cache = SlotCache.for_model(model, capacity)
-        self.capacity = capacity
-        V = model.get_output_embeddings().weight.shape[0]
-        penalty = torch.zeros(V, dtype=torch.float32, device=self.device)
-        if allowed is not None:
-            penalty.masked_fill_(~allowed.to(self.device), float("-inf"))
-        self.penalty = penalty
-        self.mask_fill = torch.full((max(block_size - 1, 0),), mask_token_id or 0, device=self.device)
-        self.last = torch.zeros(1, dtype=torch.long, device=self.device)
-        self.prev = torch.zeros(
-            1, dtype=torch.long, device=self.device
-        )  # sd: the committed token before last
-        if draft is not None:
-            self.draft_cache = SlotCache.for_model(draft, capacity)
-            Vd = draft.get_output_embeddings().weight.shape[0]
-            self.draft_pad = torch.full((1, max(V - Vd, 0)), float("-inf"), device=self.device)
-        if verifier is not None:
-            self.verifier_cache = SlotCache.for_model(verifier, capacity)
-        self.pends = verifier is not None or block_draft
-        """A block pass over pending tokens (``_block_pass``): prove's target (up to K pending), pard's draft (K + 1)."""
-        if self.pends:
-            self.pend = torch.zeros(block_size + block_draft, dtype=torch.long, device=self.device)
-            self.npend = torch.zeros((), dtype=torch.long, device=self.device)
-        self.is_eos = torch.zeros(V, dtype=torch.bool, device=self.device)  # the request's EOS ids
-        self.spent = torch.zeros(
-            (), dtype=torch.float64, device=self.device
-        )  # asd: the request's regret spent
-        self.pos = torch.zeros((), dtype=torch.long, device=self.device)
-        self.record = torch.zeros(block_size + 2, dtype=torch.long, device=self.device)
-        self.adds_token = int(verifier is None)
-        """1 if a cycle commits a correction / bonus token after the accepted ones (every method here but prove)."""
-        self.uniforms = (
-            torch.zeros(2 * block_size + 1, device=self.device) if temperature > 0 else None
-        )  # a sampled cycle's draws: u[:K] the draft's, u[K:] the rule's k + 1
+        self._allocate_caches(capacity)
+        self._allocate_buffers(allowed, mask_token_id)
         if fused:
             self._tree_constants(block_size)
-        self.growable = growable
+        self._set_launching(graphs, compile)
+
+    def _allocate_caches(self, capacity: int) -> None:
+        """A slot cache of ``capacity`` slots for each model the cycle runs (target, draft, verifier)."""
+        self.cache = SlotCache.for_model(self.model, capacity)
+        self.capacity = capacity
+        if self.draft is not None:
+            self.draft_cache = SlotCache.for_model(self.draft, capacity)
+        if self.verifier is not None:
+            self.verifier_cache = SlotCache.for_model(self.verifier, capacity)
+
+    def _allocate_buffers(self, allowed: torch.Tensor | None, mask_token_id: int | None) -> None:
+        """The cycle's state on the device, allocated once per engine: a captured graph reads and writes these very
+        tensors, so each request refills them in place."""
+        K, device = self.K, self.device
+        V = self.model.get_output_embeddings().weight.shape[0]
+        penalty = torch.zeros(V, dtype=torch.float32, device=device)
+        if allowed is not None:
+            penalty.masked_fill_(~allowed.to(device), float("-inf"))
+        self.penalty = penalty
+        self.mask_fill = torch.full((max(K - 1, 0),), mask_token_id or 0, device=device)
+        self.last = torch.zeros(1, dtype=torch.long, device=device)
+        self.prev = torch.zeros(1, dtype=torch.long, device=device)  # sd: the committed token before last
+        if self.draft is not None:
+            Vd = self.draft.get_output_embeddings().weight.shape[0]
+            self.draft_pad = torch.full((1, max(V - Vd, 0)), float("-inf"), device=device)
+        self.pends = self.verifier is not None or self.block_draft
+        """A block pass over pending tokens (``_block_pass``): prove's target (up to K pending), pard's draft (K + 1)."""
+        if self.pends:
+            self.pend = torch.zeros(K + self.block_draft, dtype=torch.long, device=device)
+            self.npend = torch.zeros((), dtype=torch.long, device=device)
+        self.is_eos = torch.zeros(V, dtype=torch.bool, device=device)  # the request's EOS ids
+        self.spent = torch.zeros((), dtype=torch.float64, device=device)  # asd: the request's regret spent
+        self.pos = torch.zeros((), dtype=torch.long, device=device)
+        self.record = torch.zeros(K + 2, dtype=torch.long, device=device)
+        self.adds_token = int(self.verifier is None)
+        """1 if a cycle commits a correction / bonus token after the accepted ones (every method here but prove)."""
+        self.uniforms = (
+            torch.zeros(2 * K + 1, device=device) if self.temperature > 0 else None
+        )  # a sampled cycle's draws: u[:K] the draft's, u[K:] the rule's k + 1
+
+    def _set_launching(self, graphs: bool | None, compile: bool) -> None:
+        """How the regular cycle runs (captured, compiled, pipelined, cut by the host) and what is counted."""
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         self._graphs: dict[int, Any] = {}
         """The regular cycle's CUDA graph for each view (bucket) it ran at: captured once, reused across requests."""
@@ -207,19 +233,7 @@ class FastEngine(DeviceCycles):
         self.rule: GreedyTwin = GreedyTwin()
         """The greedy cycles' rule (ar, prove-lossless, greedy sd, pard): greedy matching, or a benchmark's
         (``set_rule``)."""
-        self.counters = {
-            "cycles": 0,
-            "graph_replays": 0,
-            "eager_cycles": 0,
-            "syncs": 0,
-            "passes": 0,
-            "captures": 0,
-            "dropped_cycles": 0,
-            "draft_passes": 0,
-            "verifier_passes": 0,
-            "compiles": 0,
-            "grows": 0,
-        }
+        self.counters = dict.fromkeys(COUNTERS, 0)
         self.exact_views = not self.graphs and not compile
         """Nothing is captured or compiled: each pass attends exactly the slots in use (``_view``), a one-row pass
         that sees them all runs unmasked on a CPU (``_unmasked``), and the prompt rides on the first pass of each
@@ -231,7 +245,7 @@ class FastEngine(DeviceCycles):
         """1 if the request's prompt had a target pass of its own (``prefill``): ``Stats.model_passes`` leaves it out."""
         self.pipeline = self.graphs
         """Launch cycle c + 1 before reading cycle c's record where the budget allows (default: with graphs)."""
-        self.cuts_on_host = fused or (temperature == 0 and asd is None)
+        self.cuts_on_host = self.fused or (self.temperature == 0 and self.asd is None)
         """Every cycle runs at the regular width and the host cuts what runs past the token budget (``run``): the
         methods whose committed tokens are a leading run of the block's (fused and unfused prove-lossless, greedy
         sd, pard, prove; ar has one width). asd (its gate reads the block's K) and sampled cycles (other draws)
