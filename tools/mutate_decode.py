@@ -55,14 +55,14 @@ MUTANTS = [
     ("fused-carry-farthest-group", "decode/engine/fused.py", "path, g = max(usable, key=lambda pg: len(pg[0]))", "path, g = min(usable, key=lambda pg: len(pg[0]))", FUSED),
     ("fused-verifier-unrestricted", "decode/engine/fused.py", "return restrict(logits[: len(chain) + 1], prop.allowed)", "return logits[: len(chain) + 1]", FUSED),
     ("fused-proposer-unrestricted", "decode/proposers/block.py", "probs = logits_to_probs(restrict(logits, self.allowed),", "probs = logits_to_probs(logits,", FUSED + ENGINE),
-    ("fused-group-sees-one-y-less", "decode/engine/fused.py", "attend[rows, :j] = True", "attend[rows, : max(j - 1, 0)] = True", FUSED),
-    ("fused-group-offset-shifted", "decode/engine/fused.py", "offsets[rows] = np.arange(j, j + m)", "offsets[rows] = np.arange(j + 1, j + m + 1)", FUSED),
+    ("fused-group-sees-one-y-less", "decode/engine/tree.py", "attend[rows, :j] = True", "attend[rows, : max(j - 1, 0)] = True", FUSED),
+    ("fused-group-offset-shifted", "decode/engine/tree.py", "offsets[rows] = np.arange(j, j + m)", "offsets[rows] = np.arange(j + 1, j + m + 1)", FUSED),
     ("fused-tree-rows-blind-to-pending", "decode/engine/runner.py", "local[pending:, pending:] = attend\n", "local[pending:, :] = torch.cat([torch.zeros(q - pending, pending, dtype=torch.bool), attend], 1)\n", FUSED),
     ("fused-likeliest-ties-longer", "decode/engine/fused.py", "key=lambda jm: (-p[jm[0]], jm[0])", "key=lambda jm: (-p[jm[0]], -jm[0])", FUSED),
     ("branch-compares-shifted", "decode/rules/block.py", "m = _matching_prefix(rest, greedy)", "m = _matching_prefix(rest, greedy[1:])", RULES + FUSED),
     ("branch-bonus-last-row", "decode/rules/block.py", "return Accept(b + 1 + m, greedy[m], path=path)", "return Accept(b + 1 + m, greedy[-1], path=path)", RULES + FUSED),
     ("branch-z-unchecked", "decode/rules/block.py", "if main.n != b or main.extra != z:", "if main.n != b:", RULES + FUSED),
-    ("branch-group-misses-last", "decode/engine/fused.py", "attend[rows, k : k + nb] = True  # the whole branch", "attend[rows, k : k + nb - 1] = True", FUSED),
+    ("branch-group-misses-last", "decode/engine/tree.py", "attend[rows, k : k + nb] = True  # the whole branch", "attend[rows, k : k + nb - 1] = True", FUSED),
     ("branch-group-never-carried", "decode/engine/fused.py", "groups.append((path, logits[1 + start : 1 + start + m]))", "groups.append((path, logits[1 + start : 1 + start]))", FUSED),
     ("branch-everywhere", "decode/engine/fused.py", "if c < BRANCH_BELOW), None)", "if c < 2.0), None)", FUSED),
     ("tree-memo-ignores-pending", "decode/engine/runner.py", "(offsets, attend), (pending, device), build)", "(offsets, attend), (device,), build)", FUSED),
@@ -78,8 +78,8 @@ MUTANTS = [
     ("pad-filler-kept-in-cache", "decode/engine/runner.py", "        self.fed.extend(fed)\n", "        self.fed.extend(fed + tokens[len(tokens) - pad :])\n", PAD),
     ("pad-tree-passes-too", "decode/engine/runner.py", "len(tokens) if tree is None else 0", "len(tokens)", PAD),
     ("pad-plan-no-margin", "decode/engine/padding.py", "best_t <= (1 - margin) * t", "best_t < t", PAD),
-    ("pad-calibration-reuses-row", "decode/engine/fused.py", "        runner._rows = None  # every timed pass feeds its full width (no reused row)\n", "", PAD),
-    ("auto-line-fits-ar-step", "decode/engine/fused.py", "zip(self.widths, self.seconds, strict=True) if w >= 2]", "zip(self.widths, self.seconds, strict=True) if w >= 1]", FUSED),
+    ("pad-calibration-reuses-row", "decode/engine/pass_cost.py", "        runner._rows = None  # every timed pass feeds its full width (no reused row)\n", "", PAD),
+    ("auto-line-fits-ar-step", "decode/engine/pass_cost.py", "zip(self.widths, self.seconds, strict=True) if w >= 2]", "zip(self.widths, self.seconds, strict=True) if w >= 1]", FUSED),
 ]
 # fmt: on
 
