@@ -98,7 +98,7 @@ wheelhouse: ## the wheels an offline GPU node lacks -> wheelhouse/ (PYTHON_VERSI
 	  --platform $(PLATFORM) $(if $(NODE_FREEZE),--freeze $(NODE_FREEZE) )$(WHEELHOUSE_ARGS)
 
 test: install ## run the whole test suite (slow tests included, as CI does)
-	$(OFFLINE) $(PY) -m pytest -q tests
+	$(OFFLINE) $(PY) -m pytest -q --durations=25 tests
 
 test-fast: install ## the suite without tests marked slow
 	$(OFFLINE) $(PY) -m pytest -q -m "not slow" tests

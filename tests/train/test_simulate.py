@@ -63,8 +63,9 @@ def mars_ckpt(tmp_path_factory, qwen2_factory, tokenizer):
 def _run(ckpt, tmp_path, name: str) -> dict:
     from prove.train.simulate import main
 
-    prompts = tmp_path / "p.txt"
-    prompts.write_text("".join(f"qq{c}\n" for c in CYCLE))
+    prompts = tmp_path / "p.jsonl"  # two categories: by_category splits the same decodes
+    rows = [{"prompt": f"qq{c}", "category": "one" if c == "x" else "two"} for c in CYCLE]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / f"{name}.json"
     assert main(["--model", str(ckpt), "--prompts", str(prompts), "--max-new-tokens", "30",
                  "--batch-size", "2", "--out", str(out)]) == 0  # fmt: skip
@@ -94,6 +95,14 @@ def test_the_simulation_lands_near_decoding_its_own_greedy_outputs(mars_ckpt, tm
     assert r["relative_error"] == pytest.approx(sim["tokens_per_cycle"] / measured["tokens_per_cycle"] - 1)
     for got, want in zip(sim["accept_by_depth"], measured["accept_by_depth"], strict=True):
         assert abs(got - want) <= TOLERANCE, (sim, measured)
+    # by category: each category's own prompts, summing back to the pooled counts (a row filed under the wrong
+    # category, or counted twice, breaks the sums), each simulated on its own rows
+    cats = r["by_category"]
+    assert set(cats) == {"one", "two"}
+    assert cats["one"]["measured"]["prompts"] == 1 and cats["two"]["measured"]["prompts"] == 2
+    for key in ("new_tokens", "cycles"):
+        assert sum(c["measured"][key] for c in cats.values()) == measured[key]
+    assert sum(c["simulated_on_greedy_outputs"]["blocks"] for c in cats.values()) == sim["blocks"]
 
     # the same simulation reading each depth one position late: outside the tolerance
     from prove.train import trainer
@@ -111,30 +120,6 @@ def test_a_block_size_above_the_trained_one_is_refused(mars_ckpt, tmp_path):
 
     with pytest.raises(SystemExit, match="above the trained K = 4"):
         main(["--model", str(mars_ckpt), "--prompts", str(tmp_path / "none.jsonl"), "--block-size", "8"])
-
-
-def test_by_category_splits_the_same_decodes_and_pools_back(mars_ckpt, tmp_path):
-    """A prompt file with categories: each category's measured tokens and cycles are its own prompts' (summing to the
-    pooled ones: a row filed under the wrong category, or counted twice, breaks the sums), each simulated on its own
-    rows."""
-    from prove.train.simulate import main
-
-    prompts = tmp_path / "p.jsonl"
-    lines = [{"prompt": f"qq{c}", "category": "one" if c == "x" else "two"} for c in CYCLE]
-    prompts.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    out = tmp_path / "cat.json"
-    assert main(["--model", str(mars_ckpt), "--prompts", str(prompts), "--max-new-tokens", "30",
-                 "--batch-size", "2", "--out", str(out)]) == 0  # fmt: skip
-    r = json.loads(out.read_text())
-    cats = r["by_category"]
-    assert set(cats) == {"one", "two"}
-    assert cats["one"]["measured"]["prompts"] == 1 and cats["two"]["measured"]["prompts"] == 2
-    for key in ("new_tokens", "cycles"):
-        assert sum(c["measured"][key] for c in cats.values()) == r["measured"][key]
-    assert (
-        sum(c["simulated_on_greedy_outputs"]["blocks"] for c in cats.values())
-        == r["simulated_on_greedy_outputs"]["blocks"]
-    )
 
 
 def test_a_suite_is_read_by_category(mars_ckpt, tmp_path):
