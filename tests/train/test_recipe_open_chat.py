@@ -253,5 +253,6 @@ def test_make_bench_chat_composes_the_suites_bench(tmp_path):
     assert cfg.verifier == cfg.draft == str(run / "verifier-distill") and cfg.run_code is True
     assert cfg.methods == ["ar", "prove", "prove-lossless", "sd"]
     assert {"prove K=8", "prove K=8 T=0.7", "sd", "sd T=0.7"} <= set(rows(cfg))
-    cfg = config("CHAT_METHODS=[ar,mars]")  # mars only where asked for (its rows would double the bench's time)
+    # mars only where asked for (its rows would double the bench's time)
+    cfg = config("CHAT_METHODS=[ar,mars]")
     assert "mars K=16 T=0.7" in rows(cfg)
