@@ -45,25 +45,47 @@ class AcceptanceSums:
     """``(K,)`` prove-lossless tokens committed, summed over blocks, decoding at K′ = 1..K."""
     mars_tokens: torch.Tensor
     """``(K,)`` the same under the MARS rule (p̃ ≥ τ, no bonus token)."""
+    inv_tokens: torch.Tensor
+    """``(K,)`` Σ over blocks of m / n, m the block's positions up to the end of turn (at most K) and n the
+    prove-lossless tokens it commits at K′ = 1..K: the cycles a decode walking it would spend (below)."""
+    walk_depth_hits: torch.Tensor
+    """``(K,)`` Σ over blocks of (run reaches depth d) · m / n at K′ = K: the walk's per-depth hits."""
+    positions: torch.Tensor
+    """``()`` Σ m over blocks: the response positions the blocks cover."""
 
     def as_tensor(self) -> torch.Tensor:
-        """One float64 vector ``(2 + 4K,)``."""
-        head = torch.stack([self.blocks, self.offpolicy]).double()
-        rest = [self.depth_blocks, self.depth_hits, self.tokens, self.mars_tokens]
+        """One float64 vector ``(3 + 6K,)``."""
+        head = torch.stack([self.blocks, self.offpolicy, self.positions]).double()
+        rest = [
+            self.depth_blocks,
+            self.depth_hits,
+            self.tokens,
+            self.mars_tokens,
+            self.inv_tokens,
+            self.walk_depth_hits,
+        ]
         return torch.cat([head, *(r.double() for r in rest)])
 
     @staticmethod
     def from_tensor(t: torch.Tensor) -> AcceptanceSums:
-        k = (t.numel() - 2) // 4
-        parts = t[2:].view(4, k)
-        return AcceptanceSums(t[0], t[1], parts[0], parts[1], parts[2], parts[3])
+        k = (t.numel() - 3) // 6
+        parts = t[3:].view(6, k)
+        return AcceptanceSums(t[0], t[1], parts[0], parts[1], parts[2], parts[3], parts[4], parts[5], t[2])
 
     def __add__(self, other: AcceptanceSums) -> AcceptanceSums:
         return AcceptanceSums.from_tensor(self.as_tensor() + other.as_tensor().to(self.blocks.device))
 
     def summary(self) -> dict[str, float]:
         """``accept_d{d}`` (per-depth acceptance), ``tpc_k{K′}`` (simulated prove-lossless tokens per cycle),
-        ``tpc_mars_k{K′}`` (the MARS rule's), ``offpolicy`` (share of blocks) and ``blocks``."""
+        ``tpc_mars_k{K′}`` (the MARS rule's), ``tpc_walk_k{K′}`` (prove-lossless walked as the decoder walks, estimated:
+        below), ``offpolicy`` (share of blocks) and ``blocks``.
+
+        ``tpc_k`` is a mean over blocks aligned every K tokens: every stretch of the response counts once. A decode
+        starts each cycle where the last one ended, so it spends more cycles where blocks commit little: its tokens
+        per cycle are tokens / cycles, and a block committing n tokens stands for its m positions (K, fewer at the
+        end of turn) walked in m / n cycles. ``tpc_walk_k`` = Σ m / Σ m / n, a harmonic mean, is that count (exact
+        when n changes slower than a cycle's length; at K = 16 an easy half at n = 17 and a hard half at n = 2 give
+        9.5 aligned but 3.6 walked)."""
         n = float(self.blocks)
         out: dict[str, float] = {"blocks": n, "offpolicy": float(self.offpolicy) / max(n, 1.0)}
         k = self.tokens.numel()
@@ -73,7 +95,17 @@ class AcceptanceSums:
             out[f"tpc_k{d + 1}"] = float(self.tokens[d]) / max(n, 1.0)
         for d in range(k):
             out[f"tpc_mars_k{d + 1}"] = float(self.mars_tokens[d]) / max(n, 1.0)
+        for d in range(k):
+            inv = float(self.inv_tokens[d])
+            out[f"tpc_walk_k{d + 1}"] = float(self.positions) / inv if inv > 0 else 0.0
         return out
+
+    def walk_accept_by_depth(self) -> list[float]:
+        """Per-depth acceptance at depths 1..K as a decode at K′ = K counts it (accepted / cycles; a depth past the
+        end of turn is proposed, not accepted), each block weighted by the cycles a walk spends in it (m / n): the
+        walk's estimate beside the aligned ``depth_hits / blocks``."""
+        inv = float(self.inv_tokens[-1])
+        return [float(h) / inv if inv > 0 else 0.0 for h in self.walk_depth_hits]
 
 
 def allowed_argmax(logits: torch.Tensor, allowed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,6 +204,9 @@ def block_acceptance(
     tokens = torch.minimum(torch.minimum(run[..., None], kk) + 1, cap[..., None])  # (B, C, K′)
     mars_tokens = torch.minimum(torch.minimum(mars_run[..., None], kk), cap[..., None])
     w = counted[..., None].to(torch.float64)
+    covered = cap.clamp(max=k).double()[..., None] * w  # (B, C, 1) m: positions up to the end of turn
+    inv = covered / tokens.clamp(min=1).double()  # (B, C, K′) cycles a walk spends there (0: not counted)
+    hit = (reach & accepted.bool()).double()  # (B, C, K)
     return AcceptanceSums(
         blocks=counted.sum().double(),
         offpolicy=offpolicy.sum().double(),
@@ -179,4 +214,7 @@ def block_acceptance(
         depth_hits=(reach & accepted.bool()).sum(dim=(0, 1)).double(),
         tokens=(tokens.double() * w).sum(dim=(0, 1)),
         mars_tokens=(mars_tokens.double() * w).sum(dim=(0, 1)),
+        inv_tokens=inv.sum(dim=(0, 1)),
+        walk_depth_hits=(hit * inv[..., -1:]).sum(dim=(0, 1)),
+        positions=covered.sum(),
     )

@@ -12,11 +12,13 @@ outputs are scored the way stage mars scores its eval set while it trains — te
 passes, no generation (:meth:`prove.train.trainer.MarsTrainer.evaluate`, :mod:`prove.train.acceptance`). Labels
 that are the model's own greedy tokens leave no off-policy block, so what remains between the two numbers is the
 simulation itself (blocks aligned to multiples of K from the sequence start, where a decode cycle starts wherever the
-previous one ended). The checkpoint's own in-training eval (on held-out *training* rows, whose labels need not be its
+previous one ended). The aligned mean counts every stretch of the response once, where a decode spends more cycles on
+the stretches that commit little; ``walk_estimate`` weights each block by its cycles per position (the harmonic mean,
+``AcceptanceSums.summary``'s ``tpc_walk_k``) and is printed beside it. The checkpoint's own in-training eval (on held-out *training* rows, whose labels need not be its
 greedy tokens) is printed beside, from its prove.json: the gap between that and the greedy-output figure is the
 off-policy gap of the training data.
 
-Writes ``--out`` (JSON): measured and simulated tokens per cycle, per-depth acceptance both ways (counted as the
+Writes ``--out`` (JSON): measured, simulated and walked tokens per cycle, per-depth acceptance each way (counted as the
 decoder counts it: a depth proposed past the end of turn is proposed, not accepted), the relative error, and the
 same for each prompt category (a suite's, or a prompt file's ``category`` field) under ``by_category``.
 """
@@ -167,8 +169,18 @@ def compare(
         "offpolicy": sim["offpolicy"],
         "blocks": sim["blocks"],
     }
+    walked = {
+        "tokens_per_cycle": sim[f"tpc_walk_k{k}"],
+        "accept_by_depth": sums.walk_accept_by_depth() if k == meta.block_size else None,
+    }
     error = simulated["tokens_per_cycle"] / measured["tokens_per_cycle"] - 1
-    return {"measured": measured, "simulated_on_greedy_outputs": simulated, "relative_error": error}
+    return {
+        "measured": measured,
+        "simulated_on_greedy_outputs": simulated,
+        "relative_error": error,
+        "walk_estimate": walked,
+        "walk_relative_error": walked["tokens_per_cycle"] / measured["tokens_per_cycle"] - 1,
+    }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -254,10 +266,13 @@ def print_summary(result: dict[str, Any]) -> None:
         f"  simulated on its greedy outputs    {simulated['tokens_per_cycle']:.3f}  "
         f"({result['relative_error']:+.1%}; off-policy blocks {simulated['offpolicy']:.1%})"
     )
+    walked = result["walk_estimate"]["tokens_per_cycle"]
+    print(f"  walked (harmonic mean over blocks) {walked:.3f}  ({result['walk_relative_error']:+.1%})")
     for category, r in result["by_category"].items():
         print(
             f"  {category:<34} {r['measured']['tokens_per_cycle']:.3f} measured, "
-            f"{r['simulated_on_greedy_outputs']['tokens_per_cycle']:.3f} simulated ({r['relative_error']:+.1%})"
+            f"{r['simulated_on_greedy_outputs']['tokens_per_cycle']:.3f} simulated ({r['relative_error']:+.1%}), "
+            f"{r['walk_estimate']['tokens_per_cycle']:.3f} walked ({r['walk_relative_error']:+.1%})"
         )
     if result["simulated_on_training_rows"] is not None:
         print(

@@ -126,3 +126,43 @@ def test_training_and_decoding_end_an_answer_on_the_same_tokens(tmp_path, qwen2_
         block_size=K,
     )
     assert dec.eos_ids() == trainer._stop_ids() == sorted({end, tokenizer.eos_token_id})
+
+
+def _walk(noisy_ok: list[bool], start: int, eot: int, k: int) -> tuple[int, int, list[int]]:
+    """The decoder's walk on position-only predictions: each cycle starts where the last one ended and commits
+    1 + the run of depths 2..k whose proposal (the noisy argmax at s + d − 2) holds, up to the end of turn:
+    ``(tokens, cycles, accepted count by depth)``."""
+    s, cycles, hits = start, 0, [0] * k
+    while s <= eot:
+        run = 1
+        while run < k and noisy_ok[s + run - 1]:
+            run += 1
+        n = min(run + 1, eot - s + 1)
+        for d in range(min(run, n)):
+            hits[d] += 1
+        s, cycles = s + n, cycles + 1
+    return eot - start + 1, cycles, hits
+
+
+def test_the_walk_estimate_tracks_a_decode_that_spends_more_cycles_where_blocks_commit_little():
+    """Catches reporting the aligned mean (3.6) for a decode that commits 3.0 tokens per cycle: an easy stretch
+    (every proposal right) then a hard one (none right), which a walk crosses in 7 cycles and 13 cycles."""
+    n, easy_until = 64, 36
+    labels = torch.full((1, n), -100)
+    labels[0, P:] = 10 + torch.arange(P, n)
+    labels[0, n - 1] = EOT
+    clean = torch.zeros(1, n, dtype=torch.long)
+    clean[0, :-1] = labels[0, 1:]
+    noisy = clean.clone()
+    noisy[0, easy_until:] += 1
+    sums = block_acceptance(clean, noisy, torch.zeros(1, n), labels, K, [EOT])
+    out = sums.summary()
+    tokens, cycles, hits = _walk([j < easy_until for j in range(n)], P, n - 1, K)
+    assert tokens / cycles == 3.0 and out["tpc_k4"] == pytest.approx(54 / 15)  # 8 blocks of 5, 7 of 2
+    assert out["tpc_walk_k4"] == pytest.approx(15 / (8 / 5 + 7 / 2))
+    assert abs(out["tpc_walk_k4"] / (tokens / cycles) - 1) < 0.03 < abs(out["tpc_k4"] / (tokens / cycles) - 1)
+    assert out["tpc_walk_k1"] == 2.0  # K′ = 1: every block commits 2 — the harmonic and the plain mean agree
+    walk = sums.walk_accept_by_depth()
+    assert walk[0] == 1.0
+    assert walk[1] == pytest.approx(hits[1] / cycles, abs=0.05)  # 7 / 20 decoded, 0.31 walked, 0.53 aligned
+    assert AcceptanceSums.from_tensor(sums.as_tensor()).walk_accept_by_depth() == walk

@@ -93,6 +93,10 @@ def test_the_simulation_lands_near_decoding_its_own_greedy_outputs(mars_ckpt, tm
     assert sim["offpolicy"] == 0.0 and sim["blocks"] > 0
     assert abs(r["relative_error"]) <= TOLERANCE, r
     assert r["relative_error"] == pytest.approx(sim["tokens_per_cycle"] / measured["tokens_per_cycle"] - 1)
+    # the walk's estimate: a harmonic mean, never above the aligned one, and as near the decode here
+    walked = r["walk_estimate"]["tokens_per_cycle"]
+    assert walked <= sim["tokens_per_cycle"] + 1e-9 and abs(r["walk_relative_error"]) <= TOLERANCE, r
+    assert len(r["walk_estimate"]["accept_by_depth"]) == len(measured["accept_by_depth"])
     for got, want in zip(sim["accept_by_depth"], measured["accept_by_depth"], strict=True):
         assert abs(got - want) <= TOLERANCE, (sim, measured)
     # by category: each category's own prompts, summing back to the pooled counts (a row filed under the wrong
