@@ -249,19 +249,21 @@ bench-real: install-real ## SmolLM2-135M's bench per prompt kind -> outputs/smol
 # make bench-chat: the bench of recipes/smollm2-chat.yaml (make train RECIPE=smollm2-chat) on public prompt suites, by
 # category: MT-bench first turns and second turns (after the model's own AR greedy first answers, cached), HumanEval
 # and the generated arithmetic set -> $(CHAT_OUT)/bench.{md,json} and its plots. Rows: ar, prove (once the verifier
-# exists; it also drafts for sd), prove-lossless unfused and fused, at K = 8 and 16, and the methods that sample at
-# T = 0.7 beside greedy: about 70 min alone on 2 cores. mars is left out unless CHAT_METHODS names it: at tau = 0.95
-# the chat proposer's confidence rarely passes (1.05 tokens per cycle, 0.55x AR on a 32-token trial), and its four
-# rows would double the bench's time. CHAT_PER_CATEGORY: prompts per category of each suite (MT-bench has 8
-# categories, HumanEval and arithmetic one each). CHAT_RUN_CODE=true scores HumanEval's pass@1 by running the model's code
-# (each program in a fresh process on this machine). ARGS adds any key, e.g. ARGS="repeats=2".
+# exists, at K = 16 (CHAT_METHOD_PARAMS); it also drafts for sd), prove-lossless unfused and fused at K = 8 and 16, and
+# the methods that sample at T = 0.7 beside greedy: ten rows, about 2.1 min a prompt, 31 prompts, about 70 min alone
+# on 2 cores (CHAT_MAX_NEW_TOKENS=256 doubles it). mars is left out unless CHAT_METHODS names it: at tau = 0.95 the
+# chat proposer's confidence rarely passes (1.05 tokens per cycle, 0.55x AR on a 32-token trial). CHAT_PER_CATEGORY:
+# prompts per category of each suite (MT-bench has 8 categories, HumanEval and arithmetic one each).
+# CHAT_RUN_CODE=true scores HumanEval's pass@1 by running the model's code (each program in a fresh process on this
+# machine). ARGS adds any key, e.g. ARGS="repeats=2".
 CHAT_RUN ?= runs/smollm2-chat
 CHAT_MODEL ?= $(shell $(PY) -m prove.train.recipe recipe=smollm2-chat run_dir=$(CHAT_RUN) --proposer)
 CHAT_BASE ?= $(shell $(PY) -m prove.train.recipe recipe=smollm2-chat --base)
 CHAT_VERIFIER ?= $(CHAT_RUN)/verifier-distill
 CHAT_OUT ?= outputs/smollm2-chat
 CHAT_SUITES ?= [mt-bench,mt-bench-2,humaneval,arithmetic]
-CHAT_PER_CATEGORY ?= {mt-bench:3,mt-bench-2:1,humaneval:12,arithmetic:8}
+CHAT_PER_CATEGORY ?= {mt-bench:2,mt-bench-2:1,humaneval:4,arithmetic:3}
+CHAT_MAX_NEW_TOKENS ?= 128
 CHAT_K ?= [8,16]
 CHAT_TEMPERATURES ?= [0,0.7]
 CHAT_RUN_CODE ?= false
@@ -269,12 +271,15 @@ chat_verifier = $(if $(wildcard $(CHAT_VERIFIER)/prove.json),$(CHAT_VERIFIER))
 CHAT_METHODS_WITH_VERIFIER := [ar,prove,prove-lossless,sd]
 CHAT_METHODS_WITHOUT := [ar,prove-lossless]
 CHAT_METHODS ?= $(if $(chat_verifier),$(CHAT_METHODS_WITH_VERIFIER),$(CHAT_METHODS_WITHOUT))
+chat_method_names = $(subst $(comma), ,$(subst [,,$(subst ],,$(CHAT_METHODS))))
+CHAT_METHOD_PARAMS ?= $(if $(filter prove,$(chat_method_names)),{prove:{block_size:16}})
 .PHONY: bench-chat
 bench-chat: install-real ## the open-chat proposer on MT-bench, HumanEval and arithmetic by category, greedy and T=0.7 -> outputs/smollm2-chat (CHAT_RUN, CHAT_MODEL, CHAT_PER_CATEGORY, CHAT_K, CHAT_METHODS, CHAT_RUN_CODE, ARGS)
 	OMP_NUM_THREADS=$(REAL_THREADS) $(VENV)/bin/prove-bench model=$(CHAT_MODEL) \
 	  $(if $(chat_verifier),verifier=$(chat_verifier) draft=$(chat_verifier) )'suite=$(CHAT_SUITES)' \
 	  'per_category=$(CHAT_PER_CATEGORY)' 'methods=$(CHAT_METHODS)' 'block_size=$(CHAT_K)' 'fuse=[false,true]' \
-	  'temperature=$(CHAT_TEMPERATURES)' run_code=$(CHAT_RUN_CODE) max_new_tokens=256 first_answer_tokens=256 \
+	  'temperature=$(CHAT_TEMPERATURES)' $(if $(CHAT_METHOD_PARAMS),'method_params=$(CHAT_METHOD_PARAMS)' )run_code=$(CHAT_RUN_CODE) \
+	  max_new_tokens=$(CHAT_MAX_NEW_TOKENS) first_answer_tokens=256 \
 	  hf=false $(if $(CHAT_BASE),quality_model=$(CHAT_BASE) )output_dir=$(CHAT_OUT) $(ARGS)
 
 # make bench-tokenize: rows/s of the training set's tokenization (chat template + encode, datasets.map) on a synthetic

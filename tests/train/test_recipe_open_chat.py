@@ -240,9 +240,9 @@ def test_make_bench_chat_composes_the_suites_bench(tmp_path):
 
     cfg = config()
     assert cfg.suite == ["mt-bench", "mt-bench-2", "humaneval", "arithmetic"]
-    assert cfg.per_category == {"mt-bench": 3, "mt-bench-2": 1, "humaneval": 12, "arithmetic": 8}
+    assert cfg.per_category == {"mt-bench": 2, "mt-bench-2": 1, "humaneval": 4, "arithmetic": 3}
     assert cfg.verifier is None and cfg.draft is None and cfg.methods == ["ar", "prove-lossless"]
-    assert cfg.max_new_tokens == 256 and cfg.run_code is False and cfg.output_dir == "outputs/smollm2-chat"
+    assert cfg.max_new_tokens == 128 and cfg.run_code is False and cfg.output_dir == "outputs/smollm2-chat"
     names = rows(cfg)
     lossless = [f"prove-lossless K={k} {f}" for k in (8, 16) for f in ("unfused", "fused")]
     assert names == ["ar", "ar T=0.7", *lossless], names
@@ -252,7 +252,10 @@ def test_make_bench_chat_composes_the_suites_bench(tmp_path):
     cfg = config("CHAT_RUN_CODE=true")
     assert cfg.verifier == cfg.draft == str(run / "verifier-distill") and cfg.run_code is True
     assert cfg.methods == ["ar", "prove", "prove-lossless", "sd"]
-    assert {"prove K=8", "prove K=8 T=0.7", "sd", "sd T=0.7"} <= set(rows(cfg))
+    names = rows(cfg)
+    # prove at K = 16 alone (CHAT_METHOD_PARAMS), greedy and sampled; prove-lossless keeps both K
+    assert {"prove", "prove T=0.7", "sd", "sd T=0.7", *lossless} <= set(names), names
+    assert [r.params["block_size"] for r in check_rows(cfg) if r.method == "prove"] == [16, 16]
     # mars only where asked for (its rows would double the bench's time)
     cfg = config("CHAT_METHODS=[ar,mars]")
     assert "mars K=16 T=0.7" in rows(cfg)
